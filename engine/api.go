@@ -1,0 +1,102 @@
+// Package engine schedules many generation requests onto one forward.Backend
+// with continuous batching over a paged KV cache (package kvcache), in the
+// manner of vLLM v1; it also holds the naive one-request-at-a-time baseline.
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"chunlian/sampler"
+)
+
+// Request is one generation request: a prompt and N samples of it.
+type Request struct {
+	ID     string
+	Prompt []int32
+	Params sampler.Params
+	// NewProcessor builds the logits processor of sample i (0 ≤ i < N);
+	// nil means none. Processors run on the engine goroutine.
+	NewProcessor func(i int) sampler.LogitsProcessor
+	// PromptLogProbs asks for the log-probability of every prompt token after
+	// the first (like vLLM's prompt_logprobs). With MaxTokens == 0 the request
+	// only scores its prompt.
+	PromptLogProbs bool
+	// OnEvent, if set, is called on the engine goroutine for every generated
+	// token and for each sample's end. It must not block.
+	OnEvent func(Event)
+}
+
+// FinishReason says why a sample ended.
+type FinishReason string
+
+const (
+	FinishStop    FinishReason = "stop"     // emitted a stop token
+	FinishLength  FinishReason = "length"   // reached MaxTokens
+	FinishDeadEnd FinishReason = "dead_end" // a logits processor allowed no token
+	FinishAbort   FinishReason = "abort"    // caller's context ended
+)
+
+// Event is one streamed step of one sample.
+type Event struct {
+	Index  int   // sample index 0..N-1
+	Token  int32 // valid when !Done or when Done carries a last token
+	Done   bool
+	Finish FinishReason // set when Done
+}
+
+// Completion is one finished sample.
+type Completion struct {
+	Index  int
+	Tokens []int32
+	// LogProbs[i] is log softmax of the model's raw logits (before
+	// processors, penalties and temperature) at Tokens[i].
+	LogProbs []float32
+	Finish   FinishReason
+}
+
+// Timings of one request, measured by the engine.
+type Timings struct {
+	Queue      time.Duration // arrival → first scheduled
+	Prefill    time.Duration // first scheduled → prompt fully computed
+	FirstToken time.Duration // arrival → first generated token (TTFT)
+	Decode     time.Duration // first token → last token
+	Total      time.Duration // arrival → finished
+}
+
+// Result is a finished request.
+type Result struct {
+	Completions    []Completion // ordered by Index
+	PromptLogProbs []float32    // len(Prompt)-1 entries when asked for
+	PromptTokens   int
+	CachedTokens   int // prompt tokens served from the prefix cache
+	Timings        Timings
+}
+
+// Stats is a snapshot for metrics and the dashboard.
+type Stats struct {
+	Running, Waiting            int
+	KVBlocksUsed, KVBlocksTotal int
+	PrefixQueries, PrefixHits   int64 // in tokens, like vLLM
+	Preemptions                 int64
+	PromptTokens, GenTokens     int64
+	Steps                       int64
+}
+
+// Engine is implemented by the paged continuous-batching engine and by the
+// naive baseline, so the service and benchmarks can swap them.
+type Engine interface {
+	// Generate runs req to completion. It returns ErrQueueFull at once when
+	// the waiting queue is full, and ctx.Err() (after freeing the request's
+	// blocks at the next step) when ctx ends first.
+	Generate(ctx context.Context, req *Request) (*Result, error)
+	Stats() Stats
+	// Close stops the engine loop; requests still running get ErrClosed.
+	Close() error
+}
+
+var (
+	ErrQueueFull = errors.New("engine: waiting queue is full")
+	ErrClosed    = errors.New("engine: closed")
+)

@@ -1,0 +1,45 @@
+// Package model holds a loaded couplet model: its Hugging Face config, its
+// weights as host float32 tensors, its tokenizer and the chunlian.json prompt
+// contract. It knows nothing about batching or caches; see package forward for
+// the forward pass and package engine for scheduling.
+package model
+
+// Config mirrors the fields of a Hugging Face LlamaForCausalLM config.json
+// that the forward pass needs.
+type Config struct {
+	VocabSize         int     `json:"vocab_size"`
+	HiddenSize        int     `json:"hidden_size"`
+	IntermediateSize  int     `json:"intermediate_size"`
+	NumLayers         int     `json:"num_hidden_layers"`
+	NumHeads          int     `json:"num_attention_heads"`
+	NumKVHeads        int     `json:"num_key_value_heads"`
+	HeadDim           int     `json:"head_dim"` // 0 in the file means HiddenSize/NumHeads
+	RMSNormEps        float64 `json:"rms_norm_eps"`
+	RopeTheta         float64 `json:"rope_theta"` // also read from rope_parameters.rope_theta (transformers ≥ 5)
+	MaxPositions      int     `json:"max_position_embeddings"`
+	TieWordEmbeddings bool    `json:"tie_word_embeddings"`
+}
+
+// Layer holds one decoder layer's weights. Matrices are row-major in the
+// Hugging Face [out_features, in_features] layout, so a projection is
+// y = x · Wᵀ (see kernels/cpu.Gemm).
+type Layer struct {
+	AttnNorm []float32 // [d]
+	Wq       []float32 // [nHeads*headDim, d]
+	Wk       []float32 // [nKVHeads*headDim, d]
+	Wv       []float32 // [nKVHeads*headDim, d]
+	Wo       []float32 // [d, nHeads*headDim]
+	MLPNorm  []float32 // [d]
+	WGate    []float32 // [ffn, d]
+	WUp      []float32 // [ffn, d]
+	WDown    []float32 // [d, ffn]
+}
+
+// Weights are the whole model's parameters in float32 (converted from the
+// file's bf16/fp16/fp32 at load time).
+type Weights struct {
+	Embed     []float32 // [vocab, d]
+	Layers    []Layer
+	FinalNorm []float32 // [d]
+	LMHead    []float32 // [vocab, d]; the same slice as Embed when tied
+}

@@ -1,0 +1,36 @@
+// Package sampler turns a row of logits into the next token, per request:
+// temperature (0 = greedy), top-k, top-p, min-p, repetition penalty, and a
+// per-request seed so that the same seed and prompt give the same output.
+package sampler
+
+import "errors"
+
+// Params are the sampling parameters of one request.
+type Params struct {
+	Temperature       float32 // 0 = greedy
+	TopK              int     // 0 = off
+	TopP              float32 // 1 = off
+	MinP              float32 // 0 = off
+	RepetitionPenalty float32 // 1 = off
+	MaxTokens         int
+	StopTokens        []int32 // generation ends after emitting one of these
+	Seed              uint64  // 0 = random
+	N                 int     // number of parallel samples sharing the prompt (≥1)
+}
+
+// LogitsProcessor is the per-sequence hook run on each step's logits before
+// sampling. generated holds the tokens this sequence has produced so far
+// (not the prompt). It may set entries of logits to -Inf to forbid tokens.
+// Returning ErrDeadEnd (or an error wrapping it) ends the sequence with
+// finish reason "dead_end" instead of sampling; the caller may then retry.
+type LogitsProcessor interface {
+	Process(generated []int32, logits []float32) error
+}
+
+// LogitsProcessorFunc adapts a function to LogitsProcessor.
+type LogitsProcessorFunc func(generated []int32, logits []float32) error
+
+func (f LogitsProcessorFunc) Process(g []int32, l []float32) error { return f(g, l) }
+
+// ErrDeadEnd reports that a processor left no token allowed.
+var ErrDeadEnd = errors.New("sampler: no allowed token (dead end)")
