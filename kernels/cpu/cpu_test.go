@@ -1,0 +1,286 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = float32(r.NormFloat64())
+	}
+	return s
+}
+
+// withPath runs f with GEMM path p forced, restoring the previous one.
+func withPath(t testing.TB, p string, f func()) {
+	old := Path()
+	setPath(p)
+	defer setPath(old)
+	f()
+}
+
+// closeEnough compares with a tolerance scaled by the magnitude of the terms
+// (scale), since float32 accumulation error grows with k·|x|·|w|.
+func closeEnough(got, want, scale float64, rel float64) bool {
+	return math.Abs(got-want) <= rel*scale+1e-6
+}
+
+var gemmShapes = []struct{ m, n, k int }{
+	{1, 1, 1}, {1, 7, 3}, {1, 512, 384}, {1, 6001, 384}, {2, 3, 5},
+	{3, 5, 17}, {4, 4, 4}, {5, 9, 33}, {7, 13, 1031}, {8, 1408, 512},
+	{13, 100, 77}, {17, 33, 9}, {31, 65, 129}, {64, 512, 512},
+	{129, 383, 257}, {300, 70, 1408}, {1, 3, 0},
+}
+
+func TestGemmPaths(t *testing.T) {
+	for _, p := range availablePaths() {
+		for _, threads := range []int{1, 3} {
+			for _, sh := range gemmShapes {
+				for _, acc := range []bool{false, true} {
+					name := fmt.Sprintf("%s/t%d/%dx%dx%d/acc=%v", p, threads, sh.m, sh.n, sh.k, acc)
+					t.Run(name, func(t *testing.T) {
+						old := Threads()
+						SetThreads(threads)
+						defer SetThreads(old)
+						r := rand.New(rand.NewPCG(uint64(sh.m*1000003+sh.n*1009+sh.k), 7))
+						x := randSlice(r, sh.m*sh.k)
+						w := randSlice(r, sh.n*sh.k)
+						y0 := randSlice(r, sh.m*sh.n)
+						want := append([]float32(nil), y0...)
+						gemmRef(sh.m, sh.n, sh.k, x, w, want, acc)
+						got := append([]float32(nil), y0...)
+						withPath(t, p, func() {
+							if acc {
+								GemmAcc(sh.m, sh.n, sh.k, x, w, got)
+							} else {
+								Gemm(sh.m, sh.n, sh.k, x, w, got)
+							}
+						})
+						scale := math.Sqrt(float64(sh.k)) + 1
+						for i := range want {
+							if !closeEnough(float64(got[i]), float64(want[i]), scale, 1e-5) {
+								t.Fatalf("y[%d,%d] = %v, want %v", i/sh.n, i%sh.n, got[i], want[i])
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+func TestGemmDoesNotTouchBeyondShape(t *testing.T) {
+	for _, p := range availablePaths() {
+		t.Run(p, func(t *testing.T) {
+			m, n, k := 5, 11, 19
+			r := rand.New(rand.NewPCG(1, 2))
+			x, w := randSlice(r, m*k), randSlice(r, n*k)
+			y := make([]float32, m*n+8)
+			for i := m * n; i < len(y); i++ {
+				y[i] = 42
+			}
+			withPath(t, p, func() { Gemm(m, n, k, x, w, y) })
+			for i := m * n; i < len(y); i++ {
+				if y[i] != 42 {
+					t.Fatalf("y[%d] overwritten: %v", i, y[i])
+				}
+			}
+		})
+	}
+}
+
+func TestPathEnvOrder(t *testing.T) {
+	// Path() must be one of the available paths.
+	p := Path()
+	found := false
+	for _, a := range availablePaths() {
+		found = found || a == p
+	}
+	if !found {
+		t.Fatalf("Path() = %q, not in available %v", p, availablePaths())
+	}
+}
+
+func TestRMSNorm(t *testing.T) {
+	for _, tc := range []struct{ rows, d int }{{1, 1}, {1, 7}, {3, 384}, {5, 513}, {200, 512}} {
+		t.Run(fmt.Sprintf("%dx%d", tc.rows, tc.d), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(tc.rows), uint64(tc.d)))
+			x := randSlice(r, tc.rows*tc.d)
+			wt := randSlice(r, tc.d)
+			const eps = 1e-5
+			out := make([]float32, len(x))
+			RMSNorm(out, x, wt, tc.rows, tc.d, eps)
+			for row := 0; row < tc.rows; row++ {
+				var ss float64
+				for j := 0; j < tc.d; j++ {
+					v := float64(x[row*tc.d+j])
+					ss += v * v
+				}
+				inv := 1 / math.Sqrt(ss/float64(tc.d)+eps)
+				for j := 0; j < tc.d; j++ {
+					want := float64(x[row*tc.d+j]) * inv * float64(wt[j])
+					if !closeEnough(float64(out[row*tc.d+j]), want, math.Abs(want), 1e-5) {
+						t.Fatalf("out[%d,%d] = %v, want %v", row, j, out[row*tc.d+j], want)
+					}
+				}
+			}
+			// In place gives the same result.
+			RMSNorm(x, x, wt, tc.rows, tc.d, eps)
+			for i := range x {
+				if x[i] != out[i] {
+					t.Fatalf("in-place differs at %d: %v vs %v", i, x[i], out[i])
+				}
+			}
+		})
+	}
+}
+
+func TestRoPE(t *testing.T) {
+	for _, tc := range []struct {
+		rows, heads, hd int
+		theta           float64
+	}{{1, 1, 2, 10000}, {3, 2, 8, 10000}, {4, 6, 64, 10000}, {2, 3, 48, 500000}, {700, 6, 64, 10000}} {
+		t.Run(fmt.Sprintf("%dx%dx%d", tc.rows, tc.heads, tc.hd), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(tc.hd), 3))
+			x := randSlice(r, tc.rows*tc.heads*tc.hd)
+			pos := make([]int32, tc.rows)
+			for i := range pos {
+				pos[i] = int32(r.IntN(5000))
+			}
+			pos[0] = 0
+			got := append([]float32(nil), x...)
+			RoPE(got, pos, tc.rows, tc.heads, tc.hd, tc.theta)
+			half := tc.hd / 2
+			for row := 0; row < tc.rows; row++ {
+				for h := 0; h < tc.heads; h++ {
+					base := row*tc.heads*tc.hd + h*tc.hd
+					for i := 0; i < half; i++ {
+						ang := float64(pos[row]) * math.Pow(tc.theta, -2*float64(i)/float64(tc.hd))
+						a, b := float64(x[base+i]), float64(x[base+i+half])
+						wa := a*math.Cos(ang) - b*math.Sin(ang)
+						wb := b*math.Cos(ang) + a*math.Sin(ang)
+						// Angles up to 5000 rad in float32 lose ~3e-4 rad.
+						if math.Abs(float64(got[base+i])-wa) > 2e-3 || math.Abs(float64(got[base+i+half])-wb) > 2e-3 {
+							t.Fatalf("row %d head %d i %d: got (%v,%v) want (%v,%v)", row, h, i,
+								got[base+i], got[base+i+half], wa, wb)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestRoPEConcurrent(t *testing.T) {
+	// Table growth under concurrent use must be race-free (run with -race).
+	done := make(chan bool)
+	for g := 0; g < 4; g++ {
+		go func(g int) {
+			x := make([]float32, 2*16)
+			for i := range x {
+				x[i] = 1
+			}
+			RoPE(x, []int32{int32(g * 3000), int32(g*3000 + 1)}, 2, 1, 16, 10000)
+			done <- true
+		}(g)
+	}
+	for g := 0; g < 4; g++ {
+		<-done
+	}
+}
+
+func TestElementwise(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 8, 9, 31, 64, 1000, 40000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(n), 5))
+			a, b := randSlice(r, n), randSlice(r, n)
+
+			var want float64
+			for i := range a {
+				want += float64(a[i]) * float64(b[i])
+			}
+			if got := Dot(a, b); !closeEnough(float64(got), want, math.Sqrt(float64(n))+1, 1e-5) {
+				t.Errorf("Dot = %v, want %v", got, want)
+			}
+
+			y := append([]float32(nil), b...)
+			Axpy(0.5, a, y)
+			for i := range y {
+				if w := b[i] + 0.5*a[i]; math.Abs(float64(y[i]-w)) > 1e-6 {
+					t.Fatalf("Axpy[%d] = %v, want %v", i, y[i], w)
+				}
+			}
+
+			d := append([]float32(nil), a...)
+			Add(d, b)
+			for i := range d {
+				if d[i] != a[i]+b[i] {
+					t.Fatalf("Add[%d] = %v, want %v", i, d[i], a[i]+b[i])
+				}
+			}
+
+			out := make([]float32, n)
+			SiLUMul(out, a, b)
+			for i := range out {
+				g := float64(a[i])
+				w := g / (1 + math.Exp(-g)) * float64(b[i])
+				if !closeEnough(float64(out[i]), w, math.Abs(w), 1e-5) {
+					t.Fatalf("SiLUMul[%d] = %v, want %v", i, out[i], w)
+				}
+			}
+
+			s := append([]float32(nil), a...)
+			for i := range s {
+				s[i] *= 30 // large logits exercise the max subtraction
+			}
+			orig := append([]float32(nil), s...)
+			Softmax(s)
+			if n > 0 {
+				mx := math.Inf(-1)
+				for _, v := range orig {
+					mx = math.Max(mx, float64(v))
+				}
+				var z float64
+				for _, v := range orig {
+					z += math.Exp(float64(v) - mx)
+				}
+				for i := range s {
+					w := math.Exp(float64(orig[i])-mx) / z
+					if !closeEnough(float64(s[i]), w, w, 1e-5) {
+						t.Fatalf("Softmax[%d] = %v, want %v", i, s[i], w)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestSoftmaxExtremes(t *testing.T) {
+	x := []float32{float32(math.Inf(-1)), 1e30, -1e30, 0}
+	Softmax(x)
+	want := []float32{0, 1, 0, 0}
+	for i := range x {
+		if x[i] != want[i] {
+			t.Fatalf("Softmax = %v, want %v", x, want)
+		}
+	}
+}
+
+func TestSetThreads(t *testing.T) {
+	old := Threads()
+	defer SetThreads(old)
+	for _, tc := range []struct{ set, want int }{{3, 3}, {1, 1}} {
+		SetThreads(tc.set)
+		if Threads() != tc.want {
+			t.Errorf("SetThreads(%d): Threads() = %d", tc.set, Threads())
+		}
+	}
+	SetThreads(0)
+	if Threads() < 1 {
+		t.Errorf("SetThreads(0): Threads() = %d", Threads())
+	}
+}

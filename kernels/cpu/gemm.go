@@ -1,0 +1,172 @@
+package cpu
+
+import (
+	"fmt"
+	"os"
+	"sync"
+)
+
+// GEMM path selection. The path is chosen once (lazily, on first use) from
+// CHUNLIAN_GEMM and what is available; it never changes afterwards except
+// through setPath in tests.
+
+type gemmFunc func(m, n, k int, x, w, y []float32, acc bool)
+
+var (
+	pathOnce sync.Once
+	pathName string
+	gemmImpl gemmFunc
+)
+
+// Path reports the GEMM path in use: "openblas", "simd" or "go".
+func Path() string {
+	pathOnce.Do(choosePath)
+	return pathName
+}
+
+// availablePaths lists the GEMM paths usable in this process, fastest first.
+func availablePaths() []string {
+	var ps []string
+	if blasAvailable() {
+		ps = append(ps, "openblas")
+	}
+	if simdAvailable() {
+		ps = append(ps, "simd")
+	}
+	return append(ps, "go")
+}
+
+func choosePath() {
+	avail := availablePaths()
+	want := os.Getenv("CHUNLIAN_GEMM")
+	name := avail[0]
+	if want != "" {
+		// A forced path that is unavailable falls back to the next slower
+		// one in the fixed order openblas > simd > go.
+		order := []string{"openblas", "simd", "go"}
+		start := -1
+		for i, o := range order {
+			if o == want {
+				start = i
+			}
+		}
+		if start >= 0 {
+		outer:
+			for _, o := range order[start:] {
+				for _, a := range avail {
+					if a == o {
+						name = o
+						break outer
+					}
+				}
+			}
+		}
+	}
+	setPathLocked(name)
+}
+
+func setPathLocked(name string) {
+	pathName = name
+	switch name {
+	case "openblas":
+		gemmImpl = gemmBLAS
+	case "simd":
+		gemmImpl = gemmSIMD
+	default:
+		pathName = "go"
+		gemmImpl = gemmGo
+	}
+}
+
+// setPath forces a path (tests and benchmarks). Not safe concurrently with
+// Gemm calls.
+func setPath(name string) {
+	pathOnce.Do(choosePath)
+	setPathLocked(name)
+}
+
+func checkGemm(m, n, k int, x, w, y []float32) {
+	if m < 0 || n < 0 || k < 0 || len(x) < m*k || len(w) < n*k || len(y) < m*n {
+		panic(fmt.Sprintf("cpu.Gemm: bad shapes m=%d n=%d k=%d len(x)=%d len(w)=%d len(y)=%d",
+			m, n, k, len(x), len(w), len(y)))
+	}
+}
+
+// Gemm computes y[m,n] = x[m,k] · w[n,k]ᵀ, overwriting y. All row-major; w is
+// in the Hugging Face [out,in] layout.
+func Gemm(m, n, k int, x, w, y []float32) {
+	checkGemm(m, n, k, x, w, y)
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 {
+		clear(y[:m*n])
+		return
+	}
+	pathOnce.Do(choosePath)
+	gemmImpl(m, n, k, x, w, y, false)
+}
+
+// GemmAcc computes y[m,n] += x[m,k] · w[n,k]ᵀ (a projection with the residual
+// add fused in).
+func GemmAcc(m, n, k int, x, w, y []float32) {
+	checkGemm(m, n, k, x, w, y)
+	if m == 0 || n == 0 || k == 0 {
+		return
+	}
+	pathOnce.Do(choosePath)
+	gemmImpl(m, n, k, x, w, y, true)
+}
+
+// gemmRef is the obviously-correct reference (float64 accumulation), used by
+// tests as ground truth.
+func gemmRef(m, n, k int, x, w, y []float32, acc bool) {
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			var s float64
+			for p := 0; p < k; p++ {
+				s += float64(x[i*k+p]) * float64(w[j*k+p])
+			}
+			if acc {
+				s += float64(y[i*n+j])
+			}
+			y[i*n+j] = float32(s)
+		}
+	}
+}
+
+// gemmParts decides how a GEMM is split over threads: by rows of y (M) when
+// there are many, otherwise by columns (N, i.e. weight rows). It returns the
+// number of parts and whether the split is over M. Tiny products run inline
+// because a hand-off costs about as much as ~20k flops.
+func gemmParts(m, n, k int) (parts int, byM bool) {
+	t := Threads()
+	if t <= 1 || 2*m*n*k < 1<<16 {
+		return 1, false
+	}
+	if m >= 4*t {
+		return t, true
+	}
+	return min(t, max(1, n/16)), false
+}
+
+// runGemm splits the product across the pool and calls kern for each
+// rectangle y[i0:i1, j0:j1]. alignM/alignN keep split points on microkernel
+// boundaries.
+func runGemm(m, n, k int, x, w, y []float32, acc bool, alignM, alignN int,
+	kern func(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool)) {
+	parts, byM := gemmParts(m, n, k)
+	parallelFor(parts, func(p, np int) {
+		if byM {
+			i0, i1 := split(m, np, p, alignM)
+			if i0 < i1 {
+				kern(i0, i1, 0, n, n, k, x, w, y, acc)
+			}
+		} else {
+			j0, j1 := split(n, np, p, alignN)
+			if j0 < j1 {
+				kern(0, m, j0, j1, n, k, x, w, y, acc)
+			}
+		}
+	})
+}
