@@ -1,0 +1,317 @@
+package model
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/nlpodyssey/safetensors"
+)
+
+// Model is a loaded couplet model. It is immutable after Load/NewRandom and
+// may be shared by any number of goroutines and backends.
+type Model struct {
+	Config  Config
+	Weights *Weights
+	Tok     *Tokenizer
+	Meta    Meta
+	Name    string // the directory's base name, e.g. "chunlian-base"
+}
+
+// Roles that chunlian.json must define (see Meta).
+var Roles = []string{"pad", "unk", "bos", "eos", "keyword", "acrostic", "lower", "up", "sep", "banner"}
+
+// Special returns the id of the special token with the given role (see
+// Meta.SpecialTokens), or -1 if the role or its token is unknown.
+func (m *Model) Special(role string) int32 {
+	text, ok := m.Meta.SpecialTokens[role]
+	if !ok {
+		return -1
+	}
+	id, ok := m.Tok.ID(text)
+	if !ok {
+		return -1
+	}
+	return id
+}
+
+// LengthToken returns the id of the length token for a line of n
+// characters; false when n is outside 1..MaxLineLength.
+func (m *Model) LengthToken(n int) (int32, bool) {
+	if n < 1 || n > m.Meta.MaxLineLength || m.Meta.LengthToken == "" {
+		return -1, false
+	}
+	return m.Tok.ID(fmt.Sprintf(m.Meta.LengthToken, n))
+}
+
+// Validate checks the whole model: the config, every weight's length
+// against it, the tokenizer against vocab_size, and that chunlian.json's
+// special tokens and length tokens exist in the vocabulary. All problems are
+// reported together.
+func (m *Model) Validate() error {
+	var errs []error
+	if err := m.Config.Validate(); err != nil {
+		return fmt.Errorf("model %s: config: %w", m.Name, err)
+	}
+	c := m.Config
+	d, q, kv, ffn, v := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize, c.VocabSize
+	check := func(name string, got []float32, rows, cols int) {
+		if len(got) != rows*cols {
+			errs = append(errs, fmt.Errorf("%s: %d values, want [%d,%d]", name, len(got), rows, cols))
+		}
+	}
+	w := m.Weights
+	if w == nil {
+		errs = append(errs, errors.New("no weights"))
+	} else {
+		check("embed", w.Embed, v, d)
+		check("final norm", w.FinalNorm, 1, d)
+		check("lm_head", w.LMHead, v, d)
+		if len(w.Layers) != c.NumLayers {
+			errs = append(errs, fmt.Errorf("%d layers, config says %d", len(w.Layers), c.NumLayers))
+		}
+		for i, l := range w.Layers {
+			p := fmt.Sprintf("layer %d ", i)
+			check(p+"input_layernorm", l.AttnNorm, 1, d)
+			check(p+"q_proj", l.Wq, q, d)
+			check(p+"k_proj", l.Wk, kv, d)
+			check(p+"v_proj", l.Wv, kv, d)
+			check(p+"o_proj", l.Wo, d, q)
+			check(p+"post_attention_layernorm", l.MLPNorm, 1, d)
+			check(p+"gate_proj", l.WGate, ffn, d)
+			check(p+"up_proj", l.WUp, ffn, d)
+			check(p+"down_proj", l.WDown, d, ffn)
+		}
+	}
+	if m.Tok == nil {
+		errs = append(errs, errors.New("no tokenizer"))
+	} else {
+		if m.Tok.Size() > v {
+			errs = append(errs, fmt.Errorf("tokenizer has %d ids, vocab_size is %d", m.Tok.Size(), v))
+		}
+		for _, role := range Roles {
+			text, ok := m.Meta.SpecialTokens[role]
+			if !ok {
+				errs = append(errs, fmt.Errorf("chunlian.json: special token role %q missing", role))
+				continue
+			}
+			if _, ok := m.Tok.ID(text); !ok {
+				errs = append(errs, fmt.Errorf("chunlian.json: special token %s=%q not in the vocabulary", role, text))
+			}
+		}
+		if strings.Count(m.Meta.LengthToken, "%d") != 1 {
+			errs = append(errs, fmt.Errorf("chunlian.json: length_token %q needs exactly one %%d", m.Meta.LengthToken))
+		} else if m.Meta.MaxLineLength < 1 {
+			errs = append(errs, fmt.Errorf("chunlian.json: max_line_length %d must be ≥ 1", m.Meta.MaxLineLength))
+		} else {
+			for n := 1; n <= m.Meta.MaxLineLength; n++ {
+				if _, ok := m.LengthToken(n); !ok {
+					errs = append(errs, fmt.Errorf("chunlian.json: length token %q not in the vocabulary", fmt.Sprintf(m.Meta.LengthToken, n)))
+					break
+				}
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("model %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// Load reads a Hugging Face model directory from disk (config.json,
+// model.safetensors, tokenizer.json, chunlian.json).
+func Load(dir string) (*Model, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	m, err := LoadFS(os.DirFS(abs), ".")
+	if err != nil {
+		return nil, err
+	}
+	m.Name = filepath.Base(abs)
+	return m, nil
+}
+
+// LoadFS reads a model directory from fsys (e.g. the embedded weights.FS).
+// Weights are converted to float32 (F32, F16 and BF16 files are accepted).
+func LoadFS(fsys fs.FS, dir string) (*Model, error) {
+	read := func(name string) ([]byte, error) {
+		b, err := fs.ReadFile(fsys, path.Join(dir, name))
+		if err != nil {
+			return nil, fmt.Errorf("model dir %s: %w", dir, err)
+		}
+		return b, nil
+	}
+	m := &Model{Name: path.Base(dir)}
+	b, err := read("config.json")
+	if err != nil {
+		return nil, err
+	}
+	if m.Config, err = ParseConfig(b); err != nil {
+		return nil, err
+	}
+	if b, err = read("tokenizer.json"); err != nil {
+		return nil, err
+	}
+	if m.Tok, err = ParseTokenizer(b); err != nil {
+		return nil, err
+	}
+	if b, err = read("chunlian.json"); err != nil {
+		return nil, err
+	}
+	if err = json.Unmarshal(b, &m.Meta); err != nil {
+		return nil, fmt.Errorf("chunlian.json: %w", err)
+	}
+	if b, err = read("model.safetensors"); err != nil {
+		return nil, err
+	}
+	if m.Weights, err = parseWeights(b, m.Config); err != nil {
+		return nil, fmt.Errorf("model.safetensors: %w", err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// parseWeights converts the safetensors file's tensors to float32, checking
+// every name and shape against the config. Tensors other than the Llama ones
+// are rejected (a bias tensor would mean the model computes something we do
+// not), except rotary_emb.inv_freq buffers, which some exporters keep.
+func parseWeights(buf []byte, c Config) (*Weights, error) {
+	st, err := safetensors.Deserialize(buf)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	var errs []error
+	get := func(name string, shape ...int) []float32 {
+		used[name] = true
+		tv, ok := st.Tensor(name)
+		if !ok {
+			errs = append(errs, fmt.Errorf("tensor %s missing", name))
+			return nil
+		}
+		got := tv.Shape()
+		same := len(got) == len(shape)
+		for i := 0; same && i < len(shape); i++ {
+			same = got[i] == uint64(shape[i])
+		}
+		if !same {
+			errs = append(errs, fmt.Errorf("tensor %s has shape %v, want %v", name, got, shape))
+			return nil
+		}
+		out, err := toFloat32(tv.DType(), tv.Data())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tensor %s: %w", name, err))
+		}
+		return out
+	}
+	d, q, kv, ffn, v := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize, c.VocabSize
+	w := &Weights{Embed: get("model.embed_tokens.weight", v, d)}
+	for i := 0; i < c.NumLayers; i++ {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		w.Layers = append(w.Layers, Layer{
+			AttnNorm: get(p+"input_layernorm.weight", d),
+			Wq:       get(p+"self_attn.q_proj.weight", q, d),
+			Wk:       get(p+"self_attn.k_proj.weight", kv, d),
+			Wv:       get(p+"self_attn.v_proj.weight", kv, d),
+			Wo:       get(p+"self_attn.o_proj.weight", d, q),
+			MLPNorm:  get(p+"post_attention_layernorm.weight", d),
+			WGate:    get(p+"mlp.gate_proj.weight", ffn, d),
+			WUp:      get(p+"mlp.up_proj.weight", ffn, d),
+			WDown:    get(p+"mlp.down_proj.weight", d, ffn),
+		})
+	}
+	w.FinalNorm = get("model.norm.weight", d)
+	_, hasHead := st.Tensor("lm_head.weight")
+	switch {
+	case c.TieWordEmbeddings:
+		// transformers ties lm_head to the embeddings whatever the file
+		// holds; a differing lm_head means the config is wrong.
+		w.LMHead = w.Embed
+		if hasHead {
+			if h := get("lm_head.weight", v, d); h != nil && w.Embed != nil && !equalF32(h, w.Embed) {
+				errs = append(errs, errors.New("tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight"))
+			}
+		}
+	case hasHead:
+		w.LMHead = get("lm_head.weight", v, d)
+	default:
+		errs = append(errs, errors.New("tensor lm_head.weight missing and tie_word_embeddings is false"))
+	}
+	for _, name := range st.Names() {
+		if !used[name] && !strings.HasSuffix(name, "rotary_emb.inv_freq") {
+			errs = append(errs, fmt.Errorf("unexpected tensor %s (biases and other architectures are not supported)", name))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// toFloat32 converts little-endian F32/F16/BF16 data to a fresh []float32.
+func toFloat32(dt safetensors.DType, data []byte) ([]float32, error) {
+	switch dt {
+	case safetensors.F32:
+		out := make([]float32, len(data)/4)
+		for i := range out {
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+		}
+		return out, nil
+	case safetensors.BF16:
+		out := make([]float32, len(data)/2)
+		for i := range out {
+			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(data[2*i:])) << 16)
+		}
+		return out, nil
+	case safetensors.F16:
+		out := make([]float32, len(data)/2)
+		for i := range out {
+			out[i] = halfToFloat32(binary.LittleEndian.Uint16(data[2*i:]))
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("dtype %s not supported (want F32, F16 or BF16)", dt)
+}
+
+// halfToFloat32 converts an IEEE 754 binary16 value exactly.
+func halfToFloat32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h) & 0x3ff
+	switch {
+	case exp == 0x1f: // Inf/NaN
+		return math.Float32frombits(sign | 0xff<<23 | mant<<13)
+	case exp == 0 && mant == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal: mant · 2^-24
+		f := float32(mant) * (1.0 / (1 << 24))
+		if sign != 0 {
+			f = -f
+		}
+		return f
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
+}
+
+func equalF32(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
