@@ -1,0 +1,276 @@
+package kvcache
+
+import "fmt"
+
+// SeqID names a sequence inside a Manager.
+type SeqID int64
+
+type seqState struct {
+	blocks []int32 // block table: logical block i → physical block id
+	// slots is the number of token slots reserved so far (positions
+	// 0..slots-1 have a slot); len(blocks) == ceil(slots/blockSize).
+	slots int
+	// hashes[i] is the chain hash of full block i, for i < len(hashes). A
+	// block is hashed once its tokens are all computed (CacheBlocks).
+	hashes []uint64
+}
+
+// Manager keeps the block table of every live sequence on top of a
+// BlockPool. Not safe for concurrent use (the engine goroutine owns it).
+//
+// Invariant: every block in any block table has ref ≥ 1 and its ref equals
+// the number of block tables holding it; blocks in no table are free.
+type Manager struct {
+	pool      *BlockPool
+	blockSize int
+	caching   bool
+	seqs      map[SeqID]*seqState
+	// copies pending copy-on-write: the backend must copy src[i] → dst[i]
+	// before the next forward pass (TakeCopies).
+	copySrc, copyDst []int32
+	fill             []int // [numBlocks] scratch of Usage: live slots per block
+}
+
+// NewManager returns a manager over numBlocks blocks of blockSize tokens.
+// With caching false, ComputedBlocks never hits and no block is registered.
+func NewManager(numBlocks, blockSize int, caching bool) *Manager {
+	if numBlocks <= 0 || blockSize <= 0 {
+		panic(fmt.Sprintf("kvcache: bad manager size %d blocks × %d", numBlocks, blockSize))
+	}
+	return &Manager{pool: NewBlockPool(numBlocks), blockSize: blockSize, caching: caching, seqs: make(map[SeqID]*seqState)}
+}
+
+func (m *Manager) Pool() *BlockPool   { return m.pool }
+func (m *Manager) BlockSize() int     { return m.blockSize }
+func (m *Manager) Caching() bool      { return m.caching }
+func (m *Manager) NumSeqs() int       { return len(m.seqs) }
+func (m *Manager) Has(seq SeqID) bool { _, ok := m.seqs[seq]; return ok }
+
+// BlockTable returns seq's block table (nil for an unknown seq). The slice is
+// the manager's own: read it, don't keep it past the next Allocate/Free.
+func (m *Manager) BlockTable(seq SeqID) []int32 {
+	if s := m.seqs[seq]; s != nil {
+		return s.blocks
+	}
+	return nil
+}
+
+// Slots is the number of token slots reserved for seq.
+func (m *Manager) Slots(seq SeqID) int {
+	if s := m.seqs[seq]; s != nil {
+		return s.slots
+	}
+	return 0
+}
+
+// Slot returns the cache slot (block*blockSize + offset) of position pos of
+// seq; pos must be below Slots(seq).
+func (m *Manager) Slot(seq SeqID, pos int) int32 {
+	s := m.seqs[seq]
+	return s.blocks[pos/m.blockSize]*int32(m.blockSize) + int32(pos%m.blockSize)
+}
+
+// Computed is the result of a prefix-cache lookup: the cached full blocks
+// holding the longest known prefix of a token sequence and their hashes.
+type Computed struct {
+	Blocks []int32
+	Hashes []uint64
+}
+
+// Tokens is the number of prompt tokens the hit covers.
+func (c Computed) Tokens(blockSize int) int { return len(c.Blocks) * blockSize }
+
+// ComputedBlocks looks up the longest prefix of tokens whose full blocks are
+// cached. At least one token is always left uncovered, because the last
+// prompt token must be run to get the logits to sample from (vLLM does the
+// same). It takes no references: pass the result to Allocate in the same
+// step, before any other Allocate could evict the blocks.
+func (m *Manager) ComputedBlocks(tokens []int32) Computed {
+	var c Computed
+	if !m.caching {
+		return c
+	}
+	var parent uint64
+	for i := 0; (i+1)*m.blockSize <= len(tokens)-1; i++ {
+		h := HashBlock(parent, tokens[i*m.blockSize:(i+1)*m.blockSize])
+		id, ok := m.pool.Lookup(h)
+		if !ok {
+			break
+		}
+		c.Blocks = append(c.Blocks, id)
+		c.Hashes = append(c.Hashes, h)
+		parent = h
+	}
+	return c
+}
+
+// blocksFor is the number of blocks holding n tokens.
+func (m *Manager) blocksFor(n int) int { return (n + m.blockSize - 1) / m.blockSize }
+
+// Allocate reserves slots for numNew more tokens of seq. A seq not yet known
+// is admitted first with the prefix-cache hit computed (from ComputedBlocks;
+// zero for none): its block table starts with those blocks and its slots with
+// their tokens. When appending into a partial last block that other
+// sequences share (after Fork), the block is copied first (copy-on-write; see
+// TakeCopies). It returns false, changing nothing, when the pool lacks free
+// blocks; the caller then preempts someone and retries.
+func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
+	s := m.seqs[seq]
+	isNew := s == nil
+	slots, have := 0, 0
+	needExtra := 0 // free blocks the computed hit takes off the free list
+	if isNew {
+		slots = len(computed.Blocks) * m.blockSize
+		have = len(computed.Blocks)
+		for _, id := range computed.Blocks {
+			if m.pool.RefCount(id) == 0 {
+				needExtra++
+			}
+		}
+	} else {
+		slots, have = s.slots, len(s.blocks)
+	}
+	need := m.blocksFor(slots+numNew) - have
+	cow := !isNew && numNew > 0 && slots%m.blockSize != 0 && m.pool.RefCount(s.blocks[len(s.blocks)-1]) > 1
+	if cow {
+		need++
+	}
+	if need+needExtra > m.pool.NumFree() {
+		return false
+	}
+	if isNew {
+		s = &seqState{slots: slots}
+		for _, id := range computed.Blocks {
+			m.pool.Acquire(id)
+		}
+		s.blocks = append(s.blocks, computed.Blocks...)
+		s.hashes = append(s.hashes, computed.Hashes...)
+		m.seqs[seq] = s
+	}
+	if cow {
+		last := len(s.blocks) - 1
+		src := s.blocks[last]
+		dst, _ := m.pool.Get()
+		m.copySrc = append(m.copySrc, src)
+		m.copyDst = append(m.copyDst, dst)
+		m.pool.Release(src)
+		s.blocks[last] = dst
+		need--
+	}
+	for ; need > 0; need-- {
+		id, _ := m.pool.Get()
+		s.blocks = append(s.blocks, id)
+	}
+	s.slots += numNew
+	return true
+}
+
+// TakeCopies returns and clears the pending copy-on-write copies. The
+// backend must run CopyBlocks(src, dst) in order before the forward pass that
+// writes into dst. The slices are reused by later calls.
+func (m *Manager) TakeCopies() (src, dst []int32) {
+	src, dst = m.copySrc, m.copyDst
+	m.copySrc, m.copyDst = m.copySrc[:0], m.copyDst[:0]
+	return src, dst
+}
+
+// CacheBlocks records that the first numComputed tokens of seq (tokens holds
+// at least that many) are now in the cache, and registers every newly full
+// block under its chain hash so that later requests can reuse it.
+func (m *Manager) CacheBlocks(seq SeqID, tokens []int32, numComputed int) {
+	s := m.seqs[seq]
+	if !m.caching || s == nil {
+		return
+	}
+	full := min(numComputed, s.slots) / m.blockSize
+	for i := len(s.hashes); i < full; i++ {
+		var parent uint64
+		if i > 0 {
+			parent = s.hashes[i-1]
+		}
+		h := HashBlock(parent, tokens[i*m.blockSize:(i+1)*m.blockSize])
+		s.hashes = append(s.hashes, h)
+		m.pool.Register(s.blocks[i], h)
+	}
+}
+
+// Fork makes child share every block of parent (n > 1 parallel sampling):
+// same table, refs incremented. A later Allocate on either side copies a
+// shared partial last block before writing into it.
+func (m *Manager) Fork(parent, child SeqID) {
+	p := m.seqs[parent]
+	if p == nil {
+		panic(fmt.Sprintf("kvcache: fork of unknown seq %d", parent))
+	}
+	if _, ok := m.seqs[child]; ok {
+		panic(fmt.Sprintf("kvcache: fork into live seq %d", child))
+	}
+	c := &seqState{slots: p.slots, blocks: append([]int32(nil), p.blocks...), hashes: append([]uint64(nil), p.hashes...)}
+	for _, id := range c.blocks {
+		m.pool.Acquire(id)
+	}
+	m.seqs[child] = c
+}
+
+// Free drops seq and releases its blocks, last block first so that the tail
+// of a sequence (least likely to be shared as a prefix) is evicted first.
+// Freeing an unknown seq is a no-op.
+func (m *Manager) Free(seq SeqID) {
+	s := m.seqs[seq]
+	if s == nil {
+		return
+	}
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		m.pool.Release(s.blocks[i])
+	}
+	delete(m.seqs, seq)
+}
+
+// Usage describes how full the cache is.
+type Usage struct {
+	UsedBlocks, TotalBlocks int
+	// LiveSlots counts distinct slots holding a live token (a slot of a
+	// shared block counts once); AllocatedSlots = UsedBlocks × blockSize.
+	// LiveSlots/AllocatedSlots is the memory-efficiency figure (vLLM's
+	// "under 4% waste").
+	LiveSlots, AllocatedSlots int
+}
+
+// Usage computes the current usage in O(total block-table length).
+func (m *Manager) Usage() Usage {
+	u := Usage{TotalBlocks: m.pool.NumBlocks(), UsedBlocks: m.pool.NumBlocks() - m.pool.NumFree()}
+	u.AllocatedSlots = u.UsedBlocks * m.blockSize
+	if len(m.fill) != m.pool.NumBlocks() {
+		m.fill = make([]int, m.pool.NumBlocks())
+	}
+	fill := m.fill
+	clear(fill)
+	for _, s := range m.seqs {
+		for i, id := range s.blocks {
+			f := min(m.blockSize, s.slots-i*m.blockSize)
+			if f > fill[id] {
+				u.LiveSlots += f - fill[id]
+				fill[id] = f
+			}
+		}
+	}
+	return u
+}
+
+// CheckInvariants verifies the pool and that every block's ref count equals
+// the number of block tables holding it.
+func (m *Manager) CheckInvariants() error {
+	refs := make([]int, m.pool.NumBlocks())
+	for id, s := range m.seqs {
+		if len(s.blocks) != m.blocksFor(s.slots) {
+			return fmt.Errorf("seq %d: %d blocks for %d slots", id, len(s.blocks), s.slots)
+		}
+		if len(s.hashes) > len(s.blocks) {
+			return fmt.Errorf("seq %d: %d hashes for %d blocks", id, len(s.hashes), len(s.blocks))
+		}
+		for _, b := range s.blocks {
+			refs[b]++
+		}
+	}
+	return m.pool.CheckInvariants(refs)
+}

@@ -1,0 +1,224 @@
+// Package kvcache is the block manager of the paged KV cache, in the manner of
+// vLLM v1: a BlockPool of fixed-size physical blocks (free list in LRU order,
+// reference counts, and a hash → block map for automatic prefix caching) and a
+// Manager that keeps each sequence's block table on top of it.
+//
+// Nothing here touches cache memory: the forward.Backend owns the K/V arrays
+// and this package only decides which block holds which tokens. Neither type
+// is safe for concurrent use; in chunlian the engine goroutine owns both.
+package kvcache
+
+import "fmt"
+
+const none = -1
+
+type block struct {
+	ref    int32  // number of block tables holding this block
+	hash   uint64 // prefix-chain hash, valid when cached
+	cached bool   // registered in BlockPool.cached under hash
+	// Free-list links (block ids; none at the ends). Only meaningful while
+	// ref == 0, i.e. while the block is on the free list.
+	prev, next int32
+}
+
+// BlockPool owns the physical block ids 0..n-1.
+//
+// Invariants (checked by CheckInvariants):
+//   - a block is on the free list ⇔ its ref is 0;
+//   - numFree equals the length of the free list;
+//   - cached[h] == id ⇔ blocks[id].cached && blocks[id].hash == h.
+//
+// A freed block keeps its hash and stays findable through Lookup until Get
+// evicts it for reuse. The free list is in eviction order: Get takes the head
+// (least recently freed), Release appends at the tail.
+type BlockPool struct {
+	blocks     []block
+	head, tail int32
+	numFree    int
+	cached     map[uint64]int32
+}
+
+// NewBlockPool returns a pool of n free blocks.
+func NewBlockPool(n int) *BlockPool {
+	p := &BlockPool{blocks: make([]block, n), head: none, tail: none, cached: make(map[uint64]int32)}
+	for i := range p.blocks {
+		p.pushTail(int32(i))
+	}
+	return p
+}
+
+// NumBlocks is the pool's size; NumFree the number of unreferenced blocks
+// (cached or not: cached free blocks are evictable).
+func (p *BlockPool) NumBlocks() int { return len(p.blocks) }
+func (p *BlockPool) NumFree() int   { return p.numFree }
+
+// NumCached is the number of blocks findable by hash (referenced or free).
+func (p *BlockPool) NumCached() int { return len(p.cached) }
+
+// RefCount returns the number of holders of block id.
+func (p *BlockPool) RefCount(id int32) int { return int(p.blocks[id].ref) }
+
+func (p *BlockPool) pushTail(id int32) {
+	b := &p.blocks[id]
+	b.prev, b.next = p.tail, none
+	if p.tail != none {
+		p.blocks[p.tail].next = id
+	} else {
+		p.head = id
+	}
+	p.tail = id
+	p.numFree++
+}
+
+func (p *BlockPool) unlink(id int32) {
+	b := &p.blocks[id]
+	if b.prev != none {
+		p.blocks[b.prev].next = b.next
+	} else {
+		p.head = b.next
+	}
+	if b.next != none {
+		p.blocks[b.next].prev = b.prev
+	} else {
+		p.tail = b.prev
+	}
+	b.prev, b.next = none, none
+	p.numFree--
+}
+
+// Get takes the least recently freed block, evicting its cached hash, and
+// returns it with ref 1. ok is false when no block is free.
+func (p *BlockPool) Get() (id int32, ok bool) {
+	if p.head == none {
+		return 0, false
+	}
+	id = p.head
+	p.unlink(id)
+	b := &p.blocks[id]
+	if b.cached {
+		delete(p.cached, b.hash)
+		b.cached = false
+	}
+	b.ref = 1
+	return id, true
+}
+
+// Acquire adds a holder to block id, taking it off the free list if needed
+// (a prefix-cache hit on a freed block).
+func (p *BlockPool) Acquire(id int32) {
+	b := &p.blocks[id]
+	if b.ref == 0 {
+		p.unlink(id)
+	}
+	b.ref++
+}
+
+// Release drops a holder; at zero the block goes to the free-list tail,
+// keeping its hash so that it can still be found until evicted.
+func (p *BlockPool) Release(id int32) {
+	b := &p.blocks[id]
+	if b.ref <= 0 {
+		panic(fmt.Sprintf("kvcache: release of free block %d", id))
+	}
+	b.ref--
+	if b.ref == 0 {
+		p.pushTail(id)
+	}
+}
+
+// Lookup finds the cached block holding the full block whose chain hash is h.
+func (p *BlockPool) Lookup(h uint64) (int32, bool) {
+	id, ok := p.cached[h]
+	return id, ok
+}
+
+// Register makes the full, referenced block id findable under h. When h is
+// already registered (an identical block computed by another sequence at the
+// same time) the existing entry wins and id stays uncached; Register reports
+// whether id was registered.
+func (p *BlockPool) Register(id int32, h uint64) bool {
+	b := &p.blocks[id]
+	if b.cached {
+		return b.hash == h
+	}
+	if _, dup := p.cached[h]; dup {
+		return false
+	}
+	b.hash, b.cached = h, true
+	p.cached[h] = id
+	return true
+}
+
+// CheckInvariants verifies the pool's internal consistency and that
+// refs[id] (the number of block tables holding id, as counted by the caller;
+// nil to skip) equals each block's ref count.
+func (p *BlockPool) CheckInvariants(refs []int) error {
+	onList := make([]bool, len(p.blocks))
+	n := 0
+	prev := int32(none)
+	for id := p.head; id != none; id = p.blocks[id].next {
+		if onList[id] {
+			return fmt.Errorf("free list loops at block %d", id)
+		}
+		if p.blocks[id].prev != prev {
+			return fmt.Errorf("block %d: prev link %d, want %d", id, p.blocks[id].prev, prev)
+		}
+		onList[id] = true
+		prev = id
+		n++
+	}
+	if prev != p.tail {
+		return fmt.Errorf("free list tail %d, walked to %d", p.tail, prev)
+	}
+	if n != p.numFree {
+		return fmt.Errorf("numFree %d, free list holds %d", p.numFree, n)
+	}
+	for id := range p.blocks {
+		b := &p.blocks[id]
+		if b.ref < 0 {
+			return fmt.Errorf("block %d: negative ref %d", id, b.ref)
+		}
+		if onList[id] != (b.ref == 0) {
+			return fmt.Errorf("block %d: ref %d but on free list = %v", id, b.ref, onList[id])
+		}
+		if refs != nil && int(b.ref) != refs[id] {
+			return fmt.Errorf("block %d: ref %d but held by %d block tables", id, b.ref, refs[id])
+		}
+		if b.cached {
+			if got, ok := p.cached[b.hash]; !ok || got != int32(id) {
+				return fmt.Errorf("block %d cached under %x but map says %d,%v", id, b.hash, got, ok)
+			}
+		}
+	}
+	for h, id := range p.cached {
+		if b := &p.blocks[id]; !b.cached || b.hash != h {
+			return fmt.Errorf("map entry %x → %d not matched by the block", h, id)
+		}
+	}
+	return nil
+}
+
+// HashBlock returns the chain hash of a full block: FNV-1a (64-bit) over the
+// parent block's hash (0 for the first block) followed by the block's token
+// ids, all little-endian. Two different prefixes share a hash only by a 64-bit
+// collision; among a million distinct cached blocks the chance of any
+// collision is about 3e-8, which we accept (as vLLM did with Python's hash
+// before offering sha256). A collision would make a request reuse another
+// prompt's K/V for one block, degrading that output, never crashing.
+func HashBlock(parent uint64, tokens []int32) uint64 {
+	// FNV-1a written out to avoid hash.Hash64's allocation on the hot path.
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := 0; i < 8; i++ {
+		h ^= parent >> (8 * i) & 0xff
+		h *= prime
+	}
+	for _, t := range tokens {
+		u := uint32(t)
+		for i := 0; i < 4; i++ {
+			h ^= uint64(u>>(8*i)) & 0xff
+			h *= prime
+		}
+	}
+	return h
+}

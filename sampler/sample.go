@@ -1,0 +1,277 @@
+package sampler
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Sampler draws the tokens of one sequence (one sample of one request). It is
+// not safe for concurrent use: the engine goroutine owns every Sampler and
+// calls it once per step of its sequence.
+//
+// Zero values of the optional parameters mean "off": TopK ≤ 0, TopP ≤ 0 or
+// ≥ 1, MinP ≤ 0 and RepetitionPenalty ≤ 0 or == 1 all disable their stage, so
+// a zero Params is plain greedy decoding.
+type Sampler struct {
+	p   Params
+	rng *rand.Rand
+
+	// Scratch buffers, all of vocab size V once the first row is seen; reused
+	// every step so sampling makes no garbage in steady state.
+	work  []float32 // [V] logits after processors, penalty and temperature
+	probs []float32 // [V] unnormalised probabilities exp(work - max)
+	cand  []int32   // [≤V] candidate token ids still allowed
+	stamp []uint32  // [V] repetition-penalty dedup marks (== gen means seen)
+	gen   uint32
+}
+
+// New returns the sampler of sample index of a request with parameters p.
+// Its random stream is PCG(seed, index): samples of one request differ, and
+// the same (seed, index) replays the same stream. Seed 0 draws a random seed.
+func New(p Params, index int) *Sampler {
+	seed := p.Seed
+	if seed == 0 {
+		seed = rand.Uint64() | 1
+	}
+	return &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, uint64(index)))}
+}
+
+// Params returns the parameters the sampler was built with.
+func (s *Sampler) Params() Params { return s.p }
+
+// Validate reports parameters that cannot be sampled with.
+func Validate(p Params) error {
+	switch {
+	case math.IsNaN(float64(p.Temperature)) || p.Temperature < 0:
+		return fmt.Errorf("sampler: temperature %v must be ≥ 0", p.Temperature)
+	case math.IsNaN(float64(p.TopP)) || p.TopP < 0:
+		return fmt.Errorf("sampler: top_p %v must be in [0, 1]", p.TopP)
+	case math.IsNaN(float64(p.MinP)) || p.MinP < 0 || p.MinP > 1:
+		return fmt.Errorf("sampler: min_p %v must be in [0, 1]", p.MinP)
+	case math.IsNaN(float64(p.RepetitionPenalty)) || p.RepetitionPenalty < 0:
+		return fmt.Errorf("sampler: repetition_penalty %v must be > 0", p.RepetitionPenalty)
+	case p.TopK < 0:
+		return fmt.Errorf("sampler: top_k %d must be ≥ 0", p.TopK)
+	case p.MaxTokens < 0:
+		return fmt.Errorf("sampler: max_tokens %d must be ≥ 0", p.MaxTokens)
+	case p.N < 0:
+		return fmt.Errorf("sampler: n %d must be ≥ 1", p.N)
+	}
+	return nil
+}
+
+// LogSumExp returns log Σ exp(row[i]), ignoring NaNs; -Inf for an all -Inf row.
+func LogSumExp(row []float32) float64 {
+	m := math.Inf(-1)
+	for _, v := range row {
+		if float64(v) > m {
+			m = float64(v)
+		}
+	}
+	if math.IsInf(m, -1) {
+		return m
+	}
+	var sum float64
+	for _, v := range row {
+		if v == v { // skip NaN
+			sum += math.Exp(float64(v) - m)
+		}
+	}
+	return m + math.Log(sum)
+}
+
+// LogProb returns log softmax(row)[tok].
+func LogProb(row []float32, tok int32) float32 {
+	return float32(float64(row[tok]) - LogSumExp(row))
+}
+
+// Sample picks the next token from one row of raw model logits. prompt and
+// generated are the sequence's tokens so far (repetition penalty looks at
+// both; the processor sees only generated). row is not modified. The order
+// is: processor → dead-end check → repetition penalty → greedy argmax, or
+// temperature → top-k → top-p → min-p → draw. It returns the token and its
+// raw log-probability log softmax(row)[token].
+func (s *Sampler) Sample(row []float32, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
+	V := len(row)
+	if V == 0 {
+		return 0, 0, fmt.Errorf("sampler: empty logits row")
+	}
+	if cap(s.work) < V {
+		s.work = make([]float32, V)
+		s.probs = make([]float32, V)
+		s.cand = make([]int32, 0, V)
+		s.stamp = make([]uint32, V)
+	}
+	w := s.work[:V]
+	copy(w, row)
+	negInf := float32(math.Inf(-1))
+	for i, v := range w {
+		if v != v {
+			w[i] = negInf
+		}
+	}
+	if proc != nil {
+		if err := proc.Process(generated, w); err != nil {
+			return 0, 0, err
+		}
+	}
+	alive := false
+	for _, v := range w {
+		if v > negInf { // false for -Inf and NaN
+			alive = true
+			break
+		}
+	}
+	if !alive {
+		return 0, 0, ErrDeadEnd
+	}
+	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 {
+		s.gen++
+		if s.gen == 0 { // wrapped: old marks could collide
+			clear(s.stamp)
+			s.gen = 1
+		}
+		s.penalize(w, prompt, rp)
+		s.penalize(w, generated, rp)
+	}
+	var tok int32
+	if s.p.Temperature == 0 {
+		tok = argmax(w)
+	} else {
+		tok = s.draw(w)
+	}
+	return tok, LogProb(row, tok), nil
+}
+
+// penalize applies the HF repetition penalty (positive logits divided,
+// negative multiplied) once per distinct token: stamp[t] == gen marks tokens
+// already penalised in this Sample call, across prompt and generated.
+func (s *Sampler) penalize(w []float32, toks []int32, rp float32) {
+	for _, t := range toks {
+		if t < 0 || int(t) >= len(w) || s.stamp[t] == s.gen {
+			continue
+		}
+		s.stamp[t] = s.gen
+		if w[t] > 0 {
+			w[t] /= rp
+		} else {
+			w[t] *= rp
+		}
+	}
+}
+
+func argmax(w []float32) int32 {
+	best := 0
+	for i, v := range w {
+		if v > w[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// draw samples from softmax(w/T) restricted by top-k, top-p and min-p.
+func (s *Sampler) draw(w []float32) int32 {
+	invT := 1 / float64(s.p.Temperature)
+	m := float32(math.Inf(-1))
+	for _, v := range w {
+		if v > m {
+			m = v
+		}
+	}
+	probs := s.probs[:len(w)]
+	cand := s.cand[:0]
+	var total float64
+	var pmax float32
+	for i, v := range w {
+		p := float32(math.Exp(float64(v-m) * invT))
+		probs[i] = p
+		if p > 0 {
+			cand = append(cand, int32(i))
+			total += float64(p)
+			if p > pmax {
+				pmax = p
+			}
+		}
+	}
+	topK := s.p.TopK
+	topP := float64(s.p.TopP)
+	useK := topK > 0 && topK < len(cand)
+	useP := topP > 0 && topP < 1
+	if useK || useP {
+		// Sorting all V candidates every step is the expensive part; the
+		// nucleus and the top k only ever hold large probabilities. Keep the
+		// tokens with p ≥ pmax·1e-3 when that subset already holds enough
+		// (≥ k tokens and ≥ topP of the mass): every dropped token is smaller
+		// than every kept one, so the cut below is unchanged by the filter.
+		small := cand[:0:0]
+		thr := pmax * 1e-3
+		var mass float64
+		n := 0
+		for _, t := range cand {
+			if probs[t] >= thr {
+				n++
+				mass += float64(probs[t])
+			}
+		}
+		if (!useK || n >= topK) && (!useP || mass >= topP*total) {
+			small = cand[:0]
+			for _, t := range cand {
+				if probs[t] >= thr {
+					small = append(small, t)
+				}
+			}
+			cand = small
+		}
+		slices.SortFunc(cand, func(a, b int32) int {
+			if probs[a] != probs[b] {
+				if probs[a] > probs[b] {
+					return -1
+				}
+				return 1
+			}
+			return int(a - b)
+		})
+		if useK && topK < len(cand) {
+			cand = cand[:topK]
+		}
+		if useP {
+			var kept float64
+			for _, t := range cand {
+				kept += float64(probs[t])
+			}
+			var cum float64
+			for i, t := range cand {
+				cum += float64(probs[t])
+				if cum >= topP*kept {
+					cand = cand[:i+1]
+					break
+				}
+			}
+		}
+	}
+	if mp := s.p.MinP; mp > 0 {
+		thr := mp * pmax
+		k := cand[:0]
+		for _, t := range cand {
+			if probs[t] >= thr {
+				k = append(k, t)
+			}
+		}
+		cand = k
+	}
+	total = 0
+	for _, t := range cand {
+		total += float64(probs[t])
+	}
+	u := s.rng.Float64() * total
+	for _, t := range cand {
+		u -= float64(probs[t])
+		if u < 0 {
+			return t
+		}
+	}
+	return cand[len(cand)-1] // rounding left u ≥ 0 at the end
+}
