@@ -284,3 +284,8 @@ func TestSetThreads(t *testing.T) {
 		t.Errorf("SetThreads(0): Threads() = %d", Threads())
 	}
 }
+
+func TestReportPaths(t *testing.T) {
+	// Informational: which paths this machine offers (not an assertion).
+	t.Logf("available GEMM paths %v, in use %q, threads %d", availablePaths(), Path(), Threads())
+}

@@ -1,0 +1,128 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// Model shapes (d=512, ffn=1408, vocab≈6000) as (N, K) of y = x·Wᵀ.
+var benchNK = []struct {
+	name string
+	n, k int
+}{
+	{"qkvo", 512, 512},
+	{"gateup", 1408, 512},
+	{"down", 512, 1408},
+	{"lmhead", 6000, 512},
+}
+
+var benchM = []int{1, 8, 32, 128, 512}
+
+// BenchmarkGemm reports GFLOP/s (2·M·N·K per op) for every available path.
+// Run e.g. go test -run '^$' -bench Gemm -benchtime=200ms ./kernels/cpu
+func BenchmarkGemm(b *testing.B) {
+	for _, p := range availablePaths() {
+		for _, nk := range benchNK {
+			for _, m := range benchM {
+				b.Run(fmt.Sprintf("%s/%s/M=%d/N=%d/K=%d", p, nk.name, m, nk.n, nk.k), func(b *testing.B) {
+					r := rand.New(rand.NewPCG(1, 2))
+					x := randSlice(r, m*nk.k)
+					w := randSlice(r, nk.n*nk.k)
+					y := make([]float32, m*nk.n)
+					withPath(b, p, func() {
+						b.ResetTimer()
+						for b.Loop() {
+							Gemm(m, nk.n, nk.k, x, w, y)
+						}
+						b.ReportMetric(2*float64(m*nk.n*nk.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					})
+				})
+			}
+		}
+	}
+}
+
+func BenchmarkRMSNorm(b *testing.B) {
+	for _, rows := range []int{1, 64, 512} {
+		b.Run(fmt.Sprintf("rows=%d/d=512", rows), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			x, w := randSlice(r, rows*512), randSlice(r, 512)
+			out := make([]float32, len(x))
+			b.SetBytes(int64(4 * len(x)))
+			for b.Loop() {
+				RMSNorm(out, x, w, rows, 512, 1e-5)
+			}
+		})
+	}
+}
+
+func BenchmarkSiLUMul(b *testing.B) {
+	for _, n := range []int{1408, 64 * 1408} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			g, u := randSlice(r, n), randSlice(r, n)
+			out := make([]float32, n)
+			b.SetBytes(int64(4 * n))
+			for b.Loop() {
+				SiLUMul(out, g, u)
+			}
+		})
+	}
+}
+
+func BenchmarkRoPE(b *testing.B) {
+	for _, rows := range []int{1, 256} {
+		b.Run(fmt.Sprint(rows), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			x := randSlice(r, rows*8*64)
+			pos := make([]int32, rows)
+			for i := range pos {
+				pos[i] = int32(i)
+			}
+			for b.Loop() {
+				RoPE(x, pos, rows, 8, 64, 10000)
+			}
+		})
+	}
+}
+
+func BenchmarkDot(b *testing.B) {
+	for _, n := range []int{64, 512} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			x, y := randSlice(r, n), randSlice(r, n)
+			var s float32
+			b.SetBytes(int64(8 * n))
+			for b.Loop() {
+				s += Dot(x, y)
+			}
+			_ = s
+		})
+	}
+}
+
+func BenchmarkAxpy(b *testing.B) {
+	for _, n := range []int{64, 512} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			x, y := randSlice(r, n), randSlice(r, n)
+			b.SetBytes(int64(8 * n))
+			for b.Loop() {
+				Axpy(0.001, x, y)
+			}
+		})
+	}
+}
+
+func BenchmarkSoftmax(b *testing.B) {
+	for _, n := range []int{64, 6000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			x := randSlice(r, n)
+			for b.Loop() {
+				Softmax(x)
+			}
+		})
+	}
+}

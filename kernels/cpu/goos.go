@@ -1,0 +1,5 @@
+package cpu
+
+import "runtime"
+
+const isDarwin = runtime.GOOS == "darwin"
