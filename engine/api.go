@@ -78,10 +78,14 @@ type Result struct {
 type Stats struct {
 	Running, Waiting            int
 	KVBlocksUsed, KVBlocksTotal int
-	PrefixQueries, PrefixHits   int64 // in tokens, like vLLM
-	Preemptions                 int64
-	PromptTokens, GenTokens     int64
-	Steps                       int64
+	// KVSlotsLive counts KV slots holding a live token (a shared slot once);
+	// KVSlotsAllocated = KVBlocksUsed × block size. Their ratio is the
+	// memory-efficiency figure (vLLM: ≥ 96%).
+	KVSlotsLive, KVSlotsAllocated int
+	PrefixQueries, PrefixHits     int64 // in tokens, like vLLM
+	Preemptions                   int64
+	PromptTokens, GenTokens       int64
+	Steps                         int64
 }
 
 // Engine is implemented by the paged continuous-batching engine and by the

@@ -1,0 +1,665 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"chunlian/forward"
+	"chunlian/kvcache"
+	"chunlian/sampler"
+)
+
+// ErrTooLong rejects a request whose prompt plus MaxTokens could not fit in
+// the whole KV cache even if it ran alone.
+var ErrTooLong = errors.New("engine: prompt + max_tokens exceed the KV cache")
+
+var _ Engine = (*Paged)(nil)
+
+// Paged is the continuous-batching engine over a paged KV cache. (The name
+// Engine is taken by the interface it implements.)
+//
+// Ownership: one goroutine, the engine loop (loop), owns the scheduler
+// queues, the block manager, the backend and every request and sequence
+// after submission, and it calls OnEvent and the logits processors. Generate
+// runs on callers' goroutines and only touches the submit channel, the
+// request's done channel (closed by the loop after it wrote res/err, which
+// publishes them) and the atomic queue counter. Stats reads a snapshot under
+// statsMu that the loop rewrites after every step.
+type Paged struct {
+	cfg       Config
+	b         forward.Backend
+	vocab     int
+	numBlocks int
+
+	submit    chan *request // Generate → loop; capacity MaxQueue
+	quit      chan struct{} // closed by Close
+	stopped   chan struct{} // closed by the loop when it has exited
+	closeOnce sync.Once
+	// queued counts requests submitted but not yet admitted for the first
+	// time (in the channel or in waiting); it bounds the queue at MaxQueue.
+	queued atomic.Int64
+
+	statsMu sync.Mutex
+	stats   Stats
+
+	// Loop-owned state below.
+	mgr      *kvcache.Manager
+	active   []*request  // submitted, not yet completed
+	waiting  []*sequence // admission order; preempted sequences go to the front
+	running  []*sequence // admission order: the last is the first preemption victim
+	children []*sequence // forked in this step, join running at its end
+	nextID   kvcache.SeqID
+	sched    []entry
+	batch    forward.Batch
+	logits   []float32 // [len(batch.LogitRows), vocab]
+
+	prefixQueries, prefixHits, preemptions int64
+	promptTokens, genTokens, steps         int64
+}
+
+type seqState uint8
+
+const (
+	stWaiting seqState = iota
+	stRunning
+	stDone
+)
+
+// sequence is one sample being generated (or, before the fork, the request's
+// prompt). Owned by the loop.
+type sequence struct {
+	id          kvcache.SeqID
+	r           *request
+	index       int     // sample index
+	tokens      []int32 // prompt + generated so far
+	numComputed int     // tokens whose K/V are in the cache: tokens[:numComputed]
+	samp        *sampler.Sampler
+	proc        sampler.LogitsProcessor
+	logprobs    []float32 // raw log-probs of tokens[len(prompt):]
+	state       seqState
+	finish      FinishReason
+}
+
+func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
+
+// request is one Generate call. Fields are loop-owned until done is closed;
+// after that, Generate reads res and err.
+type request struct {
+	req      *Request
+	ctx      context.Context
+	n        int
+	done     chan struct{}
+	res      *Result
+	err      error
+	seqs     []*sequence // by sample index; only seqs[0] until the fork
+	forked   bool        // prompt fully computed once and samples forked
+	live     int         // sequences not done
+	admitted bool        // counted out of Paged.queued
+	complete bool
+	plp      []float32 // prompt log-probs, [len(prompt)-1] when asked for
+	plpDone  int       // plp[:plpDone] are filled
+	cached   int
+
+	arrival, scheduled, prefilled, firstTok, lastTok time.Time
+}
+
+// wantsPromptRows reports whether prompt positions still need logits rows.
+func (r *request) wantsPromptRows() bool {
+	return r.req.PromptLogProbs && r.plpDone < len(r.req.Prompt)-1
+}
+
+// entry is one sequence's share of a step.
+type entry struct {
+	s              *sequence
+	n              int  // tokens computed this step
+	rowStart       int  // its first row in LogitRows
+	plpFrom, plpTo int  // prompt positions [plpFrom, plpTo) scored this step
+	sample         bool // its last token's row is sampled
+}
+
+// New starts an engine over b. The engine does not own b: close b after
+// Close. A zero Config means DefaultConfig().
+func New(b forward.Backend, cfg Config) (*Paged, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults(b.BlockSize())
+	if cfg.BlockSize != b.BlockSize() {
+		return nil, fmt.Errorf("engine: block size %d differs from the backend's %d", cfg.BlockSize, b.BlockSize())
+	}
+	if b.NumBlocks() <= 0 || b.VocabSize() <= 0 {
+		return nil, fmt.Errorf("engine: backend has %d blocks and vocab %d", b.NumBlocks(), b.VocabSize())
+	}
+	e := &Paged{
+		cfg:       cfg,
+		b:         b,
+		vocab:     b.VocabSize(),
+		numBlocks: b.NumBlocks(),
+		submit:    make(chan *request, cfg.MaxQueue),
+		quit:      make(chan struct{}),
+		stopped:   make(chan struct{}),
+		mgr:       kvcache.NewManager(b.NumBlocks(), cfg.BlockSize, cfg.EnablePrefixCaching),
+	}
+	e.stats.KVBlocksTotal = e.numBlocks
+	go e.loop()
+	return e, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (e *Paged) Config() Config { return e.cfg }
+
+// Generate implements Engine.
+func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
+	n, err := checkRequest(req, e.vocab)
+	if err != nil {
+		return nil, err
+	}
+	bs := e.cfg.BlockSize
+	if (len(req.Prompt)+req.Params.MaxTokens+bs-1)/bs > e.numBlocks {
+		return nil, ErrTooLong
+	}
+	select {
+	case <-e.quit:
+		return nil, ErrClosed
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if e.queued.Add(1) > int64(e.cfg.MaxQueue) {
+		e.queued.Add(-1)
+		return nil, ErrQueueFull
+	}
+	r := &request{req: req, ctx: ctx, n: n, done: make(chan struct{}), arrival: time.Now()}
+	select {
+	case e.submit <- r: // never blocks: at most MaxQueue requests are counted in queued
+	case <-e.quit:
+		e.queued.Add(-1)
+		return nil, ErrClosed
+	}
+	select {
+	case <-r.done:
+	case <-e.stopped:
+		select {
+		case <-r.done:
+		default: // submitted after the loop's last drain
+			return nil, ErrClosed
+		}
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r.res, nil
+}
+
+// checkRequest validates req against the vocabulary and returns its N.
+func checkRequest(req *Request, vocab int) (int, error) {
+	if req == nil {
+		return 0, errors.New("engine: nil request")
+	}
+	if len(req.Prompt) == 0 {
+		return 0, errors.New("engine: empty prompt")
+	}
+	for i, t := range req.Prompt {
+		if t < 0 || int(t) >= vocab {
+			return 0, fmt.Errorf("engine: prompt token %d at %d outside vocab [0,%d)", t, i, vocab)
+		}
+	}
+	if err := sampler.Validate(req.Params); err != nil {
+		return 0, err
+	}
+	return max(req.Params.N, 1), nil
+}
+
+// Stats implements Engine; safe from any goroutine.
+func (e *Paged) Stats() Stats {
+	e.statsMu.Lock()
+	defer e.statsMu.Unlock()
+	return e.stats
+}
+
+// Close implements Engine: it stops the loop, failing every pending request
+// with ErrClosed, and waits for the loop to exit. It does not close the
+// backend.
+func (e *Paged) Close() error {
+	e.closeOnce.Do(func() { close(e.quit) })
+	<-e.stopped
+	return nil
+}
+
+// loop is the engine goroutine; see Paged.
+func (e *Paged) loop() {
+	defer close(e.stopped)
+	for {
+		if len(e.active) == 0 {
+			select {
+			case r := <-e.submit:
+				e.add(r)
+			case <-e.quit:
+				e.shutdown()
+				return
+			}
+		}
+	drain: // new requests join at this step
+		for {
+			select {
+			case r := <-e.submit:
+				e.add(r)
+			default:
+				break drain
+			}
+		}
+		select {
+		case <-e.quit:
+			e.shutdown()
+			return
+		default:
+		}
+		e.reapAborted()
+		if len(e.running)+len(e.waiting) > 0 {
+			e.step()
+		}
+		e.publish()
+	}
+}
+
+func (e *Paged) newSeq(r *request, index int, tokens []int32) *sequence {
+	e.nextID++
+	var proc sampler.LogitsProcessor
+	if r.req.NewProcessor != nil {
+		proc = r.req.NewProcessor(index)
+	}
+	return &sequence{id: e.nextID, r: r, index: index, tokens: tokens, samp: sampler.New(r.req.Params, index), proc: proc}
+}
+
+// add queues a new request's prompt sequence at the back of waiting.
+func (e *Paged) add(r *request) {
+	prompt := r.req.Prompt
+	tokens := make([]int32, len(prompt), len(prompt)+r.req.Params.MaxTokens)
+	copy(tokens, prompt)
+	s := e.newSeq(r, 0, tokens)
+	r.seqs = []*sequence{s}
+	r.live = 1
+	if r.req.PromptLogProbs {
+		r.plp = make([]float32, len(prompt)-1)
+	}
+	e.active = append(e.active, r)
+	e.waiting = append(e.waiting, s)
+}
+
+// reapAborted fails requests whose context ended, freeing their blocks, and
+// drops completed requests from active.
+func (e *Paged) reapAborted() {
+	for _, r := range e.active {
+		if !r.complete && r.ctx.Err() != nil {
+			e.fail(r, r.ctx.Err(), FinishAbort)
+		}
+	}
+	e.compact()
+}
+
+// compact drops done sequences from the queues and completed requests.
+func (e *Paged) compact() {
+	e.active = slices.DeleteFunc(e.active, func(r *request) bool { return r.complete })
+	e.waiting = slices.DeleteFunc(e.waiting, func(s *sequence) bool { return s.state == stDone })
+	e.running = slices.DeleteFunc(e.running, func(s *sequence) bool { return s.state == stDone })
+}
+
+// shutdown fails everything still pending with ErrClosed.
+func (e *Paged) shutdown() {
+	for {
+		select {
+		case r := <-e.submit:
+			e.add(r)
+			continue
+		default:
+		}
+		break
+	}
+	for _, r := range e.active {
+		if !r.complete {
+			e.fail(r, ErrClosed, FinishAbort)
+		}
+	}
+	e.compact()
+	e.publish()
+}
+
+// fail ends every live sequence of r (emitting Done events with reason) and
+// completes r with err.
+func (e *Paged) fail(r *request, err error, reason FinishReason) {
+	for _, s := range r.seqs {
+		if s.state != stDone {
+			e.finish(s, reason)
+		}
+	}
+	// Samples never forked end too, so the caller sees n Done events.
+	if !r.forked {
+		for i := 1; i < r.n; i++ {
+			e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: reason})
+		}
+	}
+	if !r.complete {
+		r.err = err
+		e.completeRequest(r)
+	}
+}
+
+func (e *Paged) emit(r *request, ev Event) {
+	if r.req.OnEvent != nil {
+		r.req.OnEvent(ev)
+	}
+}
+
+// finish ends sequence s: frees its blocks, emits its Done event (Token -1:
+// every token was already sent in its own event) and completes the request
+// when it was the last live sequence.
+func (e *Paged) finish(s *sequence, reason FinishReason) {
+	s.state = stDone
+	s.finish = reason
+	e.mgr.Free(s.id)
+	r := s.r
+	e.emit(r, Event{Index: s.index, Token: -1, Done: true, Finish: reason})
+	r.live--
+	if r.live == 0 && !r.complete {
+		e.completeRequest(r)
+	}
+}
+
+// completeRequest builds the result (unless r failed) and wakes Generate.
+func (e *Paged) completeRequest(r *request) {
+	r.complete = true
+	if !r.admitted {
+		r.admitted = true
+		e.queued.Add(-1)
+	}
+	now := time.Now()
+	if r.err == nil {
+		res := &Result{PromptLogProbs: r.plp, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached}
+		for i := 0; i < r.n; i++ {
+			if i < len(r.seqs) {
+				s := r.seqs[i]
+				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clone(s.generated()), LogProbs: s.logprobs, Finish: s.finish})
+			} else { // MaxTokens == 0: scored only, never forked
+				res.Completions = append(res.Completions, Completion{Index: i, Tokens: []int32{}, Finish: FinishLength})
+			}
+		}
+		t := &res.Timings
+		t.Queue = r.scheduled.Sub(r.arrival)
+		t.Prefill = r.prefilled.Sub(r.scheduled)
+		if !r.firstTok.IsZero() {
+			t.FirstToken = r.firstTok.Sub(r.arrival)
+			t.Decode = r.lastTok.Sub(r.firstTok)
+		}
+		t.Total = now.Sub(r.arrival)
+		r.res = res
+	}
+	close(r.done)
+}
+
+// preempt evicts running sequence s by recompute: its blocks are freed (its
+// full blocks stay findable in the prefix cache) and it goes to the front of
+// waiting with nothing computed.
+func (e *Paged) preempt(s *sequence) {
+	e.mgr.Free(s.id)
+	s.numComputed = 0
+	s.state = stWaiting
+	e.waiting = slices.Insert(e.waiting, 0, s)
+	e.preemptions++
+}
+
+// step schedules one batch, runs it and consumes its logits.
+func (e *Paged) step() {
+	budget := e.cfg.MaxNumBatchedTokens
+	maxSeqs := e.cfg.MaxNumSeqs
+	e.sched = e.sched[:0]
+	preempted := false
+
+	// Running sequences first, in admission order: each gets the tokens it
+	// still needs (one for a decode, the rest of its prompt for a chunked
+	// prefill), within the token budget.
+	for i := 0; i < len(e.running) && budget > 0 && len(e.sched) < maxSeqs; i++ {
+		s := e.running[i]
+		n := min(len(s.tokens)-s.numComputed, budget)
+		for !e.mgr.Allocate(s.id, n, kvcache.Computed{}) {
+			// Out of blocks: preempt the most recently admitted running
+			// sequence (possibly s itself). Scheduled ones sit before i,
+			// so they are never victims.
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == s {
+				break
+			}
+		}
+		if s.state != stRunning {
+			break
+		}
+		e.sched = append(e.sched, entry{s: s, n: n})
+		budget -= n
+	}
+
+	// Then waiting ones in order (FCFS: stop at the first that does not
+	// fit), unless this step had to preempt.
+	for !preempted && len(e.waiting) > 0 && budget > 0 && len(e.sched) < maxSeqs && len(e.running) < maxSeqs {
+		s := e.waiting[0]
+		r := s.r
+		var hit kvcache.Computed
+		if !r.wantsPromptRows() {
+			hit = e.mgr.ComputedBlocks(s.tokens)
+		}
+		cached := hit.Tokens(e.cfg.BlockSize)
+		n := min(len(s.tokens)-cached, budget)
+		if !e.mgr.Allocate(s.id, n, hit) {
+			break
+		}
+		e.waiting = e.waiting[1:]
+		s.numComputed = cached
+		s.state = stRunning
+		e.running = append(e.running, s)
+		if !r.admitted {
+			r.admitted = true
+			e.queued.Add(-1)
+			r.scheduled = time.Now()
+			r.cached = cached
+			e.promptTokens += int64(len(r.req.Prompt))
+			if e.cfg.EnablePrefixCaching {
+				e.prefixQueries += int64(len(s.tokens))
+				e.prefixHits += int64(cached)
+			}
+		}
+		e.sched = append(e.sched, entry{s: s, n: n})
+		budget -= n
+	}
+
+	if len(e.sched) == 0 {
+		if !preempted && len(e.running) == 0 && len(e.waiting) > 0 {
+			// Cannot happen with Generate's size check; fail rather than spin.
+			e.fail(e.waiting[0].r, ErrTooLong, FinishAbort)
+			e.compact()
+		}
+		return
+	}
+
+	e.buildBatch()
+	if src, dst := e.mgr.TakeCopies(); len(src) > 0 {
+		if err := e.b.CopyBlocks(src, dst); err != nil {
+			e.failAll(fmt.Errorf("engine: copy blocks: %w", err))
+			return
+		}
+	}
+	rows := len(e.batch.LogitRows)
+	if cap(e.logits) < rows*e.vocab {
+		e.logits = make([]float32, rows*e.vocab)
+	}
+	logits := e.logits[:rows*e.vocab]
+	if err := e.b.Forward(&e.batch, logits); err != nil {
+		e.failAll(fmt.Errorf("engine: forward: %w", err))
+		return
+	}
+	e.steps++
+
+	now := time.Now()
+	V := e.vocab
+	for k := range e.sched {
+		en := &e.sched[k]
+		s := en.s
+		if s.state == stDone { // its request failed earlier in this loop
+			continue
+		}
+		r := s.r
+		for p := en.plpFrom; p < en.plpTo; p++ {
+			row := logits[(en.rowStart+p-en.plpFrom)*V:][:V]
+			r.plp[p] = sampler.LogProb(row, r.req.Prompt[p+1])
+			r.plpDone = p + 1
+		}
+		s.numComputed += en.n
+		e.mgr.CacheBlocks(s.id, s.tokens, s.numComputed)
+		if en.sample {
+			e.onComputed(s, logits[(en.rowStart+en.plpTo-en.plpFrom)*V:][:V], now)
+		}
+	}
+	e.compact()
+	for _, c := range e.children {
+		if c.state == stRunning {
+			e.running = append(e.running, c)
+		}
+	}
+	clear(e.children)
+	e.children = e.children[:0]
+}
+
+// buildBatch lays the scheduled entries out as one flat forward.Batch.
+func (e *Paged) buildBatch() {
+	b := &e.batch
+	b.Tokens, b.Positions, b.SlotMapping = b.Tokens[:0], b.Positions[:0], b.SlotMapping[:0]
+	b.Seqs, b.LogitRows = b.Seqs[:0], b.LogitRows[:0]
+	for k := range e.sched {
+		en := &e.sched[k]
+		s, r := en.s, en.s.r
+		start := len(b.Tokens)
+		for p := s.numComputed; p < s.numComputed+en.n; p++ {
+			b.Tokens = append(b.Tokens, s.tokens[p])
+			b.Positions = append(b.Positions, int32(p))
+			b.SlotMapping = append(b.SlotMapping, e.mgr.Slot(s.id, p))
+		}
+		b.Seqs = append(b.Seqs, forward.SeqSpan{Start: start, Len: en.n, CtxLen: s.numComputed + en.n, BlockTable: e.mgr.BlockTable(s.id)})
+		en.rowStart = len(b.LogitRows)
+		en.plpFrom, en.plpTo = 0, 0
+		if !r.forked && r.wantsPromptRows() {
+			lo := max(s.numComputed, r.plpDone)
+			hi := min(s.numComputed+en.n, len(r.req.Prompt)-1)
+			if lo < hi {
+				en.plpFrom, en.plpTo = lo, hi
+				for p := lo; p < hi; p++ {
+					b.LogitRows = append(b.LogitRows, start+p-s.numComputed)
+				}
+			}
+		}
+		en.sample = s.numComputed+en.n == len(s.tokens)
+		if en.sample {
+			b.LogitRows = append(b.LogitRows, start+en.n-1)
+		}
+	}
+}
+
+// failAll fails every active request (a backend error).
+func (e *Paged) failAll(err error) {
+	for _, r := range e.active {
+		if !r.complete {
+			e.fail(r, err, FinishAbort)
+		}
+	}
+	e.compact()
+}
+
+// onComputed handles a sequence whose every known token is now in the cache:
+// the first time for a request, the prompt is done and the samples fork;
+// then each sample draws its next token from row.
+func (e *Paged) onComputed(s *sequence, row []float32, now time.Time) {
+	r := s.r
+	if r.forked {
+		e.sampleNext(s, row, now)
+		return
+	}
+	r.forked = true
+	r.prefilled = now
+	if r.req.Params.MaxTokens == 0 { // score only
+		for i := 1; i < r.n; i++ {
+			e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: FinishLength})
+		}
+		e.finish(s, FinishLength)
+		return
+	}
+	for i := 1; i < r.n; i++ {
+		c := e.newSeq(r, i, slices.Clone(s.tokens))
+		e.mgr.Fork(s.id, c.id)
+		c.numComputed = s.numComputed
+		c.state = stRunning
+		r.seqs = append(r.seqs, c)
+		e.children = append(e.children, c)
+	}
+	r.live = r.n
+	for _, c := range r.seqs {
+		if r.complete {
+			return
+		}
+		e.sampleNext(c, row, now)
+	}
+}
+
+// sampleNext draws one token for s, streams it and checks the stop rules.
+func (e *Paged) sampleNext(s *sequence, row []float32, now time.Time) {
+	r := s.r
+	tok, lp, err := s.samp.Sample(row, r.req.Prompt, s.generated(), s.proc)
+	if err != nil {
+		if errors.Is(err, sampler.ErrDeadEnd) {
+			e.finish(s, FinishDeadEnd)
+		} else {
+			e.fail(r, fmt.Errorf("engine: logits processor: %w", err), FinishAbort)
+		}
+		return
+	}
+	s.tokens = append(s.tokens, tok)
+	s.logprobs = append(s.logprobs, lp)
+	e.genTokens++
+	if r.firstTok.IsZero() {
+		r.firstTok = now
+	}
+	r.lastTok = now
+	e.emit(r, Event{Index: s.index, Token: tok})
+	switch {
+	case slices.Contains(r.req.Params.StopTokens, tok):
+		e.finish(s, FinishStop)
+	case len(s.logprobs) >= r.req.Params.MaxTokens:
+		e.finish(s, FinishLength)
+	}
+}
+
+// publish refreshes the Stats snapshot.
+func (e *Paged) publish() {
+	u := e.mgr.Usage()
+	st := Stats{
+		Running:          len(e.running),
+		Waiting:          len(e.waiting) + len(e.submit),
+		KVBlocksUsed:     u.UsedBlocks,
+		KVBlocksTotal:    u.TotalBlocks,
+		KVSlotsLive:      u.LiveSlots,
+		KVSlotsAllocated: u.AllocatedSlots,
+		PrefixQueries:    e.prefixQueries,
+		PrefixHits:       e.prefixHits,
+		Preemptions:      e.preemptions,
+		PromptTokens:     e.promptTokens,
+		GenTokens:        e.genTokens,
+		Steps:            e.steps,
+	}
+	e.statsMu.Lock()
+	e.stats = st
+	e.statsMu.Unlock()
+}
