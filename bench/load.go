@@ -1,0 +1,318 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// collector gathers the counted samples of one level. Workers add under mu;
+// runLevel reads only after every worker has returned.
+type collector struct {
+	mu      sync.Mutex
+	samples []sample
+	// Live counters for the progress display (atomics: read by the ticker).
+	done, failed, rejected atomic.Int64
+	dropped                atomic.Int64 // open loop: arrivals not sent (in-flight cap)
+}
+
+func (c *collector) add(s sample) {
+	if s.outcome == outcomeAborted {
+		return // our own cancellation says nothing about the server
+	}
+	switch s.outcome {
+	case outcomeOK:
+		c.done.Add(1)
+	case outcomeFailed:
+		c.failed.Add(1)
+	case outcomeRejected:
+		c.rejected.Add(1)
+	}
+	c.mu.Lock()
+	c.samples = append(c.samples, s)
+	c.mu.Unlock()
+}
+
+// Counting rule, the same for both shapes: a level runs a warm-up of
+// o.Warmup, then a window [t0, tEnd) with tEnd = t0 + o.Duration. A request
+// is counted iff it was sent inside the window (and, with o.Requests > 0, is
+// among the first o.Requests sent there). No request is sent at or after
+// tEnd, and every counted request is awaited (bounded by o.Timeout). The
+// level's elapsed time runs from t0 to the last counted completion, so
+// throughput = completed / elapsed: in steady state the requests still in
+// flight at tEnd are balanced by the drain time they add.
+
+// runLevel measures one level. It returns early, with Partial set, when ctx
+// ends.
+func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, src *promptSource, prog progress) LevelResult {
+	start := time.Now()
+	t0 := start.Add(o.Warmup)
+	tEnd := t0.Add(o.Duration)
+	col := &collector{}
+	var issued atomic.Int64 // counted requests sent so far
+
+	// claim decides, just before a send at time now, whether to send at all
+	// and whether the request is counted.
+	claim := func(now time.Time) (send, counted bool) {
+		if !now.Before(tEnd) || ctx.Err() != nil {
+			return false, false
+		}
+		if now.Before(t0) {
+			return true, false
+		}
+		if o.Requests > 0 && issued.Add(1) > int64(o.Requests) {
+			return false, false
+		}
+		return true, true
+	}
+
+	mon := startMonitor(ctx, cl, t, t0)
+	stopProg := prog.level(fmt.Sprintf("%s %s", t.Name, lv), o, start, col)
+
+	var wg sync.WaitGroup
+	switch lv.Shape {
+	case "closed":
+		for w := 0; w < lv.Concurrency; w++ {
+			wg.Add(1)
+			go func() { // one simulated user: send, wait for the answer, repeat
+				defer wg.Done()
+				for {
+					send, counted := claim(time.Now())
+					if !send {
+						return
+					}
+					s := cl.do(ctx, src.next(), o.Timeout)
+					if counted {
+						col.add(s)
+					}
+					if s.outcome == outcomeRejected {
+						// A rejected user waits as the server asked (capped)
+						// instead of spinning on 503s.
+						back := s.retry
+						if back <= 0 {
+							back = 100 * time.Millisecond
+						}
+						sleepCtx(ctx, min(back, time.Second))
+					}
+				}
+			}()
+		}
+	case "open":
+		// Poisson arrivals: exponential gaps with mean 1/rate from a seeded
+		// generator, scheduled on absolute times so a late wake-up does not
+		// lower the offered rate (the next arrivals are sent at once).
+		rng := rand.New(rand.NewPCG(o.Seed, uint64(lv.Rate*1000)))
+		var inflight atomic.Int64
+		next := start
+		for {
+			next = next.Add(time.Duration(rng.ExpFloat64() / lv.Rate * float64(time.Second)))
+			if d := time.Until(next); d > 0 {
+				sleepCtx(ctx, d)
+			}
+			send, counted := claim(next)
+			if !send {
+				break
+			}
+			if inflight.Load() >= maxInFlightOpen {
+				if counted {
+					col.dropped.Add(1)
+				}
+				continue
+			}
+			inflight.Add(1)
+			wg.Add(1)
+			p := src.next()
+			go func() {
+				defer wg.Done()
+				defer inflight.Add(-1)
+				s := cl.do(ctx, p, o.Timeout)
+				if counted {
+					col.add(s)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	end := time.Now()
+	mres := mon.stop()
+	stopProg()
+
+	res := summarizeLevel(lv, col.samples, t0, end)
+	res.Dropped = int(col.dropped.Load())
+	res.Partial = ctx.Err() != nil
+	mres.apply(&res)
+	return res
+}
+
+// summarizeLevel turns the counted samples into a LevelResult. end is when
+// the level stopped (used for elapsed when nothing completed).
+func summarizeLevel(lv Level, samples []sample, t0, end time.Time) LevelResult {
+	res := LevelResult{Level: lv, Errors: map[string]int{}}
+	var lat, ttft, tpot []time.Duration
+	last := t0
+	for _, s := range samples {
+		res.Sent++
+		if e := s.start.Add(s.latency); e.After(last) {
+			last = e
+		}
+		switch s.outcome {
+		case outcomeOK:
+			res.Completed++
+			res.OutputTokens += s.tokens
+			res.Couplets += s.couplets
+			lat = append(lat, s.latency)
+			if s.ttft > 0 {
+				ttft = append(ttft, s.ttft)
+				if s.tokens > 1 {
+					tpot = append(tpot, (s.latency-s.ttft)/time.Duration(s.tokens-1))
+				}
+			}
+		case outcomeFailed:
+			res.Failed++
+			res.Errors[s.err]++
+		case outcomeRejected:
+			res.Rejected++
+		}
+	}
+	elapsed := last.Sub(t0)
+	if len(samples) == 0 || elapsed <= 0 {
+		elapsed = end.Sub(t0)
+	}
+	if elapsed < 0 {
+		elapsed = 0
+	}
+	res.ElapsedS = elapsed.Seconds()
+	res.ReqPerSec = Rate(res.Completed, elapsed)
+	res.CoupletsPerSec = Rate(res.Couplets, elapsed)
+	res.TokensPerSec = Rate(res.OutputTokens, elapsed)
+	res.Latency = Summarize(lat)
+	res.TTFT = Summarize(ttft)
+	res.TPOT = Summarize(tpot)
+	res.LatencyHistogram = Histogram(lat, DefaultBucketsMS)
+	if len(res.Errors) == 0 {
+		res.Errors = nil
+	}
+	return res
+}
+
+// sleepCtx sleeps for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// monitor samples the server's CPU and GPU during a level's window. It runs
+// on its own goroutine; stop returns its result once that goroutine is done.
+type monitor struct {
+	stopc chan struct{}
+	donec chan monResult
+}
+
+type monResult struct {
+	cpuCores  *float64 // server CPU-seconds per wall second over the window
+	cpuSource string
+	gpuUtil   *float64 // mean over scrapes, percent
+	gpuMem    *float64 // max over scrapes, bytes
+}
+
+func (m monResult) apply(r *LevelResult) {
+	r.CPUCores, r.CPUSource, r.GPUUtilPct, r.GPUMemBytes = m.cpuCores, m.cpuSource, m.gpuUtil, m.gpuMem
+}
+
+// readCPU returns the server's CPU seconds: /proc/PID/stat for a spawned
+// server, else process_cpu_seconds_total from /metrics; ok=false if neither.
+func readCPU(ctx context.Context, cl *client, t Target, m map[string]promValue) (float64, string, bool) {
+	if t.PID > 0 {
+		if v, err := procCPUSeconds(t.PID); err == nil {
+			return v, "proc", true
+		}
+	}
+	if m == nil {
+		m = scrape(ctx, cl.hc, cl.base)
+	}
+	if v, ok := m["process_cpu_seconds_total"]; ok {
+		return v.Sum, "metrics", true
+	}
+	return 0, "", false
+}
+
+func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *monitor {
+	m := &monitor{stopc: make(chan struct{}), donec: make(chan monResult, 1)}
+	go func() {
+		var res monResult
+		defer func() { m.donec <- res }()
+		// Wait for the window to open (the warm-up is not measured).
+		select {
+		case <-time.After(time.Until(t0)):
+		case <-m.stopc:
+			return
+		}
+		var utils []float64
+		var memMax float64
+		var hasMem bool
+		observe := func(pm map[string]promValue) {
+			g := gpuFromProm(pm)
+			if g.hasUtil {
+				utils = append(utils, g.utilPct)
+			}
+			if g.hasMem {
+				hasMem = true
+				memMax = max(memMax, g.memBytes)
+			}
+		}
+		pm := scrape(ctx, cl.hc, cl.base)
+		observe(pm)
+		cpu0, src, cpuOK := readCPU(ctx, cl, t, pm)
+		w0 := time.Now()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+	loop:
+		for {
+			select {
+			case <-tick.C:
+				observe(scrape(ctx, cl.hc, cl.base))
+			case <-m.stopc:
+				break loop
+			}
+		}
+		// The final reading uses a fresh context: the run's may be cancelled
+		// (Ctrl-C) and the partial report still wants its CPU figure.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+		defer cancel()
+		pm = scrape(fctx, cl.hc, cl.base)
+		observe(pm)
+		if cpuOK {
+			if cpu1, src1, ok := readCPU(fctx, cl, t, pm); ok && src1 == src {
+				if wall := time.Since(w0).Seconds(); wall > 0 {
+					v := (cpu1 - cpu0) / wall
+					res.cpuCores, res.cpuSource = &v, src
+				}
+			}
+		}
+		if len(utils) > 0 {
+			sum := 0.0
+			for _, u := range utils {
+				sum += u
+			}
+			v := sum / float64(len(utils))
+			res.gpuUtil = &v
+		}
+		if hasMem {
+			v := memMax
+			res.gpuMem = &v
+		}
+	}()
+	return m
+}
+
+func (m *monitor) stop() monResult {
+	close(m.stopc)
+	return <-m.donec
+}

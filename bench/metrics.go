@@ -1,0 +1,189 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// parseProm reads Prometheus text exposition format and returns, per metric
+// name, the sum over its label sets and the number of series. Comments, and
+// lines that do not parse, are skipped: the bench must survive any /metrics.
+// Histogram/summary series (_bucket, _sum, _count) are kept under their own
+// names like any other sample.
+func parseProm(r io.Reader) map[string]promValue {
+	out := map[string]promValue{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		var name, rest string
+		if i := strings.IndexByte(line, '{'); i >= 0 {
+			j := strings.LastIndexByte(line, '}')
+			if j < i {
+				continue
+			}
+			name, rest = line[:i], line[j+1:]
+		} else {
+			k := strings.IndexAny(line, " \t")
+			if k < 0 {
+				continue
+			}
+			name, rest = line[:k], line[k:]
+		}
+		fields := strings.Fields(rest) // value [timestamp]
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil || math.IsNaN(v) {
+			continue
+		}
+		pv := out[name]
+		pv.Sum += v
+		pv.Series++
+		out[name] = pv
+	}
+	return out
+}
+
+type promValue struct {
+	Sum    float64
+	Series int
+}
+
+// Mean is the average over the series (e.g. utilisation of several GPUs).
+func (p promValue) Mean() float64 {
+	if p.Series == 0 {
+		return 0
+	}
+	return p.Sum / float64(p.Series)
+}
+
+// gpuReading is one scrape's GPU view; ok=false when /metrics has no GPU gauge.
+type gpuReading struct {
+	utilPct  float64 // 0–100, mean over GPUs
+	memBytes float64 // summed over GPUs
+	hasUtil  bool
+	hasMem   bool
+}
+
+// gpuFromProm recognises GPU gauges. Conventions:
+//   - names ending in "_perc" hold a fraction 0–1, like vLLM's
+//     vllm:kv_cache_usage_perc (e.g. chunlian:gpu_utilization_perc);
+//   - names ending in "_percent" hold 0–100 (e.g. chunlian:gpu_utilization_percent);
+//   - DCGM exporter's DCGM_FI_DEV_GPU_UTIL (0–100) and DCGM_FI_DEV_FB_USED (MiB);
+//   - memory gauges whose name contains "gpu_memory_used" and ends in "_bytes".
+func gpuFromProm(m map[string]promValue) gpuReading {
+	var g gpuReading
+	for name, v := range m {
+		lname := strings.ToLower(name)
+		switch {
+		case strings.Contains(lname, "gpu_util") && strings.HasSuffix(lname, "_perc"):
+			g.utilPct, g.hasUtil = 100*v.Mean(), true
+		case strings.Contains(lname, "gpu_util") && strings.HasSuffix(lname, "_percent"):
+			g.utilPct, g.hasUtil = v.Mean(), true
+		case name == "DCGM_FI_DEV_GPU_UTIL":
+			g.utilPct, g.hasUtil = v.Mean(), true
+		case strings.Contains(lname, "gpu_memory_used") && strings.HasSuffix(lname, "_bytes"):
+			g.memBytes, g.hasMem = v.Sum, true
+		case name == "DCGM_FI_DEV_FB_USED":
+			g.memBytes, g.hasMem = v.Sum*(1<<20), true
+		}
+	}
+	return g
+}
+
+// scrape fetches and parses base+"/metrics". A missing endpoint is not an
+// error worth reporting per level; the caller just gets nil.
+func scrape(ctx context.Context, hc *http.Client, base string) map[string]promValue {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return parseProm(io.LimitReader(resp.Body, 16<<20))
+}
+
+// clockTicks is USER_HZ, the unit of utime/stime in /proc/PID/stat. It is 100
+// on every Linux architecture Go supports (the kernel ABI fixes it; procfs
+// libraries hard-code it too), so no cgo sysconf call is needed.
+const clockTicks = 100
+
+// parseProcStat returns utime+stime in seconds from the content of
+// /proc/PID/stat. The command name (field 2) is in parentheses and may itself
+// contain spaces and parentheses, so fields are counted after the LAST ')'.
+func parseProcStat(b []byte) (float64, error) {
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("proc stat: no ')'")
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime is field 14 → f[11], stime field 15 → f[12].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("proc stat: %d fields after comm", len(f))
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("proc stat: bad utime/stime %q %q", f[11], f[12])
+	}
+	return float64(ut+st) / clockTicks, nil
+}
+
+// procCPUSeconds reads the CPU time used so far by process pid.
+func procCPUSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseProcStat(b)
+}
+
+// Machine describes where the bench ran (the client side; with --spawn also
+// the server side).
+type Machine struct {
+	CPUModel string `json:"cpu_model"`
+	Cores    int    `json:"cores"`
+	OS       string `json:"os"`
+	Arch     string `json:"arch"`
+	Go       string `json:"go"`
+}
+
+func thisMachine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH, Go: runtime.Version()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if m.CPUModel == "" {
+		m.CPUModel = "unknown"
+	}
+	return m
+}

@@ -1,0 +1,385 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+)
+
+// LevelResult is everything measured at one level. Latency, TTFT and TPOT
+// cover completed requests only; rejected (503) and failed ones are counted
+// separately.
+type LevelResult struct {
+	Level
+	ElapsedS       float64        `json:"elapsed_s"` // t0 → last counted completion
+	Sent           int            `json:"sent"`      // counted requests sent
+	Completed      int            `json:"completed"`
+	Failed         int            `json:"failed"`
+	Rejected       int            `json:"rejected"`          // HTTP 503
+	Dropped        int            `json:"dropped,omitempty"` // open loop: not sent, client in-flight cap
+	Errors         map[string]int `json:"errors,omitempty"`  // failure class → count
+	OutputTokens   int            `json:"output_tokens"`
+	Couplets       int            `json:"couplets"`
+	ReqPerSec      float64        `json:"req_per_s"`
+	CoupletsPerSec float64        `json:"couplets_per_s"`
+	TokensPerSec   float64        `json:"tokens_per_s"`
+	Latency        Summary        `json:"latency"`
+	TTFT           Summary        `json:"ttft"` // N = 0 without --stream
+	TPOT           Summary        `json:"tpot"` // time per output token after the first
+	// LatencyHistogram: cumulative buckets over DefaultBucketsMS, then +Inf.
+	LatencyHistogram []Bucket `json:"latency_histogram"`
+	// CPUCores is the server's CPU-seconds per wall-second over the window
+	// (1.0 = one core busy); nil when unknown. CPUSource: "proc" or "metrics".
+	CPUCores    *float64 `json:"cpu_cores,omitempty"`
+	CPUSource   string   `json:"cpu_source,omitempty"`
+	GPUUtilPct  *float64 `json:"gpu_util_pct,omitempty"`
+	GPUMemBytes *float64 `json:"gpu_mem_bytes,omitempty"`
+	Partial     bool     `json:"partial,omitempty"` // cut short by Ctrl-C or the run cap
+}
+
+// TargetResult is one service's levels.
+type TargetResult struct {
+	Name   string        `json:"name"`
+	URL    string        `json:"url,omitempty"`
+	API    string        `json:"api,omitempty"`
+	Engine string        `json:"engine,omitempty"` // serve --engine value when spawned
+	Error  string        `json:"error,omitempty"`  // the target could not be measured
+	Levels []LevelResult `json:"levels"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Date        string         `json:"date"`
+	Machine     Machine        `json:"machine"`
+	Command     string         `json:"command,omitempty"`
+	Options     Options        `json:"options"`
+	Spawned     bool           `json:"spawned"` // servers ran on this machine
+	Targets     []TargetResult `json:"targets"`
+	Interrupted string         `json:"interrupted,omitempty"`
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(r)
+}
+
+// level finds the closed-loop level with c users, or nil.
+func (tr *TargetResult) level(c int) *LevelResult {
+	for i := range tr.Levels {
+		if l := &tr.Levels[i]; l.Shape == "closed" && l.Concurrency == c && l.Completed > 0 {
+			return l
+		}
+	}
+	return nil
+}
+
+// peak returns the level with the highest completed req/s, or nil.
+func (tr *TargetResult) peak() *LevelResult {
+	var best *LevelResult
+	for i := range tr.Levels {
+		l := &tr.Levels[i]
+		if l.Completed > 0 && (best == nil || l.ReqPerSec > best.ReqPerSec) {
+			best = l
+		}
+	}
+	return best
+}
+
+// Pair picks the comparison columns: the baseline is the target named
+// "naive" (else the first), the optimised one the target named "engine"
+// (else the next other one). opt is nil with a single target.
+func (r *Report) Pair() (base, opt *TargetResult) {
+	idx := func(name string) int {
+		for i := range r.Targets {
+			if r.Targets[i].Name == name {
+				return i
+			}
+		}
+		return -1
+	}
+	b, o := idx("naive"), idx("engine")
+	if b < 0 {
+		for i := range r.Targets {
+			if i != o {
+				b = i
+				break
+			}
+		}
+	}
+	if o < 0 {
+		for i := range r.Targets {
+			if i != b {
+				o = i
+				break
+			}
+		}
+	}
+	if b >= 0 {
+		base = &r.Targets[b]
+	}
+	if o >= 0 && o != b {
+		opt = &r.Targets[o]
+	}
+	return base, opt
+}
+
+// seedRow is one row of the seed-shaped table: value extracts the figure
+// (ok=false: not measured), better says which direction is a gain.
+type seedRow struct {
+	label  string
+	value  func(*TargetResult) (v float64, text string, ok bool)
+	better int // +1 higher is better, -1 lower is better, 0 no gain column
+}
+
+func (r *Report) seedRows() []seedRow {
+	atLevel := func(c int, f func(*LevelResult) float64, format func(float64) string) func(*TargetResult) (float64, string, bool) {
+		return func(tr *TargetResult) (float64, string, bool) {
+			l := tr.level(c)
+			if l == nil {
+				return 0, "", false
+			}
+			v := f(l)
+			return v, format(v), true
+		}
+	}
+	rows := []seedRow{
+		{"Single-request latency (mean, 1 user)", atLevel(1, func(l *LevelResult) float64 { return l.Latency.Mean }, fmtMS), -1},
+		{"QPS at 10 users (couplets/s)", atLevel(10, func(l *LevelResult) float64 { return l.CoupletsPerSec }, fmtRate), +1},
+		{"Peak QPS (couplets/s)", func(tr *TargetResult) (float64, string, bool) {
+			l := tr.peak()
+			if l == nil {
+				return 0, "", false
+			}
+			return l.CoupletsPerSec, fmt.Sprintf("%s (at %s)", fmtRate(l.CoupletsPerSec), l.Level), true
+		}, +1},
+		{"P99 latency at 20 users", atLevel(20, func(l *LevelResult) float64 { return l.Latency.P99 }, fmtMS), -1},
+		{"Server CPU (at peak QPS)", func(tr *TargetResult) (float64, string, bool) {
+			l := tr.peak()
+			if l == nil || l.CPUCores == nil {
+				return 0, "", false
+			}
+			s := fmt.Sprintf("%.2f cores", *l.CPUCores)
+			if r.Spawned && r.Machine.Cores > 0 {
+				s += fmt.Sprintf(" (%.0f%% of %d)", 100**l.CPUCores/float64(r.Machine.Cores), r.Machine.Cores)
+			}
+			return *l.CPUCores, s, true
+		}, 0},
+	}
+	hasGPU := false
+	for i := range r.Targets {
+		for _, l := range r.Targets[i].Levels {
+			hasGPU = hasGPU || l.GPUUtilPct != nil || l.GPUMemBytes != nil
+		}
+	}
+	gpuRow := seedRow{"GPU utilisation (at peak QPS)", func(tr *TargetResult) (float64, string, bool) {
+		l := tr.peak()
+		if l == nil || (l.GPUUtilPct == nil && l.GPUMemBytes == nil) {
+			return 0, "", false
+		}
+		var parts []string
+		if l.GPUUtilPct != nil {
+			parts = append(parts, fmt.Sprintf("%.0f%%", *l.GPUUtilPct))
+		}
+		if l.GPUMemBytes != nil {
+			parts = append(parts, fmt.Sprintf("%.2f GiB used", *l.GPUMemBytes/(1<<30)))
+		}
+		return 0, strings.Join(parts, ", "), true
+	}, 0}
+	if hasGPU {
+		rows = append(rows, gpuRow)
+	} else {
+		rows = append(rows, seedRow{"GPU utilisation", func(*TargetResult) (float64, string, bool) {
+			return 0, "n/a (no GPU metrics)", true
+		}, 0})
+	}
+	return rows
+}
+
+// Gain returns how many times better opt is than base for the direction
+// better (+1: opt/base, -1: base/opt); ok=false when undefined.
+func Gain(base, opt float64, better int) (float64, bool) {
+	switch {
+	case better > 0 && base > 0:
+		return opt / base, true
+	case better < 0 && opt > 0:
+		return base / opt, true
+	}
+	return 0, false
+}
+
+// WriteSeedTable writes the table shaped like the seed's: rows = single
+// latency, QPS at 10 users, peak QPS, P99 at 20 users, CPU/GPU; columns =
+// baseline, optimised, gain.
+func (r *Report) WriteSeedTable(w io.Writer) {
+	base, opt := r.Pair()
+	if base == nil {
+		fmt.Fprintln(w, "_No target was measured._")
+		return
+	}
+	if opt == nil {
+		fmt.Fprintf(w, "| | %s |\n|---|---|\n", base.Name)
+	} else {
+		fmt.Fprintf(w, "| | %s (baseline) | %s (optimised) | gain |\n|---|---|---|---|\n", base.Name, opt.Name)
+	}
+	for _, row := range r.seedRows() {
+		bv, bt, bok := row.value(base)
+		if !bok {
+			bt = "not measured"
+		}
+		if opt == nil {
+			fmt.Fprintf(w, "| %s | %s |\n", row.label, bt)
+			continue
+		}
+		ov, ot, ook := row.value(opt)
+		if !ook {
+			ot = "not measured"
+		}
+		gain := "—"
+		if bok && ook && row.better != 0 {
+			if g, ok := Gain(bv, ov, row.better); ok {
+				gain = fmt.Sprintf("%.1f×", g)
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", row.label, bt, ot, gain)
+	}
+}
+
+// WriteLevelTable writes one row per target and level.
+func (r *Report) WriteLevelTable(w io.Writer) {
+	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | GPU |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, tr := range r.Targets {
+		if tr.Error != "" {
+			fmt.Fprintf(w, "| %s | — | not measured: %s |||||||||||||||\n", tr.Name, mdEscape(tr.Error))
+			continue
+		}
+		for _, l := range tr.Levels {
+			load := l.Level.String()
+			if l.Partial {
+				load += " (partial)"
+			}
+			failed := fmt.Sprint(l.Failed)
+			if l.Dropped > 0 {
+				failed += fmt.Sprintf(" (+%d dropped)", l.Dropped)
+			}
+			ttft, tpot := "—", "—"
+			if l.TTFT.N > 0 {
+				ttft = fmtMS(l.TTFT.P50)
+			}
+			if l.TPOT.N > 0 {
+				tpot = fmtMS(l.TPOT.P50)
+			}
+			cpu, gpu := "—", "—"
+			if l.CPUCores != nil {
+				cpu = fmt.Sprintf("%.2f cores", *l.CPUCores)
+			}
+			if l.GPUUtilPct != nil {
+				gpu = fmt.Sprintf("%.0f%%", *l.GPUUtilPct)
+			}
+			if l.GPUMemBytes != nil {
+				if gpu == "—" {
+					gpu = ""
+				} else {
+					gpu += ", "
+				}
+				gpu += fmt.Sprintf("%.2f GiB", *l.GPUMemBytes/(1<<30))
+			}
+			lat := func(v float64) string {
+				if l.Latency.N == 0 {
+					return "—"
+				}
+				return fmtMS(v)
+			}
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+				tr.Name, load, l.Sent, l.Completed, failed, l.Rejected,
+				fmtRate(l.ReqPerSec), fmtRate(l.CoupletsPerSec), fmtRate(l.TokensPerSec),
+				lat(l.Latency.Mean), lat(l.Latency.P50), lat(l.Latency.P90), lat(l.Latency.P99), lat(l.Latency.Max),
+				ttft, tpot, cpu, gpu)
+		}
+	}
+}
+
+// WriteMarkdown writes the whole human report: header, seed table, level
+// table and failure classes.
+func (r *Report) WriteMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "## chunlian bench — %s\n\n", r.Date)
+	fmt.Fprintf(w, "- Machine (bench client%s): %s, %d cores, %s/%s, %s\n", map[bool]string{true: " and servers", false: ""}[r.Spawned],
+		r.Machine.CPUModel, r.Machine.Cores, r.Machine.OS, r.Machine.Arch, r.Machine.Go)
+	if r.Command != "" {
+		fmt.Fprintf(w, "- Command: `%s`\n", r.Command)
+	}
+	o := r.Options
+	by := fmt.Sprintf("%v per level", o.Duration)
+	if o.Requests > 0 {
+		by = fmt.Sprintf("%d requests per level (cap %v)", o.Requests, o.Duration)
+	}
+	fmt.Fprintf(w, "- Load: %s after a %v warm-up; modes %s; n=%d; seed %d; stream=%v\n",
+		by, o.Warmup, strings.Join(o.Modes, ","), o.N, o.Seed, o.Stream)
+	for _, tr := range r.Targets {
+		if tr.URL != "" {
+			fmt.Fprintf(w, "- Target %s: %s (api %s)\n", tr.Name, tr.URL, tr.API)
+		}
+	}
+	if r.Interrupted != "" {
+		fmt.Fprintf(w, "- **Partial report: %s.**\n", r.Interrupted)
+	}
+	fmt.Fprintln(w)
+	r.WriteSeedTable(w)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "QPS counts completed couplets per second; latency is send → last byte, completed requests only; 503 = rejected by a full queue; CPU is server CPU-seconds per second.")
+	fmt.Fprintln(w)
+	r.WriteLevelTable(w)
+	var errs []string
+	for _, tr := range r.Targets {
+		for _, l := range tr.Levels {
+			keys := make([]string, 0, len(l.Errors))
+			for k := range l.Errors {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				errs = append(errs, fmt.Sprintf("- %s %s: %d × %s", tr.Name, l.Level, l.Errors[k], mdEscape(k)))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		fmt.Fprintln(w, "\nFailures:")
+		for _, e := range errs {
+			fmt.Fprintln(w, e)
+		}
+	}
+}
+
+func fmtMS(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "—"
+	case v >= 10000:
+		return fmt.Sprintf("%.1f s", v/1000)
+	case v >= 100:
+		return fmt.Sprintf("%.0f ms", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f ms", v)
+	default:
+		return fmt.Sprintf("%.2f ms", v)
+	}
+}
+
+func fmtRate(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
