@@ -19,3 +19,54 @@ type Couplet struct {
 	Banner string  `json:"banner"`
 	Score  float64 `json:"score"`
 }
+
+// Request is one couplet request. Zero values mean defaults (see Generate).
+type Request struct {
+	Mode Mode // "" = ModeKeyword
+	// Text is the two-character blessing word (keyword), the two head
+	// characters (acrostic) or the 上联 (lower).
+	Text string
+	// Length is the number of Chinese characters per line (keyword and
+	// acrostic; 0 = DefaultLength). Lines of 8 or more characters are split
+	// into clauses with "，" (see Layout). Ignored in lower mode, where the
+	// 上联 fixes the form.
+	Length int
+	N      int // candidates to return (0 = 1; at most MaxN)
+	// Sampling. Temperature 0 = DefaultTemperature (use TopK 1 for greedy),
+	// TopP 0 = DefaultTopP, TopK 0 = off.
+	Temperature float32
+	TopP        float32
+	TopK        int
+	Seed        uint64 // 0 = random
+	// Unconstrained turns the couplet rules off: the raw model output is
+	// parsed and returned as is, possibly malformed, without banner ranking.
+	// It exists for evaluation (constraints on vs off).
+	Unconstrained bool
+	// OnToken, if set, streams the tokens of every sample as they are
+	// decoded. It is called on the engine goroutine and must not block.
+	// Samples may later be dropped by ranking, and the returned 横批 may be a
+	// retrieved one rather than the streamed one.
+	OnToken func(TokenEvent)
+}
+
+// Part names the piece of a couplet a streamed token belongs to.
+type Part string
+
+const (
+	PartUpper  Part = "upper"
+	PartLower  Part = "lower"
+	PartBanner Part = "banner"
+)
+
+// TokenEvent is one streamed token of one sample.
+type TokenEvent struct {
+	Attempt int // retry round (0 first); samples of a new round restart
+	Sample  int // sample index within the round
+	Part    Part
+	Text    string // the token's text (one character)
+}
+
+// Text renders the couplet in the seed service's format.
+func (c Couplet) Text() string {
+	return "上联：" + c.Upper + "\n下联：" + c.Lower + "\n横批：" + c.Banner
+}

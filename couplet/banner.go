@@ -1,0 +1,137 @@
+package couplet
+
+import (
+	"bufio"
+	"io"
+	"io/fs"
+	"os"
+	"sort"
+	"strings"
+)
+
+// Banner (横批) selection. The model writes one 横批 per sample (forced to
+// four Chinese characters); retrieval adds real 横批 and 4-character idioms.
+// Retrieved candidates are prefiltered by relevance (characters shared with
+// the couplet and keyword, spring theme) and then all candidates, the
+// model's included, are ranked by the model's log-likelihood of
+// `<ban> B1 B2 B3 B4 <eos>` after the couplet (engine prompt scoring; the
+// couplet prefix is shared, so the prefix cache serves most of it).
+
+// springChars are characters typical of 春联 banners; a candidate with
+// them is preferred when nothing overlaps with the couplet.
+const springChars = "春福新年喜庆吉祥瑞安康泰乐丰财富贵顺和兴旺盛美满门家寿祺禧欢迎辞岁花开景明光辉鸿运万事如意象更"
+
+// bannerCand is one retrieval candidate, already checked against the
+// vocabulary.
+type bannerCand struct {
+	ids   [4]int32
+	text  string
+	prior int // 1 for real 横批 lists (banners.txt), 0 for idioms
+}
+
+// parseBanners reads one candidate per line; lines that are not exactly four
+// Chinese characters known to the vocabulary are skipped.
+func (t *tables) parseBanners(r io.Reader, prior int, seen map[string]bool, out []bannerCand) []bannerCand {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		rs := []rune(line)
+		if len(rs) != 4 || seen[line] {
+			continue
+		}
+		var c bannerCand
+		ok := true
+		for i, ch := range rs {
+			id, known := t.charID(ch)
+			if !known || !IsHan(ch) {
+				ok = false
+				break
+			}
+			c.ids[i] = id
+		}
+		if ok {
+			c.text, c.prior = line, prior
+			seen[line] = true
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// BannerSource names a candidate list: a file path (os) or a path in FS.
+type BannerSource struct {
+	FS    fs.FS // nil = the OS file system
+	Path  string
+	Prior int // 1 for real 横批 lists, 0 for idiom lists
+}
+
+// loadBanners reads every source that can be opened; missing ones are
+// skipped (the shared data directory is not shipped with the binary).
+func (t *tables) loadBanners(srcs []BannerSource) (cands []bannerCand, used []string) {
+	seen := map[string]bool{}
+	for _, s := range srcs {
+		var f io.ReadCloser
+		var err error
+		if s.FS != nil {
+			f, err = s.FS.Open(s.Path)
+		} else {
+			f, err = os.Open(s.Path)
+		}
+		if err != nil {
+			continue
+		}
+		before := len(cands)
+		cands = t.parseBanners(f, s.Prior, seen, cands)
+		f.Close()
+		if len(cands) > before {
+			used = append(used, s.Path)
+		}
+	}
+	return cands, used
+}
+
+// relevance scores a candidate for a couplet: shared characters count most,
+// then spring theme, then the source prior.
+func relevance(c *bannerCand, context map[rune]bool) int {
+	s := 0
+	for _, r := range c.text {
+		if context[r] {
+			s += 4
+		}
+		if strings.ContainsRune(springChars, r) {
+			s++
+		}
+	}
+	return s + c.prior
+}
+
+// topBanners returns up to k candidates most relevant to the text, best
+// first (ties keep list order, real 横批 lists first).
+func topBanners(cands []bannerCand, text string, k int) []*bannerCand {
+	if k <= 0 || len(cands) == 0 {
+		return nil
+	}
+	ctx := map[rune]bool{}
+	for _, r := range text {
+		if IsHan(r) {
+			ctx[r] = true
+		}
+	}
+	type scored struct {
+		c *bannerCand
+		s int
+	}
+	all := make([]scored, 0, len(cands))
+	for i := range cands {
+		all = append(all, scored{&cands[i], relevance(&cands[i], ctx)})
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].s > all[j].s })
+	if len(all) > k {
+		all = all[:k]
+	}
+	out := make([]*bannerCand, len(all))
+	for i, s := range all {
+		out[i] = s.c
+	}
+	return out
+}

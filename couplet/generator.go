@@ -1,0 +1,569 @@
+package couplet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+
+	"chunlian/engine"
+	"chunlian/model"
+	"chunlian/sampler"
+)
+
+// Generator writes couplets with a model on an engine. It is safe for
+// concurrent use: its tables and banner lists are read-only after New, and
+// each Generate call owns its own state.
+type Generator struct {
+	t       *tables
+	e       engine.Engine
+	banners []bannerCand
+	sources []string // banner lists actually read
+	o       options
+}
+
+type options struct {
+	maxAttempts  int
+	oversample   int
+	bannerTopK   int
+	bannerSrcs   []BannerSource
+	extraBanners []string
+	concurrency  int
+}
+
+// Option configures a Generator.
+type Option func(*options)
+
+// WithBannerSources replaces the default retrieval lists (see
+// DefaultBannerSources). Missing files are skipped.
+func WithBannerSources(s ...BannerSource) Option {
+	return func(o *options) { o.bannerSrcs = s }
+}
+
+// WithBanners adds retrieval candidates directly (real 横批 prior).
+func WithBanners(list ...string) Option {
+	return func(o *options) { o.extraBanners = append(o.extraBanners, list...) }
+}
+
+// WithMaxAttempts bounds the resampling rounds when samples dead-end
+// (default 4).
+func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
+
+// WithOversample sets how many samples are drawn per requested candidate in
+// constrained mode, for ranking and diversity (default 2; total capped at 32).
+func WithOversample(k int) Option { return func(o *options) { o.oversample = k } }
+
+// WithBannerTopK sets how many retrieved 横批 are scored per couplet besides
+// the model's own (default 12; 0 = model banner only).
+func WithBannerTopK(k int) Option { return func(o *options) { o.bannerTopK = k } }
+
+// SharedBannersPath is the run-time location of the corpus' 横批 list
+// (relative to the repository root). It is read if present and never
+// shipped (no license stated).
+const SharedBannersPath = "../shared/data/spring/banners.txt"
+
+// DefaultBannerSources are the retrieval lists New reads unless
+// WithBannerSources is given: the shared corpus' 横批 (if present at run
+// time). The shipped model's idiom list is added by the caller (see
+// ModelBannerSource) because only the caller knows where the model came from.
+func DefaultBannerSources() []BannerSource {
+	return []BannerSource{{Path: SharedBannersPath, Prior: 1}}
+}
+
+// BannerCandidatesFile is the 4-character idiom list shipped in a model dir.
+const BannerCandidatesFile = "banner_candidates.txt"
+
+// New builds a Generator for model m on engine e.
+func New(m *model.Model, e engine.Engine, opts ...Option) (*Generator, error) {
+	if m == nil || m.Tok == nil {
+		return nil, errors.New("couplet: nil model or tokenizer")
+	}
+	sp := Specials{
+		BOS: m.Special("bos"), EOS: m.Special("eos"), Keyword: m.Special("keyword"),
+		Acrostic: m.Special("acrostic"), Lower: m.Special("lower"), Up: m.Special("up"),
+		Sep: m.Special("sep"), Banner: m.Special("banner"),
+		LengthToken: m.LengthToken, MaxLine: m.Meta.MaxLineLength,
+	}
+	return NewWithVocab(m.Tok, sp, e, opts...)
+}
+
+// NewWithVocab builds a Generator from a tokenizer and its special ids
+// (New does this from a *model.Model).
+func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Generator, error) {
+	if e == nil {
+		return nil, errors.New("couplet: nil engine")
+	}
+	o := options{maxAttempts: 4, oversample: 2, bannerTopK: 12, bannerSrcs: DefaultBannerSources(), concurrency: 16}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.maxAttempts < 1 {
+		o.maxAttempts = 1
+	}
+	if o.oversample < 1 {
+		o.oversample = 1
+	}
+	t, err := newTables(v, sp)
+	if err != nil {
+		return nil, err
+	}
+	g := &Generator{t: t, e: e, o: o}
+	g.banners, g.sources = t.loadBanners(o.bannerSrcs)
+	if len(o.extraBanners) > 0 {
+		seen := map[string]bool{}
+		for _, b := range g.banners {
+			seen[b.text] = true
+		}
+		before := len(g.banners)
+		g.banners = t.parseBanners(stringsReader(o.extraBanners), 1, seen, g.banners)
+		if len(g.banners) > before {
+			g.sources = append(g.sources, "(inline)")
+		}
+	}
+	return g, nil
+}
+
+// BannerSources lists the retrieval lists that were read, and NumBanners
+// the number of usable candidates, for logs.
+func (g *Generator) BannerSources() []string { return append([]string(nil), g.sources...) }
+func (g *Generator) NumBanners() int         { return len(g.banners) }
+
+// MaxLength is the longest Length the model supports.
+func (g *Generator) MaxLength() int { return g.t.maxChars }
+
+// Validate checks a request without generating (for the HTTP layer).
+func (g *Generator) Validate(req Request) error {
+	_, err := g.t.prepare(req)
+	return err
+}
+
+// prompt builds the model input of a plan (model/meta.go layouts).
+func (g *Generator) prompt(p *plan) []int32 {
+	sp := g.t.sp
+	lt, _ := sp.LengthToken(p.lineLen)
+	switch p.mode {
+	case ModeAcrostic:
+		return []int32{sp.BOS, sp.Acrostic, p.heads[0], p.heads[1], lt, sp.Up}
+	case ModeLower:
+		out := []int32{sp.BOS, sp.Lower, lt, sp.Up}
+		out = append(out, p.upper...)
+		return append(out, sp.Sep)
+	}
+	return []int32{sp.BOS, sp.Keyword, p.heads[0], p.heads[1], lt, sp.Up}
+}
+
+// candidate is one parsed sample.
+type candidate struct {
+	upperIDs, lowerIDs []int32 // [lineLen] each when well formed
+	c                  Couplet
+	lineLP             float64 // mean raw log-prob of the generated line tokens
+	bannerIDs          []int32
+}
+
+// Generate writes req.N couplets (fewer only if the attempt budget runs out
+// after at least one). Input problems are *InputError; ctx and engine
+// errors are returned as they are; ErrNoCouplet if every sample of every
+// attempt dead-ended.
+//
+// Constrained (default): N·oversample samples share the prompt; each runs
+// the rule processor; dead-ended samples are dropped and, while fewer than
+// N distinct couplets exist, another round is drawn with a new seed (at
+// most maxAttempts rounds). Survivors are re-checked with Check, ranked by
+// length-normalised model log-prob plus a tone-parallelism bonus, picked
+// greedily for diversity, and each gets the best-scoring 横批.
+func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error) {
+	p, err := g.t.prepare(req)
+	if err != nil {
+		return nil, err
+	}
+	if p.seed == 0 {
+		p.seed = rand.Uint64() | 1
+	}
+	prompt := g.prompt(p)
+	if p.unconstr {
+		return g.generateRaw(ctx, p, prompt)
+	}
+	var cands []*candidate
+	seen := map[string]bool{}
+	for attempt := 0; attempt < g.o.maxAttempts && len(cands) < p.n; attempt++ {
+		m := (p.n - len(cands)) * g.o.oversample
+		m = min(m, 32)
+		res, err := g.e.Generate(ctx, g.engineRequest(p, prompt, attempt, m, true))
+		if err != nil {
+			return nil, err
+		}
+		for _, comp := range res.Completions {
+			cd := g.parseConstrained(p, comp)
+			if cd == nil {
+				continue
+			}
+			key := cd.c.Upper + "|" + cd.c.Lower
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			cands = append(cands, cd)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, ErrNoCouplet
+	}
+	for _, cd := range cands {
+		cd.c.Score = cd.lineLP + parallelWeight*parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)
+	}
+	chosen := selectDiverse(cands, p.n)
+	if err := g.chooseBanners(ctx, p, prompt, chosen); err != nil {
+		return nil, err
+	}
+	sort.SliceStable(chosen, func(i, j int) bool { return chosen[i].c.Score > chosen[j].c.Score })
+	out := make([]Couplet, len(chosen))
+	for i, cd := range chosen {
+		out[i] = cd.c
+	}
+	return out, nil
+}
+
+// seedFor gives attempt a its own seed (golden-ratio stride).
+func seedFor(seed uint64, attempt int) uint64 {
+	s := seed + uint64(attempt)*0x9E3779B97F4A7C15
+	if s == 0 {
+		s = 1
+	}
+	return s
+}
+
+func (g *Generator) engineRequest(p *plan, prompt []int32, attempt, m int, constrained bool) *engine.Request {
+	maxTok := 2*p.lineLen + 8 // upper sep lower ban b1..b4 eos, +1 slack
+	if p.mode == ModeLower {
+		maxTok = p.lineLen + 7
+	}
+	r := &engine.Request{
+		Prompt: prompt,
+		Params: sampler.Params{
+			Temperature: p.temp, TopP: p.topP, TopK: p.topK,
+			MaxTokens: maxTok, StopTokens: []int32{g.t.sp.EOS},
+			Seed: seedFor(p.seed, attempt), N: m,
+		},
+	}
+	if constrained {
+		c := newConstraint(g.t, p)
+		r.Params.MaxTokens = c.genLen()
+		// One constraint serves all samples: it keeps no mutable state.
+		r.NewProcessor = func(int) sampler.LogitsProcessor { return c }
+	}
+	if p.onToken != nil {
+		r.OnEvent = g.streamer(p, attempt, m)
+	}
+	return r
+}
+
+// streamer turns engine events into TokenEvents. The engine calls OnEvent on
+// its own goroutine, one event at a time, so count needs no lock.
+func (g *Generator) streamer(p *plan, attempt, m int) func(engine.Event) {
+	count := make([]int, m) // [m] tokens seen per sample
+	L := p.lineLen
+	return func(ev engine.Event) {
+		if ev.Index < 0 || ev.Index >= m || (ev.Done && ev.Token < 0) {
+			return
+		}
+		i := count[ev.Index]
+		count[ev.Index]++
+		if ev.Done && ev.Finish != engine.FinishStop {
+			return
+		}
+		var part Part
+		switch {
+		case p.mode != ModeLower && i < L:
+			part = PartUpper
+		case p.mode != ModeLower && i > L && i <= 2*L:
+			part = PartLower
+		case p.mode == ModeLower && i < L:
+			part = PartLower
+		default:
+			part = PartBanner
+		}
+		if ev.Token < 0 || int(ev.Token) >= len(g.t.rune_) || g.t.rune_[ev.Token] == 0 {
+			return
+		}
+		p.onToken(TokenEvent{Attempt: attempt, Sample: ev.Index, Part: part, Text: string(g.t.rune_[ev.Token])})
+	}
+}
+
+// parseConstrained turns a finished constrained sample into a candidate, or
+// nil if it dead-ended or (defensively) breaks a rule.
+func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate {
+	want := newConstraint(g.t, p).genLen()
+	if comp.Finish != engine.FinishStop || len(comp.Tokens) != want || len(comp.LogProbs) != want {
+		return nil
+	}
+	L := p.lineLen
+	cd := &candidate{}
+	var lp []float32
+	if p.mode == ModeLower {
+		cd.upperIDs = p.upper
+		cd.lowerIDs = comp.Tokens[:L]
+		cd.bannerIDs = comp.Tokens[L+1 : L+5]
+		lp = comp.LogProbs[:L]
+	} else {
+		cd.upperIDs = comp.Tokens[:L]
+		cd.lowerIDs = comp.Tokens[L+1 : 2*L+1]
+		cd.bannerIDs = comp.Tokens[2*L+2 : 2*L+6]
+		lp = comp.LogProbs[:2*L+1]
+	}
+	cd.c = Couplet{Upper: g.t.text(cd.upperIDs), Lower: g.t.text(cd.lowerIDs), Banner: g.t.text(cd.bannerIDs)}
+	rep := Check(cd.c.Upper, cd.c.Lower, cd.c.Banner)
+	// In lower mode the 上联 is the user's: its tone is not ours to enforce.
+	if !rep.Rule1() || !rep.LowerPing || !rep.Rule3() || !rep.Rule4() || (p.mode != ModeLower && !rep.UpperZe) {
+		return nil
+	}
+	if p.mode == ModeKeyword && !ContainsKeyword(cd.c, p.headText) {
+		return nil
+	}
+	if p.mode == ModeAcrostic && (cd.upperIDs[0] != p.heads[0] || cd.lowerIDs[0] != p.heads[1]) {
+		return nil
+	}
+	cd.lineLP = meanLP(lp)
+	return cd
+}
+
+func meanLP(lp []float32) float64 {
+	if len(lp) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, v := range lp {
+		s += float64(v)
+	}
+	return s / float64(len(lp))
+}
+
+// generateRaw is the unconstrained path: N plain samples, parsed as they
+// come (possibly malformed), the model's own banner, no ranking.
+func (g *Generator) generateRaw(ctx context.Context, p *plan, prompt []int32) ([]Couplet, error) {
+	res, err := g.e.Generate(ctx, g.engineRequest(p, prompt, 0, p.n, false))
+	if err != nil {
+		return nil, err
+	}
+	sp := g.t.sp
+	out := make([]Couplet, 0, len(res.Completions))
+	for _, comp := range res.Completions {
+		toks := comp.Tokens
+		var segs [][]int32 // split at <sep> / <ban>, stop at <eos>
+		cur := []int32{}
+		for _, id := range toks {
+			if id == sp.EOS {
+				break
+			}
+			if id == sp.Sep || id == sp.Banner {
+				segs = append(segs, cur)
+				cur = []int32{}
+				continue
+			}
+			cur = append(cur, id)
+		}
+		segs = append(segs, cur)
+		var c Couplet
+		if p.mode == ModeLower {
+			c.Upper = g.t.text(p.upper)
+			c.Lower = g.rawText(segs[0])
+			if len(segs) > 1 {
+				c.Banner = g.rawText(segs[len(segs)-1])
+			}
+		} else {
+			c.Upper = g.rawText(segs[0])
+			if len(segs) > 1 {
+				c.Lower = g.rawText(segs[1])
+			}
+			if len(segs) > 2 {
+				c.Banner = g.rawText(segs[len(segs)-1])
+			}
+		}
+		c.Score = meanLP(comp.LogProbs)
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// rawText renders ids as the tokenizer spells them, specials included, so
+// that Check sees malformed output for what it is.
+func (g *Generator) rawText(ids []int32) string {
+	s := ""
+	for _, id := range ids {
+		s += g.t.vocab.Token(id)
+	}
+	return s
+}
+
+// chooseBanners scores, for each chosen couplet, its own banner and the
+// top retrieved ones by log P(<ban> B <eos> | prompt, couplet), and keeps
+// the best. Scoring requests run concurrently (bounded) so the engine
+// batches them.
+func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate) error {
+	sp := g.t.sp
+	type job struct {
+		cd    *candidate
+		ids   []int32
+		score float64
+		err   error
+	}
+	var jobs []*job
+	for _, cd := range chosen {
+		jobs = append(jobs, &job{cd: cd, ids: cd.bannerIDs})
+		for _, b := range topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerTopK) {
+			if b.text == cd.c.Banner {
+				continue
+			}
+			jobs = append(jobs, &job{cd: cd, ids: b.ids[:]})
+		}
+	}
+	sem := make(chan struct{}, g.o.concurrency)
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		// prompt + (upper if generated) + <sep> + lower + <ban> B1..B4 <eos>
+		full := append([]int32(nil), prompt...)
+		if p.mode != ModeLower {
+			full = append(full, j.cd.upperIDs...)
+			full = append(full, sp.Sep)
+		}
+		full = append(full, j.cd.lowerIDs...)
+		full = append(full, sp.Banner)
+		full = append(full, j.ids...)
+		full = append(full, sp.EOS)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			res, err := g.e.Generate(ctx, &engine.Request{Prompt: full, PromptLogProbs: true, Params: sampler.Params{MaxTokens: 0, N: 1}})
+			if err != nil {
+				j.err = err
+				return
+			}
+			if len(res.PromptLogProbs) != len(full)-1 {
+				j.err = fmt.Errorf("couplet: engine returned %d prompt log-probs for %d tokens", len(res.PromptLogProbs), len(full))
+				return
+			}
+			s := 0.0
+			for _, v := range res.PromptLogProbs[len(full)-6:] { // B1..B4 <eos> given <ban>
+				s += float64(v)
+			}
+			j.score = s
+		}()
+	}
+	wg.Wait()
+	best := map[*candidate]*job{}
+	for _, j := range jobs {
+		if j.err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// Scoring is an improvement, not a requirement: on engine
+			// pressure keep whatever scored (at worst the model's banner).
+			continue
+		}
+		if b := best[j.cd]; b == nil || j.score > b.score {
+			best[j.cd] = j
+		}
+	}
+	for _, cd := range chosen {
+		if b := best[cd]; b != nil {
+			cd.c.Banner = g.t.text(b.ids)
+			cd.c.Score += bannerWeight * b.score / 5
+		}
+	}
+	return nil
+}
+
+// Ranking weights: the score is the mean raw log-prob of the generated line
+// tokens + parallelWeight·parallelism (0..1) + bannerWeight·(mean log-prob
+// of the chosen banner's 5 tokens).
+const (
+	parallelWeight = 0.5
+	bannerWeight   = 0.2
+	diversityCost  = 1.0
+)
+
+// parallelism is a soft tone score in [0, 1]: at the rhythm-carrying
+// positions of each clause (2nd, 4th, 6th character and the clause end) the
+// two lines should have opposite 平仄, and inside the 上联 consecutive
+// rhythm positions should alternate (二四六分明).
+func parallelism(t *tables, p *plan, u, l []int32) float64 {
+	hits, total := 0, 0
+	start := 0
+	for j := 0; j <= len(u); j++ {
+		if j < len(u) && p.template[j] == -1 {
+			continue
+		}
+		// clause is u[start:j]
+		var prev Tone
+		for k := start; k < j; k++ {
+			off := k - start
+			if off%2 == 0 && k != j-1 {
+				continue
+			}
+			tu, tl := t.tone[u[k]], t.tone[l[k]]
+			if tu != ToneUnknown && tl != ToneUnknown {
+				total++
+				if tu != tl {
+					hits++
+				}
+			}
+			if tu != ToneUnknown && prev != ToneUnknown && k != j-1 {
+				total++
+				if tu != prev {
+					hits++
+				}
+			}
+			prev = tu
+		}
+		start = j + 1
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hits) / float64(total)
+}
+
+// similarity is the fraction of positions where two candidates share the
+// 上联 or the 下联 character.
+func similarity(a, b *candidate) float64 {
+	n, same := 0, 0
+	for i := range a.upperIDs {
+		if i < len(b.upperIDs) && a.upperIDs[i] == b.upperIDs[i] {
+			same++
+		}
+		if i < len(b.lowerIDs) && i < len(a.lowerIDs) && a.lowerIDs[i] == b.lowerIDs[i] {
+			same++
+		}
+		n += 2
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(same) / float64(n)
+}
+
+// selectDiverse picks n candidates greedily by score minus diversityCost ×
+// the highest similarity to one already picked (maximal marginal relevance).
+func selectDiverse(c []*candidate, n int) []*candidate {
+	left := append([]*candidate(nil), c...)
+	var out []*candidate
+	for len(out) < n && len(left) > 0 {
+		bi, bv := 0, math.Inf(-1)
+		for i, cd := range left {
+			v := cd.c.Score
+			for _, o := range out {
+				v = min(v, cd.c.Score-diversityCost*similarity(cd, o))
+			}
+			if v > bv {
+				bi, bv = i, v
+			}
+		}
+		out = append(out, left[bi])
+		left = append(left[:bi], left[bi+1:]...)
+	}
+	return out
+}

@@ -1,0 +1,124 @@
+package couplet
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Vocab is the part of the tokenizer the couplet package needs; the model
+// package's *Tokenizer implements it.
+type Vocab interface {
+	ID(tok string) (int32, bool)
+	Token(id int32) string
+	Size() int
+}
+
+// tokClass sorts vocabulary ids for the rules.
+type tokClass uint8
+
+const (
+	classOther tokClass = iota // special, Latin, digits, unknown …: never inside a line
+	classHan                   // one Chinese character
+	classPunct                 // one couplet punctuation mark
+)
+
+// Specials are the ids of the prompt-layout tokens (model/meta.go roles).
+type Specials struct {
+	BOS, EOS, Keyword, Acrostic, Lower, Up, Sep, Banner int32
+	// LengthToken maps a line length in tokens (1..MaxLine) to its <len_N>.
+	LengthToken func(n int) (int32, bool)
+	MaxLine     int
+}
+
+// tables are the per-vocabulary lookup tables, built once per tokenizer and
+// read-only afterwards, so every processor (each on the engine goroutine)
+// and every Generate call may share them without locks.
+type tables struct {
+	vocab Vocab
+	sp    Specials
+	class []tokClass // [vocab] class of each id
+	tone  []Tone     // [vocab] 平仄 of each Han id (ToneUnknown otherwise)
+	rune_ []rune     // [vocab] the character of a Han/punct id, 0 otherwise
+	han   []int32    // ids of all Han tokens, ascending
+	// maxChars is the longest Length whose Layout fits in sp.MaxLine tokens.
+	maxChars int
+}
+
+func newTables(v Vocab, sp Specials) (*tables, error) {
+	n := v.Size()
+	if n <= 0 {
+		return nil, fmt.Errorf("couplet: empty vocabulary")
+	}
+	if sp.LengthToken == nil || sp.MaxLine <= 0 {
+		return nil, fmt.Errorf("couplet: model has no length tokens")
+	}
+	t := &tables{vocab: v, sp: sp, class: make([]tokClass, n), tone: make([]Tone, n), rune_: make([]rune, n)}
+	for _, id := range []int32{sp.BOS, sp.EOS, sp.Keyword, sp.Acrostic, sp.Lower, sp.Up, sp.Sep, sp.Banner} {
+		if id < 0 || int(id) >= n {
+			return nil, fmt.Errorf("couplet: special token id %d out of vocabulary range [0,%d)", id, n)
+		}
+	}
+	special := map[int32]bool{sp.BOS: true, sp.EOS: true, sp.Keyword: true, sp.Acrostic: true, sp.Lower: true, sp.Up: true, sp.Sep: true, sp.Banner: true}
+	for id := int32(0); int(id) < n; id++ {
+		if special[id] {
+			continue
+		}
+		r, ok := singleRune(v.Token(id))
+		if !ok {
+			continue
+		}
+		switch {
+		case IsHan(r):
+			t.class[id], t.rune_[id], t.tone[id] = classHan, r, CharTone(r)
+			t.han = append(t.han, id)
+		case IsPunct(r):
+			t.class[id], t.rune_[id] = classPunct, r
+		}
+	}
+	sort.Slice(t.han, func(i, j int) bool { return t.han[i] < t.han[j] })
+	var ping, ze int
+	for _, id := range t.han {
+		switch t.tone[id] {
+		case TonePing:
+			ping++
+		case ToneZe:
+			ze++
+		}
+	}
+	if ping < 8 || ze < 8 {
+		return nil, fmt.Errorf("couplet: vocabulary has too few toned Chinese characters (%d 平, %d 仄)", ping, ze)
+	}
+	for c := MinLength; ; c++ {
+		if len(Layout(c)) > sp.MaxLine {
+			break
+		}
+		if _, ok := sp.LengthToken(len(Layout(c))); !ok {
+			break
+		}
+		t.maxChars = c
+	}
+	if t.maxChars < MinLength {
+		return nil, fmt.Errorf("couplet: model's max line length %d is too short", sp.MaxLine)
+	}
+	return t, nil
+}
+
+// id returns the id of a single-character token of class Han or punct.
+func (t *tables) charID(r rune) (int32, bool) {
+	id, ok := t.vocab.ID(string(r))
+	if !ok || int(id) >= len(t.class) || t.class[id] == classOther {
+		return 0, false
+	}
+	return id, true
+}
+
+// text concatenates the characters of line/banner ids (specials are skipped).
+func (t *tables) text(ids []int32) string {
+	rs := make([]rune, 0, len(ids))
+	for _, id := range ids {
+		if id >= 0 && int(id) < len(t.rune_) && t.rune_[id] != 0 {
+			rs = append(rs, t.rune_[id])
+		}
+	}
+	return string(rs)
+}
