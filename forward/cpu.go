@@ -1,0 +1,398 @@
+package forward
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"chunlian/kernels/cpu"
+	"chunlian/model"
+)
+
+// DefaultKVTokens is how many tokens the CPU backend's KV cache holds when
+// CPUOptions.KVCacheBytes is 0: 8192 tokens is 256 running couplets of 32
+// tokens (the engine's default MaxNumSeqs) and costs 2·layers·kvDim·4 bytes
+// per token (e.g. 8 layers × 512 → 32 KiB/token → 256 MiB; 2 layers × 32 for
+// the test model → 512 B/token → 4 MiB).
+const DefaultKVTokens = 8192
+
+// CPUOptions configure NewCPU.
+type CPUOptions struct {
+	BlockSize int // tokens per KV block; 0 means 16
+	// KVCacheBytes is the memory budget for the K and V caches of all
+	// layers together; 0 means DefaultKVTokens tokens' worth. The cache
+	// gets floor(KVCacheBytes / bytes per block) blocks (at least one).
+	KVCacheBytes int64
+	// Threads, when > 0, sets the kernel thread count (cpu.SetThreads, a
+	// process-wide setting) and the attention worker count.
+	Threads int
+}
+
+// CPU is the float32 CPU backend. The KV cache of layer l is two slices,
+// kc[l] and vc[l], each laid out as
+//
+//	[numBlocks, blockSize, nKVHeads, headDim] float32
+//
+// so slot s = block·blockSize + offset holds token K/V at
+// kc[l][(s·nKVHeads + h)·headDim : +headDim] for KV head h. One token's K (or
+// V) for all heads is contiguous, which makes the per-token cache write one
+// copy and a block copy one contiguous copy.
+//
+// Ownership: a CPU is used by one goroutine at a time (the engine loop); the
+// scratch buffers below belong to that goroutine between calls. During the
+// attention phase of Forward the attention workers read q and the caches and
+// each writes only the att rows of the (sequence, head) items it claimed.
+type CPU struct {
+	m         *model.Model
+	cfg       model.Config
+	blockSize int
+	numBlocks int
+	kc, vc    [][]float32 // per layer: [numBlocks, blockSize, nKVHeads, headDim]
+	closed    bool
+
+	// Scratch, grown on demand and reused across steps (no per-step
+	// garbage in steady state). T = len(batch.Tokens), R = len(LogitRows).
+	x     []float32 // [T, d] residual stream
+	xn    []float32 // [T, d] normalised input of a sublayer
+	q     []float32 // [T, nHeads·headDim]
+	k     []float32 // [T, nKVHeads·headDim]
+	v     []float32 // [T, nKVHeads·headDim]
+	att   []float32 // [T, nHeads·headDim] attention output before Wo
+	gate  []float32 // [T, ffn] gate projection, then silu(gate)·up
+	up    []float32 // [T, ffn]
+	rows  []float32 // [R, d] final-normed hidden states of the logit rows
+	owner []int32   // [T] which span owns each token (batch validation)
+
+	// Attention worker pool: workers-1 goroutines plus the caller.
+	workers int
+	scores  [][]float32 // per worker: [max CtxLen] attention weights
+	wake    []chan struct{}
+	wg      sync.WaitGroup
+	next    atomic.Int64 // next unclaimed (sequence, head) item
+	// The current attention job, set by the caller before waking workers
+	// (the channel send orders these writes before the workers' reads).
+	jobBatch *Batch
+	jobLayer int
+}
+
+var _ Backend = (*CPU)(nil)
+
+// NewCPU allocates the paged KV cache for m and starts the attention
+// workers. Close stops them.
+func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
+	if m == nil || m.Weights == nil {
+		return nil, errors.New("forward: nil model")
+	}
+	if err := m.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("forward: %w", err)
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = 16
+	}
+	if o.BlockSize < 1 {
+		return nil, fmt.Errorf("forward: BlockSize %d must be positive", o.BlockSize)
+	}
+	if o.KVCacheBytes < 0 {
+		return nil, fmt.Errorf("forward: KVCacheBytes %d must not be negative", o.KVCacheBytes)
+	}
+	if o.Threads > 0 {
+		cpu.SetThreads(o.Threads)
+	}
+	cfg := m.Config
+	perToken := KVBytesPerToken(cfg)
+	if o.KVCacheBytes == 0 {
+		o.KVCacheBytes = DefaultKVTokens * perToken
+	}
+	numBlocks := int(o.KVCacheBytes / (perToken * int64(o.BlockSize)))
+	if numBlocks < 1 {
+		return nil, fmt.Errorf("forward: KVCacheBytes %d is less than one block (%d bytes)", o.KVCacheBytes, perToken*int64(o.BlockSize))
+	}
+	c := &CPU{m: m, cfg: cfg, blockSize: o.BlockSize, numBlocks: numBlocks}
+	n := numBlocks * o.BlockSize * cfg.KVDim()
+	for range cfg.NumLayers {
+		c.kc = append(c.kc, make([]float32, n))
+		c.vc = append(c.vc, make([]float32, n))
+	}
+	c.workers = o.Threads
+	if c.workers <= 0 {
+		c.workers = cpu.Threads()
+	}
+	c.scores = make([][]float32, c.workers)
+	for w := 1; w < c.workers; w++ {
+		ch := make(chan struct{})
+		c.wake = append(c.wake, ch)
+		go c.worker(w, ch)
+	}
+	return c, nil
+}
+
+// KVBytesPerToken is the cache memory one token costs: K and V, every layer.
+func KVBytesPerToken(cfg model.Config) int64 {
+	return int64(2 * cfg.NumLayers * cfg.KVDim() * 4)
+}
+
+func (c *CPU) NumBlocks() int      { return c.numBlocks }
+func (c *CPU) BlockSize() int      { return c.blockSize }
+func (c *CPU) VocabSize() int      { return c.cfg.VocabSize }
+func (c *CPU) Model() *model.Model { return c.m }
+func (c *CPU) KVCacheBytes() int64 { return int64(c.numBlocks*c.blockSize) * KVBytesPerToken(c.cfg) }
+
+// Close stops the attention workers and drops the cache. It must not race
+// with Forward (same single owner).
+func (c *CPU) Close() error {
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	for _, ch := range c.wake {
+		close(ch)
+	}
+	c.kc, c.vc = nil, nil
+	return nil
+}
+
+// CopyBlocks copies blocks src[i] → dst[i] in every layer's K and V cache.
+func (c *CPU) CopyBlocks(src, dst []int32) error {
+	if c.closed {
+		return errors.New("forward: backend closed")
+	}
+	if len(src) != len(dst) {
+		return fmt.Errorf("forward: CopyBlocks: %d sources, %d destinations", len(src), len(dst))
+	}
+	for i := range src {
+		if !c.validBlock(src[i]) || !c.validBlock(dst[i]) {
+			return fmt.Errorf("forward: CopyBlocks: block %d → %d out of range [0,%d)", src[i], dst[i], c.numBlocks)
+		}
+	}
+	bl := c.blockSize * c.cfg.KVDim() // floats per block per layer
+	for l := range c.kc {
+		for i := range src {
+			s, d := int(src[i])*bl, int(dst[i])*bl
+			copy(c.kc[l][d:d+bl], c.kc[l][s:s+bl])
+			copy(c.vc[l][d:d+bl], c.vc[l][s:s+bl])
+		}
+	}
+	return nil
+}
+
+func (c *CPU) validBlock(b int32) bool { return b >= 0 && int(b) < c.numBlocks }
+
+// validate checks the batch against the contract in forward.go before any
+// cache write, so a scheduler bug is an error instead of a corrupted cache:
+// every token belongs to exactly one span, positions run CtxLen-Len..CtxLen-1,
+// each slot is the one the block table gives for that position, and blocks,
+// token ids and logit rows are in range. It returns the longest CtxLen.
+func (c *CPU) validate(b *Batch, logits []float32) (maxCtx int, err error) {
+	T := len(b.Tokens)
+	if T == 0 {
+		return 0, errors.New("forward: empty batch")
+	}
+	if len(b.Positions) != T || len(b.SlotMapping) != T {
+		return 0, fmt.Errorf("forward: %d tokens, %d positions, %d slots", T, len(b.Positions), len(b.SlotMapping))
+	}
+	if need := len(b.LogitRows) * c.cfg.VocabSize; len(logits) < need {
+		return 0, fmt.Errorf("forward: logits buffer holds %d floats, need %d", len(logits), need)
+	}
+	for _, r := range b.LogitRows {
+		if r < 0 || r >= T {
+			return 0, fmt.Errorf("forward: logit row %d outside [0,%d)", r, T)
+		}
+	}
+	for i, tok := range b.Tokens {
+		if tok < 0 || int(tok) >= c.cfg.VocabSize {
+			return 0, fmt.Errorf("forward: token %d at %d outside vocabulary [0,%d)", tok, i, c.cfg.VocabSize)
+		}
+	}
+	c.owner = grow32(c.owner, T)
+	for i := range c.owner {
+		c.owner[i] = -1
+	}
+	bs := c.blockSize
+	for si, s := range b.Seqs {
+		if s.Len < 1 || s.Start < 0 || s.Start+s.Len > T || s.CtxLen < s.Len {
+			return 0, fmt.Errorf("forward: seq %d: start %d len %d ctx %d invalid for %d tokens", si, s.Start, s.Len, s.CtxLen, T)
+		}
+		if len(s.BlockTable)*bs < s.CtxLen {
+			return 0, fmt.Errorf("forward: seq %d: block table of %d blocks cannot hold %d tokens", si, len(s.BlockTable), s.CtxLen)
+		}
+		for _, blk := range s.BlockTable[:(s.CtxLen+bs-1)/bs] {
+			if !c.validBlock(blk) {
+				return 0, fmt.Errorf("forward: seq %d: block %d outside [0,%d)", si, blk, c.numBlocks)
+			}
+		}
+		first := s.CtxLen - s.Len
+		for j := 0; j < s.Len; j++ {
+			t := s.Start + j
+			if c.owner[t] >= 0 {
+				return 0, fmt.Errorf("forward: token %d in seqs %d and %d", t, c.owner[t], si)
+			}
+			c.owner[t] = int32(si)
+			p := first + j
+			if int(b.Positions[t]) != p {
+				return 0, fmt.Errorf("forward: seq %d token %d has position %d, want %d", si, t, b.Positions[t], p)
+			}
+			if want := s.BlockTable[p/bs]*int32(bs) + int32(p%bs); b.SlotMapping[t] != want {
+				return 0, fmt.Errorf("forward: seq %d token %d (pos %d) slot %d, block table gives %d", si, t, p, b.SlotMapping[t], want)
+			}
+		}
+		maxCtx = max(maxCtx, s.CtxLen)
+	}
+	for t, o := range c.owner {
+		if o < 0 {
+			return 0, fmt.Errorf("forward: token %d belongs to no sequence", t)
+		}
+	}
+	return maxCtx, nil
+}
+
+// Forward runs the model over b (see Backend). Reads top to bottom like
+// llama2.c; shapes in comments use T tokens, R logit rows, d hidden,
+// H query heads, G KV heads, hd head_dim, F ffn width, V vocab.
+func (c *CPU) Forward(b *Batch, logits []float32) error {
+	if c.closed {
+		return errors.New("forward: backend closed")
+	}
+	maxCtx, err := c.validate(b, logits)
+	if err != nil {
+		return err
+	}
+	cfg, w := c.cfg, c.m.Weights
+	T, d, F, V := len(b.Tokens), cfg.HiddenSize, cfg.IntermediateSize, cfg.VocabSize
+	qd, kvd := cfg.QDim(), cfg.KVDim()
+	eps := float32(cfg.RMSNormEps)
+	c.x, c.xn = grow(c.x, T*d), grow(c.xn, T*d)
+	c.q, c.att = grow(c.q, T*qd), grow(c.att, T*qd)
+	c.k, c.v = grow(c.k, T*kvd), grow(c.v, T*kvd)
+	c.gate, c.up = grow(c.gate, T*F), grow(c.up, T*F)
+	for i := range c.scores {
+		c.scores[i] = grow(c.scores[i], maxCtx)
+	}
+
+	// Embedding lookup: x[t] = Embed[token t].                       x: [T,d]
+	for t, tok := range b.Tokens {
+		copy(c.x[t*d:(t+1)*d], w.Embed[int(tok)*d:])
+	}
+	for l := range w.Layers {
+		L := &w.Layers[l]
+		// Attention sublayer.
+		cpu.RMSNorm(c.xn, c.x, L.AttnNorm, T, d, eps) //               xn: [T,d]
+		cpu.Gemm(T, qd, d, c.xn, L.Wq, c.q)           //               q: [T,H·hd]
+		cpu.Gemm(T, kvd, d, c.xn, L.Wk, c.k)          //               k: [T,G·hd]
+		cpu.Gemm(T, kvd, d, c.xn, L.Wv, c.v)          //               v: [T,G·hd]
+		cpu.RoPE(c.q, b.Positions, T, cfg.NumHeads, cfg.HeadDim, cfg.RopeTheta)
+		cpu.RoPE(c.k, b.Positions, T, cfg.NumKVHeads, cfg.HeadDim, cfg.RopeTheta)
+		// Write this step's K/V into their slots before attention, so a
+		// token sees itself and the earlier tokens of its own chunk.
+		kc, vc := c.kc[l], c.vc[l] //                 [numBlocks·blockSize, G·hd]
+		for t, slot := range b.SlotMapping {
+			copy(kc[int(slot)*kvd:(int(slot)+1)*kvd], c.k[t*kvd:(t+1)*kvd])
+			copy(vc[int(slot)*kvd:(int(slot)+1)*kvd], c.v[t*kvd:(t+1)*kvd])
+		}
+		c.attention(b, l)                       //                                            att: [T,H·hd]
+		cpu.GemmAcc(T, d, qd, c.att, L.Wo, c.x) //                      x += att·Woᵀ
+		// MLP sublayer (SwiGLU).
+		cpu.RMSNorm(c.xn, c.x, L.MLPNorm, T, d, eps) //                xn: [T,d]
+		cpu.Gemm(T, F, d, c.xn, L.WGate, c.gate)     //               gate: [T,F]
+		cpu.Gemm(T, F, d, c.xn, L.WUp, c.up)         //               up: [T,F]
+		cpu.SiLUMul(c.gate, c.gate, c.up)            //               gate = silu(gate)·up
+		cpu.GemmAcc(T, d, F, c.gate, L.WDown, c.x)   //               x += gate·Wdownᵀ
+	}
+	// Final norm and LM head only for the rows that will be sampled.
+	R := len(b.LogitRows)
+	if R == 0 {
+		return nil
+	}
+	c.rows = grow(c.rows, R*d) //                                       rows: [R,d]
+	for i, r := range b.LogitRows {
+		copy(c.rows[i*d:(i+1)*d], c.x[r*d:(r+1)*d])
+	}
+	cpu.RMSNorm(c.rows, c.rows, w.FinalNorm, R, d, eps)
+	cpu.Gemm(R, V, d, c.rows, w.LMHead, logits[:R*V]) //               logits: [R,V]
+	return nil
+}
+
+// attention fills att for every token of b in layer l, one work item per
+// (sequence, query head), spread over the worker pool.
+func (c *CPU) attention(b *Batch, l int) {
+	c.jobBatch, c.jobLayer = b, l
+	c.next.Store(0)
+	c.wg.Add(len(c.wake))
+	for _, ch := range c.wake {
+		ch <- struct{}{}
+	}
+	c.attnItems(0)
+	c.wg.Wait()
+	c.jobBatch = nil
+}
+
+// worker is attention worker w (1..workers-1); it runs until ch is closed.
+func (c *CPU) worker(w int, ch chan struct{}) {
+	for range ch {
+		c.attnItems(w)
+		c.wg.Done()
+	}
+}
+
+// attnItems claims (sequence, head) items until none are left. For query
+// head h of a token at position p it computes
+//
+//	att[t, h] = Σ_{u ≤ p} softmax_u(q[t,h]·K[u,g]/√hd) · V[u,g],  g = h/(H/G)
+//
+// reading K[u,g] and V[u,g] from the cache slot that the sequence's block
+// table gives for position u.
+func (c *CPU) attnItems(w int) {
+	b, l := c.jobBatch, c.jobLayer
+	cfg := c.cfg
+	H, hd, kvd, bs := cfg.NumHeads, cfg.HeadDim, cfg.KVDim(), c.blockSize
+	group := H / cfg.NumKVHeads
+	qd := cfg.QDim()
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	kc, vc := c.kc[l], c.vc[l]
+	n := int64(len(b.Seqs) * H)
+	for {
+		item := c.next.Add(1) - 1
+		if item >= n {
+			return
+		}
+		s := &b.Seqs[item/int64(H)]
+		h := int(item % int64(H))
+		g := h / group
+		first := s.CtxLen - s.Len
+		for j := 0; j < s.Len; j++ {
+			t, p := s.Start+j, first+j
+			q := c.q[t*qd+h*hd : t*qd+(h+1)*hd] // [hd]
+			sc := c.scores[w][:p+1]             // [p+1]
+			for u := range sc {
+				slot := int(s.BlockTable[u/bs])*bs + u%bs
+				off := slot*kvd + g*hd
+				sc[u] = cpu.Dot(q, kc[off:off+hd]) * scale
+			}
+			cpu.Softmax(sc)
+			out := c.att[t*qd+h*hd : t*qd+(h+1)*hd] // [hd]
+			clear(out)
+			for u, a := range sc {
+				slot := int(s.BlockTable[u/bs])*bs + u%bs
+				off := slot*kvd + g*hd
+				cpu.Axpy(a, vc[off:off+hd], out)
+			}
+		}
+	}
+}
+
+// grow returns buf resliced to n floats, reallocating only when its
+// capacity is short (so steady-state steps allocate nothing).
+func grow(buf []float32, n int) []float32 {
+	if cap(buf) < n {
+		return make([]float32, n, n+n/4)
+	}
+	return buf[:n]
+}
+
+func grow32(buf []int32, n int) []int32 {
+	if cap(buf) < n {
+		return make([]int32, n, n+n/4)
+	}
+	return buf[:n]
+}
