@@ -1,0 +1,281 @@
+package main
+
+// stack.go builds the inference stack shared by `serve`, `generate` and
+// `bench --spawn`: model → forward backend → engine → couplet generator, from
+// one typed config that comes from flags with CHUNLIAN_* environment
+// fallbacks (precedence: flag > env > built-in default).
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"chunlian/couplet"
+	"chunlian/engine"
+	"chunlian/forward"
+	"chunlian/model"
+)
+
+// stackConfig is the whole inference stack's configuration. The zero value
+// is not valid; use defaultStackConfig (or register, which starts from it).
+type stackConfig struct {
+	ModelDir            string                            // "" = the embedded default model
+	Engine              string                            // paged | naive
+	Backend             string                            // auto | cpu | cuda
+	KVCacheBytes        byteSize                          // 0 = the backend's default
+	BlockSize           int                               // tokens per KV block
+	MaxNumSeqs          int                               // sequences per engine step
+	MaxNumBatchedTokens int                               // tokens per engine step
+	MaxQueue            int                               // waiting requests before ErrQueueFull
+	Threads             int                               // CPU backend threads; 0 = GOMAXPROCS
+	PrefixCaching       bool                              // automatic prefix caching (paged engine)
+	envErrs             []error                           // malformed CHUNLIAN_* values, reported by Validate
+	wrapEngine          func(engine.Engine) engine.Engine // optional decorator (metrics); not a flag
+}
+
+// defaultStackConfig holds the built-in defaults (they match engine's and
+// forward's own defaults so that "unset" and "default" mean the same).
+func defaultStackConfig() stackConfig {
+	return stackConfig{
+		Engine:              "paged",
+		Backend:             "auto",
+		BlockSize:           16,
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 2048,
+		MaxQueue:            1024,
+		PrefixCaching:       true,
+	}
+}
+
+// register resets c to the defaults overlaid with CHUNLIAN_* env values and
+// registers the stack flags on fs, so a parsed flag wins over env, env over
+// default. Env parse errors are kept and reported by Validate.
+func (c *stackConfig) register(fs *flag.FlagSet) {
+	*c = defaultStackConfig()
+	c.envString("CHUNLIAN_MODEL", &c.ModelDir)
+	c.envString("CHUNLIAN_ENGINE", &c.Engine)
+	c.envString("CHUNLIAN_BACKEND", &c.Backend)
+	if v, ok := os.LookupEnv("CHUNLIAN_KV_CACHE_MEMORY"); ok {
+		if err := c.KVCacheBytes.Set(v); err != nil {
+			c.envErrs = append(c.envErrs, fmt.Errorf("CHUNLIAN_KV_CACHE_MEMORY=%q: %v", v, err))
+		}
+	}
+	c.envInt("CHUNLIAN_BLOCK_SIZE", &c.BlockSize)
+	c.envInt("CHUNLIAN_MAX_NUM_SEQS", &c.MaxNumSeqs)
+	c.envInt("CHUNLIAN_MAX_NUM_BATCHED_TOKENS", &c.MaxNumBatchedTokens)
+	c.envInt("CHUNLIAN_MAX_QUEUE", &c.MaxQueue)
+	c.envInt("CHUNLIAN_THREADS", &c.Threads)
+	c.envBool("CHUNLIAN_PREFIX_CACHING", &c.PrefixCaching)
+
+	fs.StringVar(&c.ModelDir, "model", c.ModelDir, "model directory (Hugging Face layout + chunlian.json); empty = embedded default model [CHUNLIAN_MODEL]")
+	fs.StringVar(&c.Engine, "engine", c.Engine, "engine: paged (continuous batching, paged KV cache) or naive (one request at a time, no cache reuse) [CHUNLIAN_ENGINE]")
+	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda [CHUNLIAN_BACKEND]")
+	fs.Var(&c.KVCacheBytes, "kv-cache-memory", "KV cache size in bytes, suffixes KiB MiB GiB (or K M G) accepted, e.g. 64MiB; 0 = backend default [CHUNLIAN_KV_CACHE_MEMORY]")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV cache block [CHUNLIAN_BLOCK_SIZE]")
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "max sequences per engine step [CHUNLIAN_MAX_NUM_SEQS]")
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step [CHUNLIAN_MAX_NUM_BATCHED_TOKENS]")
+	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503) [CHUNLIAN_MAX_QUEUE]")
+	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU backend threads; 0 = all cores [CHUNLIAN_THREADS]")
+	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
+}
+
+func (c *stackConfig) envString(name string, dst *string) {
+	if v, ok := os.LookupEnv(name); ok {
+		*dst = v
+	}
+}
+
+func (c *stackConfig) envInt(name string, dst *int) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: not an integer", name, v))
+		return
+	}
+	*dst = n
+}
+
+func (c *stackConfig) envBool(name string, dst *bool) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: not a boolean (true/false/1/0)", name, v))
+		return
+	}
+	*dst = b
+}
+
+// Validate reports every problem at once, each naming the flag to fix.
+func (c *stackConfig) Validate() error {
+	errs := append([]error(nil), c.envErrs...)
+	switch c.Engine {
+	case "paged", "naive":
+	default:
+		errs = append(errs, fmt.Errorf("--engine %q: want paged or naive", c.Engine))
+	}
+	switch c.Backend {
+	case "auto", "cpu", "cuda":
+	default:
+		errs = append(errs, fmt.Errorf("--backend %q: want auto, cpu or cuda", c.Backend))
+	}
+	if c.KVCacheBytes < 0 {
+		errs = append(errs, fmt.Errorf("--kv-cache-memory %d: must be ≥ 0", c.KVCacheBytes))
+	}
+	if c.BlockSize < 1 || c.BlockSize > 1024 {
+		errs = append(errs, fmt.Errorf("--block-size %d: want 1..1024", c.BlockSize))
+	}
+	if c.MaxNumSeqs < 1 {
+		errs = append(errs, fmt.Errorf("--max-num-seqs %d: must be ≥ 1", c.MaxNumSeqs))
+	}
+	if c.MaxNumBatchedTokens < 1 {
+		errs = append(errs, fmt.Errorf("--max-num-batched-tokens %d: must be ≥ 1", c.MaxNumBatchedTokens))
+	}
+	if c.MaxQueue < 0 {
+		errs = append(errs, fmt.Errorf("--max-queue %d: must be ≥ 0", c.MaxQueue))
+	}
+	if c.Threads < 0 {
+		errs = append(errs, fmt.Errorf("--threads %d: must be ≥ 0 (0 = all cores)", c.Threads))
+	}
+	if c.ModelDir != "" {
+		if st, err := os.Stat(c.ModelDir); err != nil {
+			errs = append(errs, fmt.Errorf("--model %q: %v", c.ModelDir, err))
+		} else if !st.IsDir() {
+			errs = append(errs, fmt.Errorf("--model %q: not a directory", c.ModelDir))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stack is a built inference stack. Close releases it in reverse order.
+type stack struct {
+	Config  stackConfig
+	Model   *model.Model
+	Backend forward.Backend
+	Engine  engine.Engine // possibly wrapped by Config.wrapEngine
+	Gen     *couplet.Generator
+}
+
+// buildStack validates cfg and builds model, backend, engine and generator.
+// On error everything built so far is released.
+func buildStack(cfg stackConfig) (*stack, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var (
+		m   *model.Model
+		err error
+	)
+	if cfg.ModelDir == "" {
+		m, err = model.Default()
+	} else {
+		m, err = model.Load(cfg.ModelDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading model: %w", err)
+	}
+	return buildStackFor(cfg, m)
+}
+
+// buildStackFor builds the stack on an already loaded model (tests use a
+// random model).
+func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
+	s := &stack{Config: cfg, Model: m}
+	var err error
+	switch cfg.Backend {
+	case "auto", "cpu":
+		// auto means cpu until the CUDA backend lands.
+		s.Backend, err = forward.NewCPU(m, forward.CPUOptions{
+			BlockSize:    cfg.BlockSize,
+			KVCacheBytes: int64(cfg.KVCacheBytes),
+			Threads:      cfg.Threads,
+		})
+	case "cuda":
+		err = errors.New("--backend cuda: the CUDA backend is not available in this build")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backend: %w", err)
+	}
+	var eng engine.Engine
+	switch cfg.Engine {
+	case "naive":
+		eng = engine.NewNaive(s.Backend)
+	default:
+		eng, err = engine.New(s.Backend, engine.Config{
+			BlockSize:           cfg.BlockSize,
+			MaxNumSeqs:          cfg.MaxNumSeqs,
+			MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
+			MaxQueue:            cfg.MaxQueue,
+			EnablePrefixCaching: cfg.PrefixCaching,
+		})
+	}
+	if err != nil {
+		s.Backend.Close()
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if cfg.wrapEngine != nil {
+		eng = cfg.wrapEngine(eng)
+	}
+	s.Engine = eng
+	s.Gen, err = couplet.New(m, eng)
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("couplet generator: %w", err)
+	}
+	return s, nil
+}
+
+// Close stops the engine (requests still running get engine.ErrClosed) and
+// frees the backend's cache.
+func (s *stack) Close() error {
+	var errs []error
+	if s.Engine != nil {
+		errs = append(errs, s.Engine.Close())
+	}
+	if s.Backend != nil {
+		errs = append(errs, s.Backend.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// byteSize is a flag.Value for byte counts with binary suffixes.
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+// Set parses "123", "64MiB", "64M", "1.5GiB", "512k" (K/M/G and KiB/MiB/GiB
+// are both powers of 1024; a trailing B is optional).
+func (b *byteSize) Set(s string) error {
+	t := strings.TrimSpace(s)
+	u := strings.ToUpper(t)
+	mult := int64(1)
+	for _, sfx := range []struct {
+		s string
+		m int64
+	}{{"TIB", 1 << 40}, {"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10},
+		{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(u, sfx.s) {
+			mult = sfx.m
+			u = strings.TrimSpace(u[:len(u)-len(sfx.s)])
+			break
+		}
+	}
+	if u == "" {
+		return fmt.Errorf("%q: not a byte size (e.g. 64MiB)", s)
+	}
+	f, err := strconv.ParseFloat(u, 64)
+	if err != nil || f < 0 || f*float64(mult) > 1<<62 {
+		return fmt.Errorf("%q: not a byte size (e.g. 64MiB)", s)
+	}
+	*b = byteSize(f * float64(mult))
+	return nil
+}

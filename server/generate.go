@@ -1,0 +1,458 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"chunlian/couplet"
+)
+
+// Limits checked by the HTTP layer before the generator sees a request (the
+// generator validates again, with its own model-specific rules).
+const (
+	maxN          = 10
+	maxLineLength = 32
+	maxPromptRune = 64
+)
+
+// generateRequest is the body of POST /generate. Pointers distinguish "not
+// given" from zero.
+type generateRequest struct {
+	Prompt      *string  `json:"prompt"`
+	Mode        string   `json:"mode"`
+	N           *int     `json:"n"`
+	Length      *int     `json:"length"`
+	Temperature *float64 `json:"temperature"`
+	TopP        *float64 `json:"top_p"`
+	TopK        *int     `json:"top_k"`
+	Seed        *uint64  `json:"seed"`
+	Stream      bool     `json:"stream"`
+}
+
+// generateResponse is the answer of POST /generate (and the final "result"
+// event of a stream). generated_text and prompt keep the seed service's
+// shape; the rest is additive.
+type generateResponse struct {
+	GeneratedText string            `json:"generated_text"`
+	Prompt        string            `json:"prompt"`
+	Mode          string            `json:"mode"`
+	Couplets      []couplet.Couplet `json:"couplets"`
+	LatencyMS     float64           `json:"latency_ms"`
+	Usage         usageJSON         `json:"usage"`
+	RequestID     string            `json:"request_id"`
+}
+
+type usageJSON struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
+// readJSON reads a JSON request body into v: bounded by MaxBodyBytes (413),
+// valid UTF-8, a JSON media type if one is given, exactly one value, and
+// (when strict) no unknown fields. Errors are bilingual API errors.
+func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, strict bool) *apiError {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json") && mt != "text/plain") {
+			return errf(http.StatusUnsupportedMediaType, codeUnsupportedType, "请求体须为 JSON（Content-Type: application/json）", "the body must be JSON (Content-Type: application/json), got %q", ct)
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errf(http.StatusRequestEntityTooLarge, codeBodyTooLarge, "请求体过大（上限 %d 字节）", "request body too large (limit %d bytes)", mbe.Limit, mbe.Limit)
+		}
+		return errf(http.StatusBadRequest, codeInvalidJSON, "读取请求体失败", "could not read the request body: %v", err)
+	}
+	if !utf8.Valid(body) {
+		return errf(http.StatusBadRequest, codeInvalidUTF8, "请求体不是有效的 UTF-8", "request body is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if strict {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if dec.More() {
+		return errf(http.StatusBadRequest, codeInvalidJSON, "请求体只能包含一个 JSON 对象", "the body must hold exactly one JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errf(http.StatusBadRequest, codeInvalidJSON, "JSON 之后有多余内容", "unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// jsonError turns a decoding error into a precise bilingual message.
+func jsonError(err error) *apiError {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return errf(http.StatusBadRequest, codeInvalidJSON, "请求体为空，需要 JSON 对象", "empty body: a JSON object is required")
+	case errors.As(err, &se):
+		return errf(http.StatusBadRequest, codeInvalidJSON, "JSON 语法错误（第 %d 字节）", "malformed JSON at byte %d", se.Offset, se.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return errf(http.StatusBadRequest, codeInvalidJSON, "JSON 不完整", "truncated JSON")
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			return errf(http.StatusBadRequest, codeInvalidJSON, "请求体须为 JSON 对象", "the body must be a JSON object, not %s", te.Value)
+		}
+		return errf(http.StatusBadRequest, codeInvalidField, "字段 %q 类型错误：需要 %s", "field %q has the wrong type: want %s, got %s", field, jsonTypeName(te.Type.String()), field, jsonTypeName(te.Type.String()), te.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		f := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		return errf(http.StatusBadRequest, codeUnknownField, "未知字段 %s", "unknown field %s", f, f)
+	default:
+		return errf(http.StatusBadRequest, codeInvalidJSON, "无效的 JSON", "invalid JSON: %v", err)
+	}
+}
+
+func jsonTypeName(goType string) string {
+	switch strings.TrimPrefix(goType, "*") {
+	case "string":
+		return "string"
+	case "int", "uint64", "int64":
+		return "integer"
+	case "float64", "float32":
+		return "number"
+	case "bool":
+		return "boolean"
+	}
+	return goType
+}
+
+// isHanString reports whether s is non-empty and all Chinese characters.
+func isHanString(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.Is(unicode.Han, r) {
+			return false
+		}
+	}
+	return true
+}
+
+// genParams are validated generation parameters shared by /generate and the
+// OpenAI endpoints.
+type genParams struct {
+	Prompt      string
+	Mode        couplet.Mode
+	N           int
+	Length      int
+	Temperature *float64
+	TopP        *float64
+	TopK        *int
+	Seed        *uint64
+}
+
+// validate checks ranges and the prompt's shape and builds the couplet
+// request. Prompt whitespace is trimmed.
+func (p *genParams) validate() (couplet.Request, *apiError) {
+	p.Prompt = strings.TrimSpace(p.Prompt)
+	req := couplet.Request{Mode: p.Mode, Text: p.Prompt, N: p.N, Length: p.Length}
+	if p.Mode == "" {
+		req.Mode = couplet.ModeKeyword
+		p.Mode = couplet.ModeKeyword
+	}
+	switch req.Mode {
+	case couplet.ModeKeyword, couplet.ModeAcrostic, couplet.ModeLower:
+	default:
+		return req, errf(http.StatusBadRequest, codeInvalidField, "mode 须为 keyword（吉祥词）、acrostic（藏头）或 lower（对下联）", "mode must be keyword, acrostic or lower, got %q", p.Mode)
+	}
+	n := utf8.RuneCountInString(p.Prompt)
+	switch {
+	case n == 0:
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入两个汉字的吉祥词，例如“平安”", "prompt is required: a two-character Chinese blessing word such as 平安")
+	case n > maxPromptRune:
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "输入过长（最多 %d 字）", "prompt too long (at most %d characters)", maxPromptRune, maxPromptRune)
+	case req.Mode != couplet.ModeLower && (n != 2 || !isHanString(p.Prompt)):
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入恰好两个汉字，例如“平安”（收到 %q）", "prompt must be exactly two Chinese characters, e.g. 平安 (got %q)", p.Prompt, p.Prompt)
+	}
+	if p.N < 1 || p.N > maxN {
+		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN)
+	}
+	if p.Length != 0 && (p.Length < 1 || p.Length > maxLineLength) {
+		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须在 1 到 %d 之间（常用 5、7、9、11）", "length must be between 1 and %d (usual: 5, 7, 9, 11)", maxLineLength, maxLineLength)
+	}
+	if t := p.Temperature; t != nil {
+		if *t < 0 || *t > 2 {
+			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 2 之间", "temperature must be between 0 and 2")
+		}
+		if *t == 0 { // OpenAI meaning: greedy. The generator's 0 means "default", so ask for top-k 1.
+			req.Temperature, req.TopK = 1, 1
+		} else {
+			req.Temperature = float32(*t)
+		}
+	}
+	if tp := p.TopP; tp != nil {
+		if !(*tp > 0 && *tp <= 1) {
+			return req, errf(http.StatusBadRequest, codeInvalidField, "top_p 须在 (0, 1] 之间", "top_p must be in (0, 1]")
+		}
+		req.TopP = float32(*tp)
+	}
+	if k := p.TopK; k != nil {
+		if *k < 0 || *k > 100000 {
+			return req, errf(http.StatusBadRequest, codeInvalidField, "top_k 须 ≥ 0（0 表示关闭）", "top_k must be ≥ 0 (0 = off)")
+		}
+		if req.TopK == 0 {
+			req.TopK = *k
+		}
+	}
+	if p.Seed != nil {
+		req.Seed = *p.Seed
+	}
+	return req, nil
+}
+
+// acquire takes an in-flight slot or reports why not (not ready, draining,
+// overloaded). release must be called when acquire returned nil.
+func (s *Server) acquire() (*Backend, func(), *apiError) {
+	switch s.state.Load() {
+	case stateDraining:
+		e := errf(http.StatusServiceUnavailable, codeShuttingDown, "服务正在关闭", "server is shutting down")
+		e.RetryAfter = 5
+		s.metrics.rejected.WithLabelValues(codeShuttingDown).Inc()
+		return nil, nil, e
+	}
+	b := s.backend.Load()
+	if b == nil || b.Generator == nil {
+		e := errf(http.StatusServiceUnavailable, codeNotReady, "模型加载中，请稍候", "the model is still loading, retry shortly")
+		e.RetryAfter = 2
+		s.metrics.rejected.WithLabelValues(codeNotReady).Inc()
+		return nil, nil, e
+	}
+	select {
+	case s.inflight <- struct{}{}:
+		return b, func() { <-s.inflight }, nil
+	default:
+		e := errf(http.StatusServiceUnavailable, codeOverloaded, "服务繁忙，请稍后重试", "server overloaded (%d requests in flight), retry later", cap(s.inflight))
+		e.RetryAfter = 1
+		s.metrics.rejected.WithLabelValues(codeOverloaded).Inc()
+		return nil, nil, e
+	}
+}
+
+// genResult is one finished generation with its accounting.
+type genResult struct {
+	couplets []couplet.Couplet
+	usage    usageJSON
+	latency  time.Duration
+}
+
+// run executes one validated request under the request timeout, recording
+// stats. The returned error is already mapped for the client.
+func (s *Server) run(ctx context.Context, b *Backend, req couplet.Request) (*genResult, *apiError) {
+	t0 := time.Now()
+	if s.cfg.RequestTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
+		defer cancel()
+	}
+	u := &usage{}
+	cs, err := b.Generator.Generate(withUsage(ctx, u), req)
+	lat := time.Since(t0)
+	if err == nil && len(cs) == 0 {
+		err = errf(http.StatusInternalServerError, codeNoCouplet, "未能生成春联", "no couplet was generated")
+	}
+	if err != nil {
+		if errors.Is(err, couplet.ErrNoCouplet) {
+			err = errf(http.StatusInternalServerError, codeNoCouplet, "多次尝试后仍未生成合格的春联，请换个词或重试", "no well-formed couplet found within the attempt budget; try again or another word")
+		}
+		ae := mapGenError(err, s.cfg.RequestTimeout)
+		if ae.Status == http.StatusServiceUnavailable {
+			s.metrics.rejected.WithLabelValues(ae.Code).Inc()
+		}
+		s.stats.record(time.Now(), lat, ae.Status)
+		s.log.Info("generation failed", "request_id", requestID(ctx), "code", ae.Code, "err", err)
+		return nil, ae
+	}
+	s.stats.record(time.Now(), lat, http.StatusOK)
+	res := &genResult{couplets: cs, latency: lat}
+	res.usage.PromptTokens = u.prompt.Load()
+	res.usage.CompletionTokens = u.completion.Load()
+	if u.engineRequests.Load() == 0 {
+		// Generator not instrumented (tests with fakes): count characters.
+		res.usage.PromptTokens = int64(utf8.RuneCountInString(req.Text))
+		for _, c := range cs {
+			res.usage.CompletionTokens += int64(utf8.RuneCountInString(c.Upper + c.Lower + c.Banner))
+		}
+	}
+	res.usage.TotalTokens = res.usage.PromptTokens + res.usage.CompletionTokens
+	return res, nil
+}
+
+func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
+	var body generateRequest
+	if e := s.readJSON(w, r, &body, true); e != nil {
+		writeError(w, e)
+		return
+	}
+	p := genParams{Mode: couplet.Mode(body.Mode), N: 1, Temperature: body.Temperature, TopP: body.TopP, TopK: body.TopK, Seed: body.Seed}
+	if body.Prompt != nil {
+		p.Prompt = *body.Prompt
+	}
+	if body.N != nil {
+		p.N = *body.N
+	}
+	if body.Length != nil {
+		p.Length = *body.Length
+		if p.Length == 0 {
+			p.Length = -1 // explicit 0 is out of range, not "default"
+		}
+	}
+	req, e := p.validate()
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	b, release, e := s.acquire()
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	defer release()
+	if body.Stream {
+		s.streamGenerate(w, r, b, req, p)
+		return
+	}
+	res, e := s.run(r.Context(), b, req)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.generateResponse(r, p, res))
+}
+
+func (s *Server) generateResponse(r *http.Request, p genParams, res *genResult) generateResponse {
+	return generateResponse{
+		GeneratedText: res.couplets[0].Text(),
+		Prompt:        p.Prompt,
+		Mode:          string(p.Mode),
+		Couplets:      res.couplets,
+		LatencyMS:     float64(res.latency.Microseconds()) / 1000,
+		Usage:         res.usage,
+		RequestID:     requestID(r.Context()),
+	}
+}
+
+// eventWriter writes stream events as SSE ("event: NAME\ndata: JSON\n\n")
+// or NDJSON ({"event":NAME,"data":JSON}\n), flushing each. It is used from
+// the handler goroutine and (token events) from the engine goroutine's
+// callback, so writes are serialised by mu; after the handler finishes,
+// closed makes late callbacks no-ops.
+type eventWriter struct {
+	mu     sync.Mutex
+	w      http.ResponseWriter
+	ndjson bool
+	closed bool
+}
+
+func (ew *eventWriter) send(event string, data any) {
+	ew.mu.Lock()
+	defer ew.mu.Unlock()
+	if ew.closed {
+		return
+	}
+	js, err := json.Marshal(data)
+	if err != nil {
+		js = []byte(`{}`)
+	}
+	if ew.ndjson {
+		fmt.Fprintf(ew.w, "{\"event\":%q,\"data\":%s}\n", event, js)
+	} else {
+		fmt.Fprintf(ew.w, "event: %s\ndata: %s\n\n", event, js)
+	}
+	if f, ok := ew.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (ew *eventWriter) close() {
+	ew.mu.Lock()
+	ew.closed = true
+	ew.mu.Unlock()
+}
+
+// tokenEventJSON is the data of a stream "token" event.
+type tokenEventJSON struct {
+	Attempt int    `json:"attempt"`
+	Sample  int    `json:"sample"`
+	Part    string `json:"part"`
+	Text    string `json:"text"`
+}
+
+// streamGenerate answers a "stream": true request. Format: SSE unless the
+// client's Accept asks for application/x-ndjson. Events: "start" (request
+// id), "token" (every decoded token of every sample, as the engine produces
+// them; samples may be dropped by ranking), then exactly one of "result"
+// (the same object as the non-streaming answer) or "error" ({"error":{…}}).
+func (s *Server) streamGenerate(w http.ResponseWriter, r *http.Request, b *Backend, req couplet.Request, p genParams) {
+	ew := &eventWriter{w: w, ndjson: strings.Contains(r.Header.Get("Accept"), "application/x-ndjson")}
+	defer ew.close()
+	if ew.ndjson {
+		w.Header().Set("Content-Type", "application/x-ndjson; charset=utf-8")
+	} else {
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	ew.send("start", map[string]string{"request_id": requestID(r.Context()), "prompt": p.Prompt, "mode": string(p.Mode)})
+	// The engine calls OnToken on its goroutine and it must not block:
+	// hand tokens to a buffered channel drained here; drop when full (they
+	// are progress only — the result event carries the answer).
+	toks := make(chan couplet.TokenEvent, 256)
+	req.OnToken = func(ev couplet.TokenEvent) {
+		select {
+		case toks <- ev:
+		default:
+		}
+	}
+	done := make(chan struct{})
+	var res *genResult
+	var e *apiError
+	go func() {
+		defer close(done)
+		res, e = s.run(r.Context(), b, req)
+	}()
+	for {
+		select {
+		case ev := <-toks:
+			ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
+			continue
+		case <-done:
+		}
+		break
+	}
+	// Drain what is buffered, then the final event.
+	for {
+		select {
+		case ev := <-toks:
+			ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
+			continue
+		default:
+		}
+		break
+	}
+	if e != nil {
+		ew.send("error", map[string]*apiError{"error": e})
+		return
+	}
+	ew.send("result", s.generateResponse(r, p, res))
+}

@@ -1,0 +1,201 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"chunlian/engine"
+)
+
+// Metrics holds the Prometheus metrics. Names follow vLLM's (vllm:… →
+// chunlian:…). Engine gauges and counters are read from engine.Stats at
+// scrape time (engineCollector); latency histograms are observed per engine
+// request by the engine decorator from InstrumentEngine, like vLLM's
+// per-request metrics; HTTP metrics are observed by the request-log
+// middleware.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	ttft, tpot, e2e, queue *prometheus.HistogramVec // no labels; Vec keeps the API uniform
+	success                *prometheus.CounterVec   // finished_reason
+	httpReqs               *prometheus.CounterVec   // path, code
+	httpDur                *prometheus.HistogramVec // path
+	rejected               *prometheus.CounterVec   // reason
+	panics                 prometheus.Counter
+}
+
+var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+var tpotBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}
+
+func newMetrics(reg *prometheus.Registry, s *Server) *Metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(collectors.NewGoCollector())
+	}
+	m := &Metrics{reg: reg}
+	h := func(name, help string, b []float64) *prometheus.HistogramVec {
+		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: b}, nil)
+		reg.MustRegister(v)
+		return v
+	}
+	m.ttft = h("chunlian:time_to_first_token_seconds", "Engine request arrival to first generated token.", latencyBuckets)
+	m.tpot = h("chunlian:time_per_output_token_seconds", "Mean time between generated tokens of an engine request (decode time / (tokens-1)).", tpotBuckets)
+	m.e2e = h("chunlian:e2e_request_latency_seconds", "Engine request arrival to finish (one couplet request may issue several engine requests: candidates, retries, banner scoring).", latencyBuckets)
+	m.queue = h("chunlian:request_queue_time_seconds", "Engine request time in the waiting queue.", latencyBuckets)
+	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:request_success_total", Help: "Finished engine samples by finish reason (stop, length, dead_end, abort)."}, []string{"finished_reason"})
+	m.httpReqs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:http_requests_total", Help: "HTTP requests by route and status code."}, []string{"path", "code"})
+	m.httpDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "chunlian:http_request_duration_seconds", Help: "HTTP request duration by route (what clients see).", Buckets: latencyBuckets}, []string{"path"})
+	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:requests_rejected_total", Help: "Generation requests rejected before running, by reason (overloaded, queue_full, not_ready, shutting_down)."}, []string{"reason"})
+	m.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "chunlian:handler_panics_total", Help: "Recovered handler panics."})
+	reg.MustRegister(m.success, m.httpReqs, m.httpDur, m.rejected, m.panics, &engineCollector{s: s})
+	return m
+}
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+func (m *Metrics) observeHTTP(path string, status int, d time.Duration) {
+	m.httpReqs.WithLabelValues(path, strconv.Itoa(status)).Inc()
+	if path != "static" && path != "other" {
+		m.httpDur.WithLabelValues(path).Observe(d.Seconds())
+	}
+}
+
+// engineCollector reads engine.Stats (and the GPU hook) at scrape time, so
+// the engine keeps a single source of truth and no goroutine polls it.
+type engineCollector struct{ s *Server }
+
+var (
+	descRunning   = prometheus.NewDesc("chunlian:num_requests_running", "Sequences in the running batch.", nil, nil)
+	descWaiting   = prometheus.NewDesc("chunlian:num_requests_waiting", "Requests waiting to be scheduled.", nil, nil)
+	descKVUsage   = prometheus.NewDesc("chunlian:kv_cache_usage_perc", "KV cache usage, 0..1 (used blocks / total blocks).", nil, nil)
+	descKVBlocks  = prometheus.NewDesc("chunlian:kv_cache_blocks", "KV cache blocks by state.", []string{"state"}, nil)
+	descPrefixQ   = prometheus.NewDesc("chunlian:prefix_cache_queries_total", "Prefix cache queries, in tokens.", nil, nil)
+	descPrefixH   = prometheus.NewDesc("chunlian:prefix_cache_hits_total", "Prefix cache hits, in tokens.", nil, nil)
+	descPreempt   = prometheus.NewDesc("chunlian:num_preemptions_total", "Sequences preempted (recompute) for lack of KV blocks.", nil, nil)
+	descPromptTok = prometheus.NewDesc("chunlian:prompt_tokens_total", "Prompt tokens processed.", nil, nil)
+	descGenTok    = prometheus.NewDesc("chunlian:generation_tokens_total", "Tokens generated.", nil, nil)
+	descSteps     = prometheus.NewDesc("chunlian:engine_steps_total", "Engine steps (forward passes).", nil, nil)
+	descReady     = prometheus.NewDesc("chunlian:ready", "1 when the model is loaded and warmed up and the server is not draining.", nil, nil)
+	descGPUUtil   = prometheus.NewDesc("chunlian:gpu_utilization_perc", "GPU utilisation, 0..100 (only on a GPU backend).", nil, nil)
+	descGPUMem    = prometheus.NewDesc("chunlian:gpu_memory_used_bytes", "GPU memory used (only on a GPU backend).", nil, nil)
+	descGPUMemTot = prometheus.NewDesc("chunlian:gpu_memory_total_bytes", "GPU memory total (only on a GPU backend).", nil, nil)
+)
+
+func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descKVUsage, descKVBlocks, descPrefixQ, descPrefixH,
+		descPreempt, descPromptTok, descGenTok, descSteps, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
+		ch <- d
+	}
+}
+
+func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
+	var st engine.Stats
+	b := c.s.backend.Load()
+	if b != nil && b.Stats != nil {
+		st = b.Stats()
+	}
+	g := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	cn := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	g(descRunning, float64(st.Running))
+	g(descWaiting, float64(st.Waiting))
+	usage := 0.0
+	if st.KVBlocksTotal > 0 {
+		usage = float64(st.KVBlocksUsed) / float64(st.KVBlocksTotal)
+	}
+	g(descKVUsage, usage)
+	g(descKVBlocks, float64(st.KVBlocksUsed), "used")
+	g(descKVBlocks, float64(st.KVBlocksTotal-st.KVBlocksUsed), "free")
+	cn(descPrefixQ, float64(st.PrefixQueries))
+	cn(descPrefixH, float64(st.PrefixHits))
+	cn(descPreempt, float64(st.Preemptions))
+	cn(descPromptTok, float64(st.PromptTokens))
+	cn(descGenTok, float64(st.GenTokens))
+	cn(descSteps, float64(st.Steps))
+	ready := 0.0
+	if c.s.Ready() {
+		ready = 1
+	}
+	g(descReady, ready)
+	if b != nil && b.GPU != nil {
+		if gs, ok := b.GPU(); ok {
+			g(descGPUUtil, gs.UtilizationPerc)
+			g(descGPUMem, float64(gs.MemoryUsedBytes))
+			g(descGPUMemTot, float64(gs.MemoryTotalBytes))
+		}
+	}
+}
+
+// usage accumulates the engine work of one HTTP request (all its engine
+// requests). The engine decorator adds to it from the handler's goroutine
+// tree, so fields are atomic.
+type usage struct {
+	prompt, completion atomic.Int64
+	engineRequests     atomic.Int64
+}
+
+func withUsage(ctx context.Context, u *usage) context.Context {
+	return context.WithValue(ctx, keyUsage, u)
+}
+
+// InstrumentEngine decorates e so that every engine request is observed in
+// the histograms and success counters, and its token counts are added to the
+// calling HTTP request's usage (found in ctx).
+func (m *Metrics) InstrumentEngine(e engine.Engine) engine.Engine {
+	return &instrumentedEngine{Engine: e, m: m}
+}
+
+type instrumentedEngine struct {
+	engine.Engine
+	m *Metrics
+}
+
+func (ie *instrumentedEngine) Generate(ctx context.Context, req *engine.Request) (*engine.Result, error) {
+	res, err := ie.Engine.Generate(ctx, req)
+	u, _ := ctx.Value(keyUsage).(*usage)
+	if err != nil {
+		if ctx.Err() != nil {
+			n := req.Params.N
+			if n < 1 {
+				n = 1
+			}
+			ie.m.success.WithLabelValues(string(engine.FinishAbort)).Add(float64(n))
+		}
+		return res, err
+	}
+	gen, longest := 0, 0
+	for _, c := range res.Completions {
+		ie.m.success.WithLabelValues(string(c.Finish)).Inc()
+		gen += len(c.Tokens)
+		longest = max(longest, len(c.Tokens))
+	}
+	t := res.Timings
+	ie.m.e2e.WithLabelValues().Observe(t.Total.Seconds())
+	ie.m.queue.WithLabelValues().Observe(t.Queue.Seconds())
+	if longest > 0 { // score-only requests (MaxTokens 0) have no first token
+		ie.m.ttft.WithLabelValues().Observe(t.FirstToken.Seconds())
+		if longest > 1 {
+			ie.m.tpot.WithLabelValues().Observe(t.Decode.Seconds() / float64(longest-1))
+		}
+	}
+	if u != nil {
+		u.prompt.Add(int64(res.PromptTokens))
+		u.completion.Add(int64(gen))
+		u.engineRequests.Add(1)
+	}
+	return res, nil
+}

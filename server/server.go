@@ -1,0 +1,257 @@
+// Package server is chunlian's HTTP service: the couplet API (POST
+// /generate, compatible with the seed service), OpenAI-compatible completion
+// endpoints, health/readiness, Prometheus metrics, a JSON stats feed for the
+// dashboard, and the embedded web page and dashboard.
+//
+// Concurrency: every handler runs on its own net/http goroutine. The server's
+// mutable state is either atomic (readiness, the attached backend) or owned by
+// a mutex (rolling stats); the generator and engine are safe for concurrent
+// use by contract. Generation work itself happens on the engine goroutine;
+// handlers only wait for it under their request context, so a client that
+// disconnects (or a --request-timeout) cancels the engine request, which then
+// frees its KV blocks at the next engine step.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"chunlian/couplet"
+	"chunlian/engine"
+)
+
+// Generator writes couplets; *couplet.Generator implements it.
+type Generator interface {
+	Generate(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error)
+}
+
+// GPUStats is one reading of the accelerator, for metrics and the dashboard.
+type GPUStats struct {
+	UtilizationPerc  float64 `json:"utilization_perc"` // 0..100
+	MemoryUsedBytes  int64   `json:"memory_used_bytes"`
+	MemoryTotalBytes int64   `json:"memory_total_bytes"`
+}
+
+// Backend is what the server serves once the model is loaded: the generator
+// plus read-only views of the engine for metrics. It is attached after the
+// server already listens (so /health answers and /ready says 503 while the
+// model loads).
+type Backend struct {
+	Generator Generator
+	// Stats returns an engine snapshot; nil means zeros.
+	Stats func() engine.Stats
+	// GPU, when set, reports accelerator use (hook for the CUDA backend);
+	// ok=false means no reading now.
+	GPU func() (s GPUStats, ok bool)
+	// ModelName is shown by /v1/models and echoed in OpenAI responses.
+	ModelName string
+	// EngineName is informational (paged|naive), shown on the dashboard.
+	EngineName string
+}
+
+// Config configures the HTTP layer. Zero values mean the documented default.
+type Config struct {
+	// APIKey, when set, is required as "Authorization: Bearer KEY" on the API
+	// (/generate, /v1/*). The web pages, static files, /health, /ready,
+	// /metrics and /api/stats stay open.
+	APIKey string
+	// CORSOrigins lists allowed browser origins ("*" = any). Empty = CORS off:
+	// no Access-Control-* headers are ever sent.
+	CORSOrigins []string
+	// RequestTimeout bounds one generation (0 = no limit); past it the client
+	// gets 504 and the engine request is cancelled.
+	RequestTimeout time.Duration
+	// DrainTimeout bounds graceful shutdown (default 30s).
+	DrainTimeout time.Duration
+	// MaxBodyBytes bounds request bodies (default 64 KiB); larger → 413.
+	MaxBodyBytes int64
+	// MaxInFlight bounds concurrent generation requests in the HTTP layer
+	// (default 1280); beyond it → 503 + Retry-After without queueing, so memory
+	// stays bounded even before the engine's own --max-queue check.
+	MaxInFlight int
+	// Logger for structured logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the metrics (default: a fresh registry with process
+	// and Go collectors). Tests use one server per registry.
+	Registry *prometheus.Registry
+}
+
+// Validate checks the config; every message names the flag.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.RequestTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--request-timeout %v: must be ≥ 0", c.RequestTimeout))
+	}
+	if c.DrainTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--drain-timeout %v: must be ≥ 0", c.DrainTimeout))
+	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max body bytes %d: must be ≥ 0", c.MaxBodyBytes))
+	}
+	if c.MaxInFlight < 0 {
+		errs = append(errs, fmt.Errorf("--max-in-flight %d: must be ≥ 0", c.MaxInFlight))
+	}
+	for _, o := range c.CORSOrigins {
+		if o != "*" && !(len(o) > 7 && (o[:7] == "http://" || (len(o) > 8 && o[:8] == "https://"))) {
+			errs = append(errs, fmt.Errorf("--cors-origin %q: want * or an origin like https://example.com", o))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readiness states.
+const (
+	stateLoading int32 = iota
+	stateReady
+	stateDraining
+)
+
+// Server is the HTTP service. Create with New, Attach a Backend, Warmup,
+// then Serve (or mount Handler in a test server).
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	metrics  *Metrics
+	stats    *rollingStats
+	backend  atomic.Pointer[Backend]
+	state    atomic.Int32
+	inflight chan struct{} // semaphore: one token per generation in progress; cap MaxInFlight
+	handler  http.Handler
+	started  time.Time
+}
+
+// New validates cfg and builds the server (not yet ready).
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 30 * time.Second
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 64 << 10
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = 1280
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		stats:    newRollingStats(),
+		inflight: make(chan struct{}, cfg.MaxInFlight),
+		started:  time.Now(),
+	}
+	s.metrics = newMetrics(cfg.Registry, s)
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Metrics returns the server's metrics (to instrument the engine).
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Handler is the whole HTTP handler (middleware included).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Attach installs the loaded backend. Requests that need it get 503 until
+// Attach; /ready stays 503 until Warmup succeeds.
+func (s *Server) Attach(b Backend) {
+	s.backend.Store(&b)
+}
+
+// Ready reports whether /ready says 200.
+func (s *Server) Ready() bool { return s.state.Load() == stateReady }
+
+// Warmup runs one generation (平安, keyword mode, fixed seed) so that the
+// first user does not pay for lazy initialisation, then marks the server
+// ready. It fails if no backend is attached or the generation fails.
+func (s *Server) Warmup(ctx context.Context) error {
+	b := s.backend.Load()
+	if b == nil || b.Generator == nil {
+		return errors.New("server: warm-up before a backend is attached")
+	}
+	t0 := time.Now()
+	cs, err := b.Generator.Generate(ctx, couplet.Request{Mode: couplet.ModeKeyword, Text: "平安", N: 1, Seed: 1})
+	if err != nil {
+		return fmt.Errorf("server: warm-up generation: %w", err)
+	}
+	if len(cs) == 0 {
+		return errors.New("server: warm-up generation returned no couplet")
+	}
+	s.log.Info("warm-up done", "couplet", cs[0].Upper+" / "+cs[0].Lower+" / "+cs[0].Banner,
+		"ms", float64(time.Since(t0).Microseconds())/1000)
+	s.state.CompareAndSwap(stateLoading, stateReady)
+	return nil
+}
+
+// Serve serves on ln until ctx ends (SIGTERM/SIGINT in `chunlian serve`),
+// then drains: /ready turns 503, the listener closes (no new connections),
+// in-flight requests finish for up to DrainTimeout, and Serve returns nil.
+// Requests still running after the drain timeout are cut off (their contexts
+// are cancelled, so the engine frees their blocks) and Serve returns nil too,
+// after logging it; a listener failure is returned as an error.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	tickCtx, stopTick := context.WithCancel(context.Background())
+	defer stopTick()
+	go s.stats.run(tickCtx, s.sampleGauges)
+
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	s.log.Info("listening", "addr", ln.Addr().String())
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("server: %w", err)
+	case <-ctx.Done():
+	}
+	s.state.Store(stateDraining)
+	s.log.Info("draining", "timeout", s.cfg.DrainTimeout.String())
+	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	defer cancel()
+	if err := hs.Shutdown(dctx); err != nil {
+		s.log.Warn("drain timeout: closing remaining connections", "err", err)
+		hs.Close()
+	}
+	<-errc // http.ErrServerClosed
+	s.log.Info("stopped")
+	return nil
+}
+
+// sampleGauges records the engine gauges into the rolling stats (called by
+// the once-a-second ticker and by /api/stats).
+func (s *Server) sampleGauges(now time.Time) {
+	b := s.backend.Load()
+	var g gaugeSample
+	if b != nil && b.Stats != nil {
+		st := b.Stats()
+		g.running, g.waiting = st.Running, st.Waiting
+		if st.KVBlocksTotal > 0 {
+			g.kv = float64(st.KVBlocksUsed) / float64(st.KVBlocksTotal)
+		}
+		g.genTokens, g.promptTokens = st.GenTokens, st.PromptTokens
+		g.prefixQ, g.prefixH = st.PrefixQueries, st.PrefixHits
+		g.valid = true
+	}
+	if b != nil && b.GPU != nil {
+		if gs, ok := b.GPU(); ok {
+			g.gpu, g.gpuOK = gs, true
+		}
+	}
+	s.stats.sample(now, g)
+}
