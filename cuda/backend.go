@@ -1,0 +1,800 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"chunlian/forward"
+	"chunlian/model"
+
+	"github.com/ebitengine/purego"
+)
+
+// Options configure the CUDA backend.
+type Options struct {
+	// Device is the CUDA device ordinal (default 0).
+	Device int
+	// LibDir is an extra directory searched first for libcuda, libnvrtc and
+	// libcublas (the --cuda-lib-dir flag); CHUNLIAN_CUDA_LIB_DIR comes next.
+	LibDir string
+	// BlockSize is the number of tokens per KV block (default 16).
+	BlockSize int
+	// KVCacheBytes, when > 0, sizes the paged KV cache directly.
+	KVCacheBytes int64
+	// MemoryFraction is used when KVCacheBytes is 0, like vLLM's
+	// gpu_memory_utilization: the cache takes what is left of
+	// MemoryFraction × total device memory after the weights, the scratch
+	// buffers and whatever else is already in use (default 0.9).
+	MemoryFraction float64
+	// MaxBlocks, when > 0, caps the number of KV blocks (a huge cache only
+	// costs the engine's host-side bookkeeping).
+	MaxBlocks int
+	// Precision of the GEMMs: "tf32" (default: float32 storage, TF32 tensor
+	// cores, float32 accumulation) or "fp32" (exact float32 FMA; for tests).
+	Precision string
+	// MaxBatchTokens is the initial size of the activation buffers in
+	// tokens (default 8192); they grow on demand when a batch is larger.
+	MaxBatchTokens int
+}
+
+func (o *Options) defaults() error {
+	if o.BlockSize == 0 {
+		o.BlockSize = 16
+	}
+	if o.MemoryFraction == 0 {
+		o.MemoryFraction = 0.9
+	}
+	if o.Precision == "" {
+		o.Precision = "tf32"
+	}
+	if o.MaxBatchTokens == 0 {
+		o.MaxBatchTokens = 8192
+	}
+	switch {
+	case o.BlockSize < 1:
+		return fmt.Errorf("cuda: BlockSize %d < 1", o.BlockSize)
+	case o.MemoryFraction <= 0 || o.MemoryFraction > 1:
+		return fmt.Errorf("cuda: MemoryFraction %g not in (0, 1]", o.MemoryFraction)
+	case o.Precision != "tf32" && o.Precision != "fp32":
+		return fmt.Errorf("cuda: Precision %q: want tf32 or fp32", o.Precision)
+	case o.KVCacheBytes < 0 || o.MaxBlocks < 0 || o.MaxBatchTokens < 1:
+		return errors.New("cuda: negative KVCacheBytes/MaxBlocks or MaxBatchTokens < 1")
+	}
+	return nil
+}
+
+// Info describes the device a Backend runs on.
+type Info struct {
+	Name                 string
+	Major, Minor         int // compute capability
+	Multiprocessors      int
+	TotalMemory          int64
+	KVCacheBytes         int64
+	WeightBytes          int64
+	NVRTCMajor, NVRTCMin int
+	Libraries            []string // paths of driver, NVRTC and cuBLAS as loaded
+}
+
+// Backend is forward.Backend on one CUDA device.
+//
+// Threading: CUDA contexts are per OS thread, so one worker goroutine,
+// locked to its OS thread with runtime.LockOSThread, owns the context, the
+// stream, the cuBLAS handle and every device buffer, and makes every CUDA
+// call. The exported methods send a closure over the cmd channel and wait
+// for it; like every forward.Backend they are used by one goroutine at a
+// time (the engine loop), and mu makes concurrent misuse safe anyway.
+type Backend struct {
+	mu     sync.Mutex
+	cmd    chan func()
+	closed bool
+	info   Info
+
+	// Everything below is owned by the worker goroutine.
+	l      *libs
+	cfg    model.Config
+	opt    Options
+	hd     int // head dim
+	qkvDim int // (nH + 2 nKV) * hd
+	ctx    uintptr
+	dev    int32
+	stream uintptr
+	blas   uintptr
+	module uintptr
+	fn     map[string]uintptr
+	allocs map[uintptr]bool
+
+	// Weights on the device (float32, HF [out, in] layout).
+	embed, lmHead, finalNorm, cosSin uintptr // [V,d], [V,d], [d], [maxPos, hd/2, 2]
+	layers                           []devLayer
+	maxPos                           int
+
+	// KV cache: one allocation [2L, numBlocks, blockSize, nKV, hd];
+	// layer l's K is slab 2l, its V slab 2l+1.
+	cache      uintptr
+	numBlocks  int
+	blockElems int // blockSize * nKV * hd
+
+	// Activation scratch, sized for capT tokens (rows of logits too).
+	capT                  int
+	x, h, qkv, attn       uintptr // [T,d], [T,d], [T,qkvDim], [T,nH*hd]
+	gu, act, xs, logitBuf uintptr // [T,2ffn], [T,ffn], [T,d], [T,V]
+	meta                  uintptr // int32 step metadata, capMeta entries
+	capMeta               int
+	hostMeta              []int32 // host copy, reused
+
+	computeType uintptr
+	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
+	args        *launchArgs
+}
+
+// devLayer is one decoder layer's device weights.
+type devLayer struct {
+	attnNorm, wqkv, wo uintptr // [d], [qkvDim, d], [d, nH*hd]
+	mlpNorm, wgu, down uintptr // [d], [2ffn, d], [d, ffn]
+}
+
+// launchArgs holds kernel parameters for cuLaunchKernel: ptrs[i] points at
+// vals[i]. It lives on the heap (never moved) and is reused; the driver
+// copies the values at launch.
+type launchArgs struct {
+	vals [16]uint64
+	ptrs [16]uintptr
+}
+
+var _ forward.Backend = (*Backend)(nil)
+
+// New uploads m to the GPU, compiles the kernels for the device and
+// allocates the paged KV cache. The error names what is missing when the
+// CUDA libraries or a device are absent.
+func New(m *model.Model, o Options) (*Backend, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	l, err := loadLibs(o.LibDir)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{cmd: make(chan func()), l: l, opt: o, fn: map[string]uintptr{},
+		allocs: map[uintptr]bool{}, one: new(float32), zero: new(float32), args: &launchArgs{}}
+	*b.one = 1
+	go b.worker()
+	err = b.do(func() error { return b.init(m) })
+	if err != nil {
+		b.do(func() error { b.release(); return nil })
+		close(b.cmd)
+		return nil, err
+	}
+	return b, nil
+}
+
+// worker is the CUDA thread: it never unlocks, so the context stays current
+// on this OS thread for the Backend's whole life.
+func (b *Backend) worker() {
+	runtime.LockOSThread()
+	for f := range b.cmd {
+		f()
+	}
+}
+
+// do runs f on the worker and returns its error.
+func (b *Backend) do(f func() error) error {
+	done := make(chan error, 1)
+	b.cmd <- func() { done <- f() }
+	return <-done
+}
+
+// Info returns the device description.
+func (b *Backend) Info() Info { return b.info }
+
+func (b *Backend) init(m *model.Model) error {
+	d := &b.l.drv
+	c := m.Config
+	b.cfg = c
+	b.hd = c.HeadDim
+	if b.hd == 0 {
+		b.hd = c.HiddenSize / c.NumHeads
+	}
+	if b.hd%2 != 0 || c.NumKVHeads < 1 || c.NumHeads%c.NumKVHeads != 0 {
+		return fmt.Errorf("cuda: unsupported config: head dim %d, %d heads, %d kv heads", b.hd, c.NumHeads, c.NumKVHeads)
+	}
+	b.qkvDim = (c.NumHeads + 2*c.NumKVHeads) * b.hd
+	b.maxPos = c.MaxPositions
+	if b.maxPos <= 0 {
+		b.maxPos = 2048
+	}
+	if err := d.call("cuInit", d.cuInit, 0); err != nil {
+		return err
+	}
+	if err := d.call("cuDeviceGet", d.cuDeviceGet, uintptr(unsafe.Pointer(&b.dev)), uintptr(b.opt.Device)); err != nil {
+		return err
+	}
+	attr := func(a int) (int, error) {
+		var v int32
+		err := d.call("cuDeviceGetAttribute", d.cuDeviceGetAttribute, uintptr(unsafe.Pointer(&v)), uintptr(a), uintptr(b.dev))
+		return int(v), err
+	}
+	var err error
+	if b.info.Major, err = attr(attrComputeCapabilityMajr); err != nil {
+		return err
+	}
+	if b.info.Minor, err = attr(attrComputeCapabilityMinr); err != nil {
+		return err
+	}
+	if b.info.Multiprocessors, err = attr(attrMultiprocessorCount); err != nil {
+		return err
+	}
+	name := make([]byte, 256)
+	if err := d.call("cuDeviceGetName", d.cuDeviceGetName, uintptr(unsafe.Pointer(&name[0])), 256, uintptr(b.dev)); err != nil {
+		return err
+	}
+	for i, ch := range name {
+		if ch == 0 {
+			name = name[:i]
+			break
+		}
+	}
+	b.info.Name = string(name)
+	var total uint64
+	if err := d.call("cuDeviceTotalMem", d.cuDeviceTotalMem, uintptr(unsafe.Pointer(&total)), uintptr(b.dev)); err != nil {
+		return err
+	}
+	b.info.TotalMemory = int64(total)
+	b.info.Libraries = []string{b.l.driverPath, b.l.nvrtcPath, b.l.cublasPath}
+	b.info.NVRTCMajor, b.info.NVRTCMin = b.l.rtc.Version()
+
+	if err := d.call("cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&b.ctx)), uintptr(b.dev)); err != nil {
+		return err
+	}
+	if err := d.call("cuCtxSetCurrent", d.cuCtxSetCurrent, b.ctx); err != nil {
+		return err
+	}
+	// Non-blocking stream: no implicit sync with the legacy default stream.
+	if err := d.call("cuStreamCreate", d.cuStreamCreate, uintptr(unsafe.Pointer(&b.stream)), 1); err != nil {
+		return err
+	}
+
+	// Kernels: NVRTC → CUBIN for this exact architecture.
+	res, err := b.l.rtc.compileSource("llama.cu", llamaSource, archFor(b.info.Major, b.info.Minor), kernelOptions(b.hd))
+	if err != nil {
+		return err
+	}
+	if err := d.call("cuModuleLoadData", d.cuModuleLoadData, uintptr(unsafe.Pointer(&b.module)), uintptr(unsafe.Pointer(&res.image[0]))); err != nil {
+		return err
+	}
+	for _, k := range kernelNames {
+		var f uintptr
+		kn := cString(k)
+		if err := d.call("cuModuleGetFunction "+k, d.cuModuleGetFunction, uintptr(unsafe.Pointer(&f)), b.module, uintptr(unsafe.Pointer(&kn[0]))); err != nil {
+			return err
+		}
+		b.fn[k] = f
+	}
+
+	// cuBLAS on our stream.
+	bl := &b.l.blas
+	if err := bl.err("cublasCreate", sc(bl.create, uintptr(unsafe.Pointer(&b.blas)))); err != nil {
+		return err
+	}
+	if err := bl.err("cublasSetStream", sc(bl.setStream, b.blas, b.stream)); err != nil {
+		return err
+	}
+	mode, ct := uintptr(cublasDefaultMath), uintptr(cublasCompute32F)
+	if b.opt.Precision == "tf32" {
+		mode, ct = cublasTF32TensorOpMath, cublasCompute32FTF32
+	}
+	if err := bl.err("cublasSetMathMode", sc(bl.setMathMode, b.blas, mode)); err != nil {
+		return err
+	}
+	b.computeType = ct
+
+	if err := b.uploadWeights(m); err != nil {
+		return err
+	}
+	if err := b.growScratch(b.opt.MaxBatchTokens); err != nil {
+		return err
+	}
+	if err := b.allocCache(); err != nil {
+		return err
+	}
+	return b.sync()
+}
+
+// sc is SyscallN returning only the low 32 bits of the result (a C enum).
+func sc(fn uintptr, args ...uintptr) uintptr {
+	r, _, _ := purego.SyscallN(fn, args...)
+	return uint32r(r)
+}
+
+func (b *Backend) alloc(bytes int64) (uintptr, error) {
+	if bytes <= 0 {
+		bytes = 4
+	}
+	var p uintptr
+	d := &b.l.drv
+	if err := d.call(fmt.Sprintf("cuMemAlloc(%d bytes)", bytes), d.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(bytes)); err != nil {
+		return 0, err
+	}
+	b.allocs[p] = true
+	return p, nil
+}
+
+func (b *Backend) free(p uintptr) {
+	if p != 0 && b.allocs[p] {
+		d := &b.l.drv
+		_ = d.call("cuMemFree", d.cuMemFree, p)
+		delete(b.allocs, p)
+	}
+}
+
+// upload copies host float32s to a new device buffer.
+func (b *Backend) upload(src []float32) (uintptr, error) {
+	p, err := b.alloc(int64(len(src)) * 4)
+	if err != nil {
+		return 0, err
+	}
+	if len(src) > 0 {
+		d := &b.l.drv
+		err = d.call("cuMemcpyHtoDAsync", d.cuMemcpyHtoDAsync, p, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)*4), b.stream)
+		if err == nil {
+			// The source may be a temporary concatenation: finish before it
+			// can be collected.
+			err = b.sync()
+		}
+		runtime.KeepAlive(src)
+	}
+	return p, err
+}
+
+func (b *Backend) sync() error {
+	d := &b.l.drv
+	return d.call("cuStreamSynchronize", d.cuStreamSynchronize, b.stream)
+}
+
+func (b *Backend) uploadWeights(m *model.Model) error {
+	c, w := m.Config, m.Weights
+	dm, ffn, V := c.HiddenSize, c.IntermediateSize, c.VocabSize
+	nq, nkv := c.NumHeads*b.hd, c.NumKVHeads*b.hd
+	check := func(name string, s []float32, n int) error {
+		if len(s) != n {
+			return fmt.Errorf("cuda: weight %s has %d values, want %d", name, len(s), n)
+		}
+		return nil
+	}
+	if err := errors.Join(check("embed", w.Embed, V*dm), check("final_norm", w.FinalNorm, dm), check("lm_head", w.LMHead, V*dm)); err != nil {
+		return err
+	}
+	if len(w.Layers) != c.NumLayers {
+		return fmt.Errorf("cuda: %d layers in weights, config says %d", len(w.Layers), c.NumLayers)
+	}
+	var total int64
+	up := func(s []float32) (uintptr, error) { total += int64(len(s)) * 4; return b.upload(s) }
+	var err error
+	if b.embed, err = up(w.Embed); err != nil {
+		return err
+	}
+	b.lmHead = b.embed
+	if len(w.LMHead) > 0 && &w.LMHead[0] != &w.Embed[0] {
+		if b.lmHead, err = up(w.LMHead); err != nil {
+			return err
+		}
+	}
+	if b.finalNorm, err = up(w.FinalNorm); err != nil {
+		return err
+	}
+	for i, L := range w.Layers {
+		p := fmt.Sprintf("layer %d ", i)
+		if err := errors.Join(check(p+"attn_norm", L.AttnNorm, dm), check(p+"q", L.Wq, nq*dm), check(p+"k", L.Wk, nkv*dm),
+			check(p+"v", L.Wv, nkv*dm), check(p+"o", L.Wo, dm*nq), check(p+"mlp_norm", L.MLPNorm, dm),
+			check(p+"gate", L.WGate, ffn*dm), check(p+"up", L.WUp, ffn*dm), check(p+"down", L.WDown, dm*ffn)); err != nil {
+			return err
+		}
+		var dl devLayer
+		// Fused projections: rows of Wq, Wk, Wv stacked give one [qkvDim, d]
+		// GEMM; rows of gate then up give one [2ffn, d] GEMM.
+		qkv := make([]float32, 0, b.qkvDim*dm)
+		qkv = append(append(append(qkv, L.Wq...), L.Wk...), L.Wv...)
+		gu := make([]float32, 0, 2*ffn*dm)
+		gu = append(append(gu, L.WGate...), L.WUp...)
+		for _, x := range []struct {
+			dst *uintptr
+			src []float32
+		}{{&dl.attnNorm, L.AttnNorm}, {&dl.wqkv, qkv}, {&dl.wo, L.Wo}, {&dl.mlpNorm, L.MLPNorm}, {&dl.wgu, gu}, {&dl.down, L.WDown}} {
+			if *x.dst, err = up(x.src); err != nil {
+				return err
+			}
+		}
+		b.layers = append(b.layers, dl)
+	}
+	// RoPE table as Hugging Face computes it: inv_freq and the angle in
+	// float32, then cos/sin of that float32 angle.
+	half := b.hd / 2
+	cs := make([]float32, b.maxPos*half*2)
+	theta := c.RopeTheta
+	if theta == 0 {
+		theta = 10000
+	}
+	for i := 0; i < half; i++ {
+		inv := float32(1.0 / math.Pow(theta, float64(float32(2*i)/float32(b.hd))))
+		for p := 0; p < b.maxPos; p++ {
+			a := float64(float32(p) * inv)
+			cs[(p*half+i)*2] = float32(math.Cos(a))
+			cs[(p*half+i)*2+1] = float32(math.Sin(a))
+		}
+	}
+	if b.cosSin, err = up(cs); err != nil {
+		return err
+	}
+	b.info.WeightBytes = total
+	return nil
+}
+
+// growScratch (re)allocates the activation buffers for n tokens.
+func (b *Backend) growScratch(n int) error {
+	if n <= b.capT {
+		return nil
+	}
+	if b.capT > 0 {
+		if err := b.sync(); err != nil {
+			return err
+		}
+	}
+	c := b.cfg
+	dm, ffn, V := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.VocabSize)
+	for _, x := range []struct {
+		p     *uintptr
+		elems int64
+	}{
+		{&b.x, dm}, {&b.h, dm}, {&b.qkv, int64(b.qkvDim)}, {&b.attn, int64(c.NumHeads * b.hd)},
+		{&b.gu, 2 * ffn}, {&b.act, ffn}, {&b.xs, dm}, {&b.logitBuf, V},
+	} {
+		b.free(*x.p)
+		var err error
+		if *x.p, err = b.alloc(x.elems * 4 * int64(n)); err != nil {
+			return err
+		}
+	}
+	b.capT = n
+	return nil
+}
+
+func (b *Backend) ensureMeta(n int) error {
+	if n <= b.capMeta {
+		return nil
+	}
+	if b.capMeta > 0 {
+		if err := b.sync(); err != nil {
+			return err
+		}
+	}
+	b.free(b.meta)
+	c := max(n, 2*b.capMeta, 1<<16)
+	var err error
+	if b.meta, err = b.alloc(int64(c) * 4); err != nil {
+		b.capMeta = 0
+		return err
+	}
+	b.capMeta = c
+	return nil
+}
+
+func (b *Backend) allocCache() error {
+	c := b.cfg
+	b.blockElems = b.opt.BlockSize * c.NumKVHeads * b.hd
+	perBlock := int64(2*c.NumLayers) * int64(b.blockElems) * 4
+	var budget int64
+	if b.opt.KVCacheBytes > 0 {
+		budget = b.opt.KVCacheBytes
+	} else {
+		var free, total uint64
+		d := &b.l.drv
+		if err := d.call("cuMemGetInfo", d.cuMemGetInfo, uintptr(unsafe.Pointer(&free)), uintptr(unsafe.Pointer(&total))); err != nil {
+			return err
+		}
+		used := int64(total - free)
+		budget = int64(b.opt.MemoryFraction*float64(total)) - used
+	}
+	n := budget / perBlock
+	if b.opt.MaxBlocks > 0 && n > int64(b.opt.MaxBlocks) {
+		n = int64(b.opt.MaxBlocks)
+	}
+	if lim := int64(math.MaxInt32) / int64(b.opt.BlockSize); n > lim {
+		n = lim // slots are int32
+	}
+	if n < 1 {
+		return fmt.Errorf("cuda: KV cache budget %d bytes is less than one block (%d bytes)", budget, perBlock)
+	}
+	var err error
+	if b.cache, err = b.alloc(n * perBlock); err != nil {
+		return err
+	}
+	b.numBlocks = int(n)
+	b.info.KVCacheBytes = n * perBlock
+	return nil
+}
+
+// kvSlab returns the device address of layer l's K (v=0) or V (v=1) cache.
+func (b *Backend) kvSlab(l, v int) uintptr {
+	return b.cache + uintptr(int64(2*l+v)*int64(b.numBlocks)*int64(b.blockElems)*4)
+}
+
+// launch starts kernel name with a 1-D block and a (gx, gy) grid. Each
+// argument is passed as 8 bytes: pointers and int64 as is, int32 in the
+// low half (little-endian), float32 as its bits (use f32).
+func (b *Backend) launch(name string, gx, gy, block int, args ...uint64) error {
+	a := b.args
+	for i, v := range args {
+		a.vals[i] = v
+		a.ptrs[i] = uintptr(unsafe.Pointer(&a.vals[i]))
+	}
+	d := &b.l.drv
+	r := sc(d.cuLaunchKernel, b.fn[name], uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, 0, b.stream,
+		uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
+	return d.cuErr("launch "+name, r)
+}
+
+func f32(x float32) uint64 { return uint64(math.Float32bits(x)) }
+
+// i32 passes a Go int as a C int (low 32 bits; sign kept in two's complement).
+func i32(x int) uint64 { return uint64(uint32(int32(x))) }
+
+// gemm computes the row-major y[M,N] = x[M,K] · W[N,K]ᵀ + beta·y.
+// cuBLAS is column-major, so this is yᶜ[N,M] = Wᶜᵀ · xᶜ with W as the
+// transposed operand.
+func (b *Backend) gemm(y, x, w uintptr, M, N, K int, accumulate bool) error {
+	beta := b.zero
+	if accumulate {
+		beta = b.one
+	}
+	bl := &b.l.blas
+	r := sc(bl.gemmEx, b.blas, cublasOpT, cublasOpN, uintptr(N), uintptr(M), uintptr(K),
+		uintptr(unsafe.Pointer(b.one)), w, cudaR32F, uintptr(K), x, cudaR32F, uintptr(K),
+		uintptr(unsafe.Pointer(beta)), y, cudaR32F, uintptr(N), b.computeType, uintptr(uint32(0xffffffff)))
+	return bl.err(fmt.Sprintf("gemmEx(M=%d,N=%d,K=%d)", M, N, K), r)
+}
+
+// NumBlocks implements forward.Backend.
+func (b *Backend) NumBlocks() int { return b.numBlocks }
+
+// BlockSize implements forward.Backend.
+func (b *Backend) BlockSize() int { return b.opt.BlockSize }
+
+// VocabSize implements forward.Backend.
+func (b *Backend) VocabSize() int { return b.cfg.VocabSize }
+
+// Forward implements forward.Backend.
+func (b *Backend) Forward(bt *forward.Batch, logits []float32) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errors.New("cuda: backend closed")
+	}
+	return b.do(func() error { return b.forward(bt, logits) })
+}
+
+// prepare validates bt and packs its metadata into hostMeta:
+// tokens [T] | positions [T] | slots [T] | tokSeq [T] | rows [R] |
+// blockTables [S, stride]. It returns the offsets (in int32s) and stride.
+func (b *Backend) prepare(bt *forward.Batch, logits []float32) (off [6]int, stride int, err error) {
+	T, R, S := len(bt.Tokens), len(bt.LogitRows), len(bt.Seqs)
+	V, bs := b.cfg.VocabSize, b.opt.BlockSize
+	if T == 0 {
+		return off, 0, errors.New("cuda: empty batch")
+	}
+	if len(bt.Positions) != T || len(bt.SlotMapping) != T {
+		return off, 0, fmt.Errorf("cuda: batch has %d tokens, %d positions, %d slots", T, len(bt.Positions), len(bt.SlotMapping))
+	}
+	if len(logits) < R*V {
+		return off, 0, fmt.Errorf("cuda: logits buffer %d < %d rows × %d", len(logits), R, V)
+	}
+	for _, s := range bt.Seqs {
+		stride = max(stride, len(s.BlockTable))
+	}
+	stride = max(stride, 1)
+	off[0], off[1], off[2], off[3], off[4] = 0, T, 2*T, 3*T, 4*T
+	off[5] = 4*T + R
+	n := off[5] + S*stride
+	if cap(b.hostMeta) < n {
+		b.hostMeta = make([]int32, n, n+n/2)
+	}
+	h := b.hostMeta[:n]
+	copy(h[off[0]:], bt.Tokens)
+	copy(h[off[1]:], bt.Positions)
+	copy(h[off[2]:], bt.SlotMapping)
+	nSlots := int64(b.numBlocks) * int64(bs)
+	for i := 0; i < T; i++ {
+		if t := bt.Tokens[i]; t < 0 || int(t) >= V {
+			return off, 0, fmt.Errorf("cuda: token %d out of vocabulary [0,%d)", t, V)
+		}
+		if p := bt.Positions[i]; p < 0 || int(p) >= b.maxPos {
+			return off, 0, fmt.Errorf("cuda: position %d out of [0,%d)", p, b.maxPos)
+		}
+		if s := bt.SlotMapping[i]; s < 0 || int64(s) >= nSlots {
+			return off, 0, fmt.Errorf("cuda: slot %d out of [0,%d)", s, nSlots)
+		}
+		h[off[3]+i] = -1
+	}
+	for si, s := range bt.Seqs {
+		if s.Len < 1 || s.Start < 0 || s.Start+s.Len > T {
+			return off, 0, fmt.Errorf("cuda: sequence %d spans [%d,%d) of %d tokens", si, s.Start, s.Start+s.Len, T)
+		}
+		row := h[off[5]+si*stride : off[5]+(si+1)*stride]
+		for i := range row {
+			row[i] = 0
+		}
+		copy(row, s.BlockTable)
+		for i := s.Start; i < s.Start+s.Len; i++ {
+			if h[off[3]+i] != -1 {
+				return off, 0, fmt.Errorf("cuda: token %d belongs to two sequences", i)
+			}
+			h[off[3]+i] = int32(si)
+			// Attention reads keys 0..pos through the block table.
+			if need := int(bt.Positions[i])/bs + 1; need > len(s.BlockTable) {
+				return off, 0, fmt.Errorf("cuda: sequence %d position %d needs %d blocks, table has %d", si, bt.Positions[i], need, len(s.BlockTable))
+			}
+		}
+		need := 0
+		for i := s.Start; i < s.Start+s.Len; i++ {
+			need = max(need, int(bt.Positions[i])/bs+1)
+		}
+		for _, blk := range s.BlockTable[:need] {
+			if blk < 0 || int(blk) >= b.numBlocks {
+				return off, 0, fmt.Errorf("cuda: sequence %d block %d out of [0,%d)", si, blk, b.numBlocks)
+			}
+		}
+	}
+	for i := 0; i < T; i++ {
+		if h[off[3]+i] == -1 {
+			return off, 0, fmt.Errorf("cuda: token %d is in no sequence", i)
+		}
+	}
+	for i, r := range bt.LogitRows {
+		if r < 0 || r >= T {
+			return off, 0, fmt.Errorf("cuda: logit row %d out of [0,%d)", r, T)
+		}
+		h[off[4]+i] = int32(r)
+	}
+	return off, stride, nil
+}
+
+func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
+	off, stride, err := b.prepare(bt, logits)
+	if err != nil {
+		return err
+	}
+	T, R := len(bt.Tokens), len(bt.LogitRows)
+	if err := b.growScratch(max(T, R)); err != nil {
+		return err
+	}
+	n := off[5] + len(bt.Seqs)*stride
+	if err := b.ensureMeta(n); err != nil {
+		return err
+	}
+	d := &b.l.drv
+	// Pageable source: the driver stages it before returning, so hostMeta
+	// may be rewritten by the next step.
+	if err := d.call("cuMemcpyHtoDAsync(meta)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&b.hostMeta[0])), uintptr(n*4), b.stream); err != nil {
+		return err
+	}
+	mp := func(i int) uint64 { return uint64(b.meta + uintptr(off[i]*4)) }
+	tokens, positions, slots, tokSeq, rows, tables := mp(0), mp(1), mp(2), mp(3), mp(4), mp(5)
+
+	c := b.cfg
+	dm, ffn, nH, nKV := c.HiddenSize, c.IntermediateSize, c.NumHeads, c.NumKVHeads
+	eps := float32(c.RMSNormEps)
+	scale := float32(1 / math.Sqrt(float64(b.hd)))
+	u := func(p uintptr) uint64 { return uint64(p) }
+	errs := b.launch("embed_gather", T, 1, 128, u(b.x), u(b.embed), tokens, i32(dm))
+	for l, L := range b.layers {
+		if errs != nil {
+			break
+		}
+		kc, vc := b.kvSlab(l, 0), b.kvSlab(l, 1)
+		errs = errors.Join(
+			b.launch("rmsnorm", T, 1, 256, u(b.h), u(b.x), u(L.attnNorm), 0, i32(dm), f32(eps)),
+			b.gemm(b.qkv, b.h, L.wqkv, T, b.qkvDim, dm, false),
+			b.launch("rope_kv", T, 1, 128, u(b.qkv), u(b.cosSin), positions, slots, u(kc), u(vc), i32(nH), i32(nKV)),
+			b.launch("paged_attention", (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
+				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
+			b.gemm(b.x, b.attn, L.wo, T, dm, nH*b.hd, true),
+			b.launch("rmsnorm", T, 1, 256, u(b.h), u(b.x), u(L.mlpNorm), 0, i32(dm), f32(eps)),
+			b.gemm(b.gu, b.h, L.wgu, T, 2*ffn, dm, false),
+			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, u(b.act), u(b.gu), i32(T), i32(ffn)),
+			b.gemm(b.x, b.act, L.down, T, dm, ffn, true),
+		)
+	}
+	if errs == nil && R > 0 {
+		V := c.VocabSize
+		errs = errors.Join(
+			b.launch("rmsnorm", R, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), f32(eps)),
+			b.gemm(b.logitBuf, b.xs, b.lmHead, R, V, dm, false),
+		)
+		if errs == nil {
+			errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), b.logitBuf, uintptr(R*V*4), b.stream)
+		}
+	}
+	if err := b.sync(); err != nil {
+		return errors.Join(errs, err)
+	}
+	runtime.KeepAlive(logits)
+	return errs
+}
+
+// CopyBlocks implements forward.Backend: block src[i] → dst[i] in every
+// layer's K and V cache.
+func (b *Backend) CopyBlocks(src, dst []int32) error {
+	if len(src) != len(dst) {
+		return fmt.Errorf("cuda: CopyBlocks with %d sources and %d destinations", len(src), len(dst))
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	for i := range src {
+		if src[i] < 0 || int(src[i]) >= b.numBlocks || dst[i] < 0 || int(dst[i]) >= b.numBlocks {
+			return fmt.Errorf("cuda: CopyBlocks pair %d→%d out of [0,%d)", src[i], dst[i], b.numBlocks)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errors.New("cuda: backend closed")
+	}
+	return b.do(func() error {
+		n := len(src)
+		if err := b.ensureMeta(2 * n); err != nil {
+			return err
+		}
+		h := make([]int32, 0, 2*n)
+		h = append(append(h, src...), dst...)
+		d := &b.l.drv
+		if err := d.call("cuMemcpyHtoDAsync(pairs)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&h[0])), uintptr(2*n*4), b.stream); err != nil {
+			return err
+		}
+		err := b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
+			uint64(b.numBlocks), i32(b.blockElems))
+		return errors.Join(err, b.sync())
+	})
+}
+
+// Close implements forward.Backend: frees device memory and the context.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	err := b.do(func() error { b.release(); return nil })
+	close(b.cmd)
+	return err
+}
+
+// release frees everything the worker created (on the worker).
+func (b *Backend) release() {
+	d := &b.l.drv
+	if b.stream != 0 {
+		_ = b.sync()
+	}
+	if b.blas != 0 {
+		sc(b.l.blas.destroy, b.blas)
+		b.blas = 0
+	}
+	for p := range b.allocs {
+		b.free(p)
+	}
+	if b.module != 0 {
+		_ = d.call("cuModuleUnload", d.cuModuleUnload, b.module)
+		b.module = 0
+	}
+	if b.stream != 0 {
+		_ = d.call("cuStreamDestroy", d.cuStreamDestroy, b.stream)
+		b.stream = 0
+	}
+	if b.ctx != 0 {
+		_ = d.call("cuDevicePrimaryCtxRelease", d.cuDevicePrimaryCtxRelease, uintptr(b.dev))
+		b.ctx = 0
+	}
+}

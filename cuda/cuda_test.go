@@ -1,0 +1,456 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"chunlian/engine"
+	"chunlian/forward"
+	"chunlian/model"
+	"chunlian/sampler"
+)
+
+// The GPU tests compare this backend with forward.NewCPU (the float32 CPU
+// reference) on identical batches, block tables and slot mappings.
+// Tolerances (max |Δlogit| relative to max(1, max |logit|) of the row):
+//   - Precision "fp32": 1e-3 (float32 FMAs in a different order, plus the
+//     GPU's expf/sqrtf; measured far below this)
+//   - Precision "tf32": 3e-2 (TF32 keeps 10 mantissa bits in the GEMM
+//     inputs, accumulation stays float32)
+const (
+	tolFP32 = 1e-3
+	tolTF32 = 3e-2
+)
+
+// gpuOrSkip skips the test when no CUDA device is usable, logging why.
+func gpuOrSkip(t testing.TB) {
+	t.Helper()
+	if ok, err := Available(""); !ok {
+		t.Skipf("no CUDA GPU: %v", err)
+	}
+}
+
+func TestSearchDirs(t *testing.T) {
+	for _, tc := range []struct {
+		explicit, env string
+		want          []string
+	}{
+		{"", "", []string{"", PipLibDir}},
+		{"/a", "", []string{"/a", "", PipLibDir}},
+		{"/a", "/b:/c", []string{"/a", "/b", "/c", "", PipLibDir}},
+		{"/a", "/a", []string{"/a", "", PipLibDir}},
+		{"", PipLibDir, []string{PipLibDir, ""}},
+	} {
+		if got := searchDirs(tc.explicit, tc.env); !slices.Equal(got, tc.want) {
+			t.Errorf("searchDirs(%q, %q) = %q, want %q", tc.explicit, tc.env, got, tc.want)
+		}
+	}
+	got := candidates([]string{"/x", ""}, []string{"liba.so.1", "liba.so"})
+	want := []string{"/x/liba.so.1", "/x/liba.so", "liba.so.1", "liba.so"}
+	if !slices.Equal(got, want) {
+		t.Errorf("candidates = %q, want %q", got, want)
+	}
+}
+
+// TestMissingLibraryError checks the message a machine without CUDA gets:
+// it names the library and the flag/variable to set.
+func TestMissingLibraryError(t *testing.T) {
+	dir := t.TempDir()
+	_, _, err := openFirst("libdoesnotexist", searchDirs(dir, ""), []string{"libchunlian-none.so.9"})
+	if err == nil {
+		t.Fatal("opening a library that does not exist succeeded")
+	}
+	for _, want := range []string{"libdoesnotexist", dir + "/libchunlian-none.so.9 (absent)", "--cuda-lib-dir", EnvLibDir} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if ok, err := Available(""); !ok && (err == nil || err.Error() == "") {
+		t.Error("Available is false without an explanation")
+	}
+}
+
+func TestOptionsDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		o       Options
+		wantErr bool
+	}{
+		{Options{}, false},
+		{Options{BlockSize: -1}, true},
+		{Options{MemoryFraction: 1.5}, true},
+		{Options{Precision: "bf16"}, true},
+		{Options{KVCacheBytes: -5}, true},
+		{Options{Precision: "fp32", BlockSize: 32}, false},
+	} {
+		o := tc.o
+		err := o.defaults()
+		if (err != nil) != tc.wantErr {
+			t.Errorf("%+v: err = %v, wantErr %v", tc.o, err, tc.wantErr)
+		}
+		if err == nil && (o.BlockSize < 1 || o.MemoryFraction <= 0 || o.MaxBatchTokens < 1) {
+			t.Errorf("%+v: defaults left %+v", tc.o, o)
+		}
+	}
+}
+
+// testConfigs are model shapes covering head dims below, at and above one
+// warp, GQA and MHA, and tied embeddings.
+func testConfigs() map[string]model.Config {
+	small := model.TestConfig() // hd 16, 4 heads / 2 KV heads, untied
+	mid := model.TestConfig()
+	mid.HiddenSize, mid.NumHeads, mid.NumKVHeads, mid.HeadDim = 256, 4, 4, 64
+	mid.IntermediateSize, mid.NumLayers, mid.VocabSize = 688, 3, 1000
+	mid.TieWordEmbeddings = true
+	wide := model.TestConfig()
+	wide.HiddenSize, wide.NumHeads, wide.NumKVHeads, wide.HeadDim = 384, 3, 1, 128
+	wide.IntermediateSize, wide.NumLayers, wide.VocabSize = 1024, 2, 700
+	return map[string]model.Config{"small": small, "mid-tied": mid, "wide-hd128": wide}
+}
+
+// seqSim is one test sequence: its tokens so far and its block table,
+// mirrored identically into both backends.
+type seqSim struct {
+	tokens []int32
+	table  []int32
+	cached int // tokens whose K/V are in the cache
+}
+
+// blockPool hands out blocks in a scrambled order so block tables are not
+// contiguous.
+type blockPool struct{ free []int32 }
+
+func newBlockPool(n int, r *rand.Rand) *blockPool {
+	p := &blockPool{}
+	for i := range n {
+		p.free = append(p.free, int32(i))
+	}
+	r.Shuffle(len(p.free), func(i, j int) { p.free[i], p.free[j] = p.free[j], p.free[i] })
+	return p
+}
+
+func (p *blockPool) get() int32 { b := p.free[0]; p.free = p.free[1:]; return b }
+
+// step describes one batch: for each sequence, how many new tokens it
+// schedules (0 = not in this step).
+type chunk struct {
+	seq  int
+	n    int
+	want []int // offsets within the chunk whose logits are asked for
+}
+
+// buildBatch appends new random tokens to each scheduled sequence and builds
+// the forward.Batch.
+func buildBatch(seqs []*seqSim, chunks []chunk, bs int, pool *blockPool, r *rand.Rand, vocab int) *forward.Batch {
+	b := &forward.Batch{}
+	for _, c := range chunks {
+		s := seqs[c.seq]
+		start := len(b.Tokens)
+		for i := 0; i < c.n; i++ {
+			pos := s.cached + i
+			if pos >= len(s.tokens) {
+				s.tokens = append(s.tokens, int32(r.IntN(vocab)))
+			}
+			for pos/bs >= len(s.table) {
+				s.table = append(s.table, pool.get())
+			}
+			b.Tokens = append(b.Tokens, s.tokens[pos])
+			b.Positions = append(b.Positions, int32(pos))
+			b.SlotMapping = append(b.SlotMapping, s.table[pos/bs]*int32(bs)+int32(pos%bs))
+		}
+		s.cached += c.n
+		b.Seqs = append(b.Seqs, forward.SeqSpan{Start: start, Len: c.n, CtxLen: s.cached, BlockTable: slices.Clone(s.table)})
+		for _, w := range c.want {
+			b.LogitRows = append(b.LogitRows, start+w)
+		}
+	}
+	return b
+}
+
+// compareLogits returns the worst |Δ| / max(1, max|ref|) over rows and the
+// number of rows whose argmax differs.
+func compareLogits(got, ref []float32, V int) (worst float64, argmaxDiff int) {
+	for r := 0; r < len(ref)/V; r++ {
+		g, w := got[r*V:(r+1)*V], ref[r*V:(r+1)*V]
+		scale, d := 1.0, 0.0
+		for i := range w {
+			scale = math.Max(scale, math.Abs(float64(w[i])))
+			if math.IsNaN(float64(g[i])) {
+				return math.Inf(1), argmaxDiff + 1
+			}
+			d = math.Max(d, math.Abs(float64(g[i]-w[i])))
+		}
+		worst = math.Max(worst, d/scale)
+		if argmax(g) != argmax(w) {
+			argmaxDiff++
+		}
+	}
+	return worst, argmaxDiff
+}
+
+func argmax(x []float32) int {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func newPair(t *testing.T, m *model.Model, precision string, bs int) (*Backend, *forward.CPU) {
+	t.Helper()
+	g, err := New(m, Options{Precision: precision, BlockSize: bs, KVCacheBytes: 64 << 20, MaxBatchTokens: 64})
+	if err != nil {
+		t.Fatalf("cuda.New: %v", err)
+	}
+	t.Cleanup(func() { g.Close() })
+	c, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(g.NumBlocks()) * int64(bs) * forward.KVBytesPerToken(m.Config)})
+	if err != nil {
+		t.Fatalf("forward.NewCPU: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if c.NumBlocks() < 64 || g.NumBlocks() < 64 {
+		t.Fatalf("caches too small: cpu %d gpu %d blocks", c.NumBlocks(), g.NumBlocks())
+	}
+	return g, c
+}
+
+// TestForwardMatchesCPU runs prefill, chunked prefill, mixed decode steps
+// and a copy-on-write fork on both backends and compares every requested
+// logits row.
+func TestForwardMatchesCPU(t *testing.T) {
+	gpuOrSkip(t)
+	for name, cfg := range testConfigs() {
+		for _, prec := range []string{"fp32", "tf32"} {
+			t.Run(name+"/"+prec, func(t *testing.T) {
+				tol := tolFP32
+				if prec == "tf32" {
+					tol = tolTF32
+				}
+				m := model.NewRandom(cfg, 7)
+				if cfg.TieWordEmbeddings {
+					m.Weights.LMHead = m.Weights.Embed
+				}
+				const bs = 16
+				g, c := newPair(t, m, prec, bs)
+				t.Logf("device %+v", g.Info())
+				r := rand.New(rand.NewPCG(1, 2))
+				pool := newBlockPool(64, r)
+				seqs := []*seqSim{{}, {}, {}, {}}
+				V := cfg.VocabSize
+				steps := [][]chunk{
+					// prefill: a 20-token prompt, a 5-token one, one over 3 blocks
+					{{0, 20, []int{19, 3}}, {1, 5, []int{4}}, {2, 37, []int{0, 16, 36}}},
+					// decode 0 and 2, chunked prefill of 1 continues, 3 starts
+					{{0, 1, []int{0}}, {1, 12, []int{11}}, {2, 1, []int{0}}, {3, 1, []int{0}}},
+					{{0, 1, []int{0}}, {1, 1, []int{0}}, {2, 1, []int{0}}, {3, 30, []int{29}}},
+				}
+				for i := 0; i < 6; i++ { // steady decode
+					steps = append(steps, []chunk{{0, 1, []int{0}}, {1, 1, []int{0}}, {2, 1, []int{0}}, {3, 1, []int{0}}})
+				}
+				run := func(label string, b *forward.Batch) {
+					R := len(b.LogitRows)
+					got, ref := make([]float32, R*V), make([]float32, R*V)
+					for i := range got {
+						got[i] = float32(math.NaN()) // poison: every value must be written
+					}
+					if err := g.Forward(b, got); err != nil {
+						t.Fatalf("%s: cuda Forward: %v", label, err)
+					}
+					if err := c.Forward(b, ref); err != nil {
+						t.Fatalf("%s: cpu Forward: %v", label, err)
+					}
+					worst, diff := compareLogits(got, ref, V)
+					t.Logf("%s: %d tokens, %d rows, worst rel |Δ| %.2e, argmax differs in %d", label, len(b.Tokens), R, worst, diff)
+					if worst > tol {
+						t.Errorf("%s: worst relative |Δlogit| %.3e > %.0e", label, worst, tol)
+					}
+					if prec == "fp32" && diff > 0 {
+						t.Errorf("%s: argmax differs in %d rows", label, diff)
+					}
+				}
+				for i, st := range steps {
+					run(fmt.Sprintf("step %d", i), buildBatch(seqs, st, bs, pool, r, V))
+				}
+				// Fork sequence 0 (its last block is partial): copy the block
+				// on both backends, then let parent and child diverge.
+				parent := seqs[0]
+				last := parent.table[len(parent.table)-1]
+				nb := pool.get()
+				for _, be := range []forward.Backend{g, c} {
+					if err := be.CopyBlocks([]int32{last}, []int32{nb}); err != nil {
+						t.Fatalf("CopyBlocks: %v", err)
+					}
+				}
+				child := &seqSim{tokens: slices.Clone(parent.tokens), table: slices.Clone(parent.table), cached: parent.cached}
+				child.table[len(child.table)-1] = nb
+				seqs = append(seqs, child)
+				for i := 0; i < 3; i++ {
+					run(fmt.Sprintf("fork %d", i), buildBatch(seqs, []chunk{{0, 1, []int{0}}, {4, 1, []int{0}}}, bs, pool, r, V))
+				}
+			})
+		}
+	}
+}
+
+// TestForwardRejectsBadBatches checks that malformed batches fail with an
+// error instead of reading or writing out of bounds on the device.
+func TestForwardRejectsBadBatches(t *testing.T) {
+	gpuOrSkip(t)
+	m := model.NewRandom(model.TestConfig(), 3)
+	g, err := New(m, Options{KVCacheBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	V := m.Config.VocabSize
+	ok := func() *forward.Batch {
+		return &forward.Batch{Tokens: []int32{1, 2}, Positions: []int32{0, 1}, SlotMapping: []int32{0, 1},
+			Seqs: []forward.SeqSpan{{Start: 0, Len: 2, CtxLen: 2, BlockTable: []int32{0}}}, LogitRows: []int{1}}
+	}
+	if err := g.Forward(ok(), make([]float32, V)); err != nil {
+		t.Fatalf("valid batch failed: %v", err)
+	}
+	for name, mut := range map[string]func(b *forward.Batch){
+		"token":    func(b *forward.Batch) { b.Tokens[0] = int32(V) },
+		"slot":     func(b *forward.Batch) { b.SlotMapping[1] = int32(g.NumBlocks() * g.BlockSize()) },
+		"block":    func(b *forward.Batch) { b.Seqs[0].BlockTable[0] = int32(g.NumBlocks()) },
+		"position": func(b *forward.Batch) { b.Positions[1] = 16 }, // needs a second block
+		"row":      func(b *forward.Batch) { b.LogitRows[0] = 2 },
+		"orphan":   func(b *forward.Batch) { b.Seqs[0].Len = 1 },
+		"lengths":  func(b *forward.Batch) { b.Positions = b.Positions[:1] },
+	} {
+		b := ok()
+		mut(b)
+		if err := g.Forward(b, make([]float32, V)); err == nil {
+			t.Errorf("%s: malformed batch accepted", name)
+		}
+	}
+	if err := g.CopyBlocks([]int32{0}, []int32{int32(g.NumBlocks())}); err == nil {
+		t.Error("CopyBlocks out of range accepted")
+	}
+}
+
+// TestEngineGreedyMatchesCPU runs the real continuous-batching engine on
+// both backends (fp32 GEMMs) and expects identical greedy outputs.
+func TestEngineGreedyMatchesCPU(t *testing.T) {
+	gpuOrSkip(t)
+	m := model.NewRandom(model.TestConfig(), 11)
+	g, c := newPair(t, m, "fp32", 16)
+	eg, err := engine.New(g, engine.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eg.Close()
+	ec, err := engine.New(c, engine.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Close()
+	r := rand.New(rand.NewPCG(5, 6))
+	type out struct {
+		toks [][]int32
+		err  error
+	}
+	gen := func(e engine.Engine, prompts [][]int32) out {
+		res := make([][]int32, len(prompts))
+		errs := make(chan error, len(prompts))
+		for i, p := range prompts {
+			go func() {
+				rr, err := e.Generate(context.Background(), &engine.Request{ID: fmt.Sprint(i), Prompt: p,
+					Params: sampler.Params{Temperature: 0, MaxTokens: 12, N: 1, TopP: 1, RepetitionPenalty: 1}})
+				if err == nil {
+					res[i] = rr.Completions[0].Tokens
+				}
+				errs <- err
+			}()
+		}
+		var first error
+		for range prompts {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return out{res, first}
+	}
+	var prompts [][]int32
+	for i := 0; i < 8; i++ {
+		p := make([]int32, 3+r.IntN(20))
+		for j := range p {
+			p[j] = int32(r.IntN(m.Config.VocabSize))
+		}
+		prompts = append(prompts, p)
+	}
+	og, oc := gen(eg, prompts), gen(ec, prompts)
+	if og.err != nil || oc.err != nil {
+		t.Fatalf("generate: cuda %v, cpu %v", og.err, oc.err)
+	}
+	for i := range prompts {
+		if !slices.Equal(og.toks[i], oc.toks[i]) {
+			t.Errorf("prompt %d: cuda %v, cpu %v", i, og.toks[i], oc.toks[i])
+		}
+	}
+}
+
+// TestDefaultModelMatchesCPU compares the trained model's logits on a
+// realistic prompt batch (TF32 and fp32).
+func TestDefaultModelMatchesCPU(t *testing.T) {
+	gpuOrSkip(t)
+	m, err := model.Default()
+	if err != nil {
+		t.Skipf("no default model: %v", err)
+	}
+	for _, prec := range []string{"fp32", "tf32"} {
+		t.Run(prec, func(t *testing.T) {
+			tol := tolFP32
+			if prec == "tf32" {
+				tol = tolTF32
+			}
+			g, c := newPair(t, m, prec, 16)
+			r := rand.New(rand.NewPCG(9, 9))
+			pool := newBlockPool(64, r)
+			seqs := []*seqSim{{}, {}, {}}
+			V := m.Config.VocabSize
+			for i, st := range [][]chunk{
+				{{0, 12, []int{11}}, {1, 25, []int{24}}, {2, 7, []int{6}}},
+				{{0, 1, []int{0}}, {1, 1, []int{0}}, {2, 1, []int{0}}},
+				{{0, 1, []int{0}}, {1, 1, []int{0}}, {2, 1, []int{0}}},
+			} {
+				b := buildBatch(seqs, st, 16, pool, r, V)
+				got, ref := make([]float32, len(b.LogitRows)*V), make([]float32, len(b.LogitRows)*V)
+				if err := g.Forward(b, got); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Forward(b, ref); err != nil {
+					t.Fatal(err)
+				}
+				worst, diff := compareLogits(got, ref, V)
+				t.Logf("step %d: worst rel |Δ| %.2e, argmax differs in %d of %d rows", i, worst, diff, len(b.LogitRows))
+				if worst > tol {
+					t.Errorf("step %d: worst relative |Δlogit| %.3e > %.0e", i, worst, tol)
+				}
+			}
+		})
+	}
+}
+
+func TestNVML(t *testing.T) {
+	gpuOrSkip(t)
+	n, err := OpenNVML("")
+	if err != nil {
+		t.Skipf("NVML: %v", err)
+	}
+	s, err := n.Sample(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", s)
+	if s.MemTotal <= 0 || s.MemUsed < 0 || s.UtilGPU < 0 || s.UtilGPU > 100 {
+		t.Errorf("implausible sample %+v", s)
+	}
+}
