@@ -565,3 +565,5 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 }
+
+func newRNG(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0x5bd1e995)) }
