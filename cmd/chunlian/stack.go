@@ -32,6 +32,7 @@ type stackConfig struct {
 	MaxQueue            int                               // waiting requests before ErrQueueFull
 	Threads             int                               // CPU backend threads; 0 = GOMAXPROCS
 	PrefixCaching       bool                              // automatic prefix caching (paged engine)
+	CUDA                cudaConfig                        // CUDA-only flags (stack_cuda.go)
 	envErrs             []error                           // malformed CHUNLIAN_* values, reported by Validate
 	wrapEngine          func(engine.Engine) engine.Engine // optional decorator (metrics); not a flag
 }
@@ -80,6 +81,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503) [CHUNLIAN_MAX_QUEUE]")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU backend threads; 0 = all cores [CHUNLIAN_THREADS]")
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
+	c.CUDA.register(fs)
 }
 
 func (c *stackConfig) envString(name string, dst *string) {
@@ -190,16 +192,22 @@ func buildStack(cfg stackConfig) (*stack, error) {
 func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	s := &stack{Config: cfg, Model: m}
 	var err error
-	switch cfg.Backend {
-	case "auto", "cpu":
-		// auto means cpu until the CUDA backend lands.
+	backend := cfg.Backend
+	if backend == "auto" {
+		backend = "cpu"
+		if autoBackendIsCUDA(cfg) {
+			backend = "cuda"
+		}
+	}
+	switch backend {
+	case "cpu":
 		s.Backend, err = forward.NewCPU(m, forward.CPUOptions{
 			BlockSize:    cfg.BlockSize,
 			KVCacheBytes: int64(cfg.KVCacheBytes),
 			Threads:      cfg.Threads,
 		})
 	case "cuda":
-		err = errors.New("--backend cuda: the CUDA backend is not available in this build")
+		s.Backend, err = newCUDABackend(cfg, m) // stack_cuda.go
 	}
 	if err != nil {
 		return nil, fmt.Errorf("backend: %w", err)

@@ -1,0 +1,69 @@
+package main
+
+// stack_cuda.go wires the CUDA backend (package cuda) into the stack:
+// --backend cuda, and --backend auto choosing CUDA when a GPU is usable.
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"chunlian/cuda"
+	"chunlian/forward"
+	"chunlian/model"
+)
+
+// cudaConfig holds the CUDA-only flags (ignored by the CPU backend).
+type cudaConfig struct {
+	LibDir         string  // extra directory for libcuda/libnvrtc/libcublas
+	MemoryFraction float64 // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
+	MaxBlocks      int     // cap on KV blocks; 0 = none
+	Precision      string  // tf32 | fp32
+}
+
+func (c *cudaConfig) register(fs *flag.FlagSet) {
+	*c = cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16}
+	if v, ok := os.LookupEnv(cuda.EnvLibDir); ok {
+		c.LibDir = v
+	}
+	fs.StringVar(&c.LibDir, "cuda-lib-dir", c.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first ["+cuda.EnvLibDir+"]")
+	fs.Float64Var(&c.MemoryFraction, "gpu-memory-utilization", c.MemoryFraction, "CUDA: fraction of GPU memory for weights + activations + KV cache when --kv-cache-memory is 0")
+	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, "CUDA: cap on KV cache blocks (0 = no cap)")
+	fs.StringVar(&c.Precision, "gpu-precision", c.Precision, "CUDA GEMM precision: tf32 (tensor cores, fp32 accumulate) or fp32")
+}
+
+// newCUDABackend builds the CUDA backend from the stack config.
+func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
+	return cuda.New(m, cuda.Options{
+		LibDir:         cfg.CUDA.LibDir,
+		BlockSize:      cfg.BlockSize,
+		KVCacheBytes:   int64(cfg.KVCacheBytes),
+		MemoryFraction: cfg.CUDA.MemoryFraction,
+		MaxBlocks:      cfg.CUDA.MaxBlocks,
+		Precision:      cfg.CUDA.Precision,
+		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
+	})
+}
+
+// autoBackendIsCUDA reports whether --backend auto should pick CUDA, and
+// logs why not when it does not.
+func autoBackendIsCUDA(cfg stackConfig) bool {
+	ok, err := cuda.Available(cfg.CUDA.LibDir)
+	if !ok {
+		fmt.Fprintf(os.Stderr, "chunlian: --backend auto: using cpu (%v)\n", firstLine(err))
+	}
+	return ok
+}
+
+func firstLine(err error) string {
+	if err == nil {
+		return "no GPU"
+	}
+	s := err.Error()
+	for i, c := range s {
+		if c == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}
