@@ -526,6 +526,17 @@ func decodeBatch(n, ctx, bs int) *Batch {
 	return b
 }
 
+// baseShape is the shape training/train.py gives the shipped model by
+// default (d 384, 8 layers, 6 heads of 64, ffn 1024, tied, ~6k vocab), so
+// the forward pass can be measured before the trained weights exist.
+func baseShape() model.Config {
+	c := model.TestConfig()
+	c.VocabSize, c.HiddenSize, c.IntermediateSize = 6000, 384, 1024
+	c.NumLayers, c.NumHeads, c.NumKVHeads, c.HeadDim = 8, 6, 6, 64
+	c.TieWordEmbeddings = true
+	return c
+}
+
 // BenchmarkDecode measures a decode step at batch 1, 8, 32, 128 with 32
 // tokens of context each (a couplet's length) on the random test model and
 // on a random model of the shipped model's shape.
@@ -535,6 +546,7 @@ func BenchmarkDecode(b *testing.B) {
 		m    func() *model.Model
 	}{
 		{"random-test", func() *model.Model { return model.NewRandom(model.TestConfig(), 1) }},
+		{"random-base-shape", func() *model.Model { return model.NewRandom(baseShape(), 1) }},
 	}
 	if dm, err := model.Default(); err == nil {
 		models = append(models, struct {
