@@ -1,0 +1,116 @@
+package cuda
+
+import (
+	"fmt"
+	"testing"
+
+	"chunlian/forward"
+	"chunlian/model"
+)
+
+// benchModel is the trained model when present, else a random model of a
+// similar shape (d 512, 8 layers, vocab 6000).
+func benchModel(b *testing.B) *model.Model {
+	if m, err := model.Default(); err == nil {
+		return m
+	}
+	c := model.TestConfig()
+	c.HiddenSize, c.NumHeads, c.NumKVHeads, c.HeadDim = 512, 8, 8, 64
+	c.IntermediateSize, c.NumLayers, c.VocabSize = 1376, 8, 6000
+	return model.NewRandom(c, 1)
+}
+
+// decodeBatch builds one decode step for nSeq sequences with ctx tokens of
+// context each (token ctx-1 is the new one); each sequence owns its blocks.
+func decodeBatch(nSeq, ctx, bs int, withLogits bool) *forward.Batch {
+	b := &forward.Batch{}
+	per := (ctx + bs - 1) / bs
+	for s := 0; s < nSeq; s++ {
+		table := make([]int32, per)
+		for i := range table {
+			table[i] = int32(s*per + i)
+		}
+		pos := ctx - 1
+		b.Tokens = append(b.Tokens, int32(10+s%50))
+		b.Positions = append(b.Positions, int32(pos))
+		b.SlotMapping = append(b.SlotMapping, table[pos/bs]*int32(bs)+int32(pos%bs))
+		b.Seqs = append(b.Seqs, forward.SeqSpan{Start: s, Len: 1, CtxLen: ctx, BlockTable: table})
+		if withLogits {
+			b.LogitRows = append(b.LogitRows, s)
+		}
+	}
+	return b
+}
+
+// BenchmarkDecodeStep times one engine decode step (Forward over nSeq
+// single-token sequences with ~24 tokens of context, logits copied back
+// for every row unless "nologits").
+func BenchmarkDecodeStep(b *testing.B) {
+	gpuOrSkip(b)
+	m := benchModel(b)
+	g, err := New(m, Options{KVCacheBytes: 4 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	b.Logf("device %+v", g.Info())
+	for _, n := range []int{1, 16, 64, 256, 1024, 2048} {
+		for _, withLogits := range []bool{true, false} {
+			name := fmt.Sprintf("seqs=%d", n)
+			if !withLogits {
+				name += "/nologits"
+			}
+			b.Run(name, func(b *testing.B) {
+				bt := decodeBatch(n, 24, g.BlockSize(), withLogits)
+				logits := make([]float32, len(bt.LogitRows)*m.Config.VocabSize)
+				if err := g.Forward(bt, logits); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := g.Forward(bt, logits); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
+	}
+}
+
+// BenchmarkPrefill times a prefill step of nSeq prompts of 16 tokens, one
+// logits row each.
+func BenchmarkPrefill(b *testing.B) {
+	gpuOrSkip(b)
+	m := benchModel(b)
+	g, err := New(m, Options{KVCacheBytes: 4 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	for _, n := range []int{1, 64, 512} {
+		b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
+			const L, bs = 16, 16
+			bt := &forward.Batch{}
+			for s := 0; s < n; s++ {
+				table := []int32{int32(s)}
+				start := len(bt.Tokens)
+				for p := 0; p < L; p++ {
+					bt.Tokens = append(bt.Tokens, int32(10+(s+p)%50))
+					bt.Positions = append(bt.Positions, int32(p))
+					bt.SlotMapping = append(bt.SlotMapping, int32(s*bs+p))
+				}
+				bt.Seqs = append(bt.Seqs, forward.SeqSpan{Start: start, Len: L, CtxLen: L, BlockTable: table})
+				bt.LogitRows = append(bt.LogitRows, start+L-1)
+			}
+			logits := make([]float32, n*m.Config.VocabSize)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := g.Forward(bt, logits); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n*L)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+		})
+	}
+}
