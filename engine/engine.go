@@ -55,8 +55,12 @@ type Paged struct {
 	children []*sequence // forked in this step, join running at its end
 	nextID   kvcache.SeqID
 	sched    []entry
-	batch    forward.Batch
-	logits   []float32 // [len(batch.LogitRows), vocab]
+	// wake holds requests completed in this iteration; their done channels
+	// are closed after publish, so that Stats already reflects their freed
+	// blocks when Generate returns.
+	wake   []*request
+	batch  forward.Batch
+	logits []float32 // [len(batch.LogitRows), vocab]
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
@@ -264,7 +268,7 @@ func (e *Paged) loop() {
 		if len(e.running)+len(e.waiting) > 0 {
 			e.step()
 		}
-		e.publish()
+		e.publishAndWake()
 	}
 }
 
@@ -327,12 +331,16 @@ func (e *Paged) shutdown() {
 		}
 	}
 	e.compact()
-	e.publish()
+	e.publishAndWake()
 }
 
 // fail ends every live sequence of r (emitting Done events with reason) and
 // completes r with err.
 func (e *Paged) fail(r *request, err error, reason FinishReason) {
+	if r.complete {
+		return
+	}
+	r.err = err // before finish, which may complete r
 	for _, s := range r.seqs {
 		if s.state != stDone {
 			e.finish(s, reason)
@@ -345,7 +353,6 @@ func (e *Paged) fail(r *request, err error, reason FinishReason) {
 		}
 	}
 	if !r.complete {
-		r.err = err
 		e.completeRequest(r)
 	}
 }
@@ -371,7 +378,8 @@ func (e *Paged) finish(s *sequence, reason FinishReason) {
 	}
 }
 
-// completeRequest builds the result (unless r failed) and wakes Generate.
+// completeRequest builds the result (unless r failed) and queues r to be
+// woken at the end of the loop iteration.
 func (e *Paged) completeRequest(r *request) {
 	r.complete = true
 	if !r.admitted {
@@ -399,7 +407,18 @@ func (e *Paged) completeRequest(r *request) {
 		t.Total = now.Sub(r.arrival)
 		r.res = res
 	}
-	close(r.done)
+	e.wake = append(e.wake, r)
+}
+
+// publishAndWake refreshes Stats, then wakes the requests completed since
+// the last call.
+func (e *Paged) publishAndWake() {
+	e.publish()
+	for _, r := range e.wake {
+		close(r.done)
+	}
+	clear(e.wake)
+	e.wake = e.wake[:0]
 }
 
 // preempt evicts running sequence s by recompute: its blocks are freed (its
