@@ -1,0 +1,6 @@
+//go:build race
+
+package forward
+
+// raceEnabled: the race detector adds allocations of its own.
+const raceEnabled = true
