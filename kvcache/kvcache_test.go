@@ -1,0 +1,317 @@
+package kvcache
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+func TestHashBlockIsFNV1a(t *testing.T) {
+	cases := []struct {
+		parent uint64
+		toks   []int32
+	}{
+		{0, nil},
+		{0, []int32{1, 2, 3, 4}},
+		{0xdeadbeefcafef00d, []int32{-1, 0, 70000}},
+	}
+	for _, tc := range cases {
+		h := fnv.New64a()
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], tc.parent)
+		h.Write(b[:])
+		for _, tk := range tc.toks {
+			binary.LittleEndian.PutUint32(b[:4], uint32(tk))
+			h.Write(b[:4])
+		}
+		if got, want := HashBlock(tc.parent, tc.toks), h.Sum64(); got != want {
+			t.Errorf("HashBlock(%x, %v) = %x, want %x", tc.parent, tc.toks, got, want)
+		}
+	}
+	if HashBlock(1, []int32{5}) == HashBlock(2, []int32{5}) {
+		t.Error("parent hash ignored")
+	}
+}
+
+func TestPoolLRUEviction(t *testing.T) {
+	p := NewBlockPool(3)
+	a, _ := p.Get()
+	b, _ := p.Get()
+	c, _ := p.Get()
+	if _, ok := p.Get(); ok {
+		t.Fatal("Get from an empty pool succeeded")
+	}
+	p.Register(a, 100)
+	p.Register(b, 200)
+	if p.Register(c, 100) {
+		t.Error("duplicate hash registered twice")
+	}
+	// Free b then a: b is least recently freed, so it is evicted first; c
+	// (never cached) after them in order of release.
+	p.Release(b)
+	p.Release(a)
+	p.Release(c)
+	if id, ok := p.Lookup(200); !ok || id != b {
+		t.Fatalf("freed cached block not findable: %d %v", id, ok)
+	}
+	got, _ := p.Get()
+	if got != b {
+		t.Fatalf("evicted %d, want least recently freed %d", got, b)
+	}
+	if _, ok := p.Lookup(200); ok {
+		t.Error("evicted block still findable")
+	}
+	// A hit on a free cached block takes it off the free list.
+	p.Acquire(a)
+	if p.NumFree() != 1 || p.RefCount(a) != 1 {
+		t.Errorf("after acquire: free %d ref %d", p.NumFree(), p.RefCount(a))
+	}
+	if got, _ := p.Get(); got != c {
+		t.Errorf("Get = %d, want %d", got, c)
+	}
+	if err := p.CheckInvariants(nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sim is a model of the cache memory: the token stored in every slot,
+// written through block tables exactly as a backend would.
+type simSeq struct {
+	id       SeqID
+	tokens   []int32 // all tokens the sequence knows
+	computed int     // tokens written into the cache
+}
+
+// TestRandomizedInvariants runs random mixes of admit (with prefix lookup),
+// chunked prefill, decode, fork, finish, abort and preempt on a small pool,
+// checking after every operation that the pool and tables are consistent and
+// that every sequence reads its own tokens back through its block table
+// (which catches wrong copy-on-write and wrong prefix hits). When all
+// sequences end every block must be free.
+func TestRandomizedInvariants(t *testing.T) {
+	var hits, copies int
+	for seed := uint64(1); seed <= 60; seed++ {
+		bs := []int{1, 2, 4, 16}[seed%4]
+		numBlocks := 8 + int(seed%5)*6
+		caching := seed%3 != 0
+		h, c := runRandom(t, seed, bs, numBlocks, caching)
+		hits += h
+		copies += c
+	}
+	// The mix must really exercise prefix hits and copy-on-write.
+	if hits == 0 || copies == 0 {
+		t.Errorf("random ops made %d prefix-hit tokens and %d copies", hits, copies)
+	}
+	t.Logf("prefix-hit tokens %d, copy-on-write copies %d", hits, copies)
+}
+
+func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits, cowCopies int) {
+	r := rand.New(rand.NewPCG(seed, 99))
+	m := NewManager(numBlocks, bs, caching)
+	mem := make([]int32, numBlocks*bs) // token per slot
+	for i := range mem {
+		mem[i] = -1
+	}
+	var live []*simSeq
+	var next SeqID
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("seed %d bs %d blocks %d caching %v: "+format, append([]any{seed, bs, numBlocks, caching}, args...)...)
+	}
+	// write simulates a forward pass over positions [from, to) of s.
+	write := func(s *simSeq, from, to int) {
+		src, dst := m.TakeCopies()
+		for i := range src {
+			copy(mem[int(dst[i])*bs:][:bs], mem[int(src[i])*bs:][:bs])
+			cowCopies++
+		}
+		for p := from; p < to; p++ {
+			mem[m.Slot(s.id, p)] = s.tokens[p]
+		}
+		s.computed = to
+		m.CacheBlocks(s.id, s.tokens, to)
+	}
+	verify := func() {
+		if err := m.CheckInvariants(); err != nil {
+			fail("%v", err)
+		}
+		for _, s := range live {
+			if m.Slots(s.id) < s.computed {
+				fail("seq %d: %d slots < %d computed", s.id, m.Slots(s.id), s.computed)
+			}
+			for p := 0; p < s.computed; p++ {
+				if got := mem[m.Slot(s.id, p)]; got != s.tokens[p] {
+					fail("seq %d reads token %d at position %d, want %d", s.id, got, p, s.tokens[p])
+				}
+			}
+		}
+	}
+	remove := func(i int) { live = slices.Delete(live, i, i+1) }
+	prefixes := [][]int32{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, {7, 7, 7, 7, 7, 7, 7, 7, 7, 7}}
+	for op := 0; op < 400; op++ {
+		switch k := r.IntN(10); {
+		case k < 3: // admit a new sequence, prefix lookup, first chunk
+			n := 1 + r.IntN(2*bs+6)
+			toks := make([]int32, n)
+			for i := range toks {
+				toks[i] = int32(r.IntN(3))
+			}
+			if r.IntN(2) == 0 {
+				pre := prefixes[r.IntN(len(prefixes))]
+				copy(toks, pre[:min(len(pre), n)])
+			}
+			next++
+			s := &simSeq{id: next, tokens: toks}
+			hit := m.ComputedBlocks(toks)
+			if !caching && len(hit.Blocks) > 0 {
+				fail("hit with caching off")
+			}
+			c := hit.Tokens(bs)
+			if c >= n {
+				fail("hit covers all %d tokens", n)
+			}
+			chunk := 1 + r.IntN(n-c)
+			if !m.Allocate(s.id, chunk, hit) {
+				if m.Has(s.id) {
+					fail("failed Allocate admitted the seq")
+				}
+				continue
+			}
+			hits += c
+			s.computed = c
+			live = append(live, s)
+			write(s, c, c+chunk)
+		case k < 6 && len(live) > 0: // continue prefill or decode one token
+			s := live[r.IntN(len(live))]
+			if s.computed == len(s.tokens) {
+				s.tokens = append(s.tokens, int32(r.IntN(3)))
+			}
+			n := 1 + r.IntN(len(s.tokens)-s.computed)
+			if m.Allocate(s.id, n, Computed{}) {
+				write(s, s.computed, s.computed+n)
+			}
+		case k < 7 && len(live) > 0: // fork a fully computed sequence
+			s := live[r.IntN(len(live))]
+			if s.computed != len(s.tokens) || m.Slots(s.id) != s.computed {
+				continue
+			}
+			next++
+			c := &simSeq{id: next, tokens: slices.Clone(s.tokens), computed: s.computed}
+			m.Fork(s.id, c.id)
+			live = append(live, c)
+		case k < 9 && len(live) > 0: // finish or abort
+			i := r.IntN(len(live))
+			m.Free(live[i].id)
+			remove(i)
+		case len(live) > 0: // preempt: free now, readmit later by recompute
+			i := r.IntN(len(live))
+			s := live[i]
+			m.Free(s.id)
+			remove(i)
+			hit := m.ComputedBlocks(s.tokens)
+			c := hit.Tokens(bs)
+			s2 := &simSeq{id: s.id, tokens: s.tokens}
+			if m.Allocate(s2.id, len(s.tokens)-c, hit) {
+				live = append(live, s2)
+				s2.computed = c
+				write(s2, c, len(s.tokens))
+			}
+		}
+		verify()
+	}
+	for _, s := range live {
+		m.Free(s.id)
+	}
+	live = nil
+	verify()
+	if m.Pool().NumFree() != numBlocks {
+		fail("%d of %d blocks free at the end", m.Pool().NumFree(), numBlocks)
+	}
+	if u := m.Usage(); u.UsedBlocks != 0 || u.LiveSlots != 0 {
+		fail("usage at the end %+v", u)
+	}
+	return hits, cowCopies
+}
+
+// TestForkCopyOnWrite walks the n>1 case by hand.
+func TestForkCopyOnWrite(t *testing.T) {
+	m := NewManager(10, 4, true)
+	toks := []int32{1, 2, 3, 4, 5, 6} // one full block + 2 tokens
+	if !m.Allocate(1, 6, Computed{}) {
+		t.Fatal("allocate")
+	}
+	m.CacheBlocks(1, toks, 6)
+	m.Fork(1, 2)
+	m.Fork(1, 3)
+	if got := m.Pool().NumBlocks() - m.Pool().NumFree(); got != 2 {
+		t.Fatalf("%d blocks used after fork, want 2 shared", got)
+	}
+	full, partial := m.BlockTable(1)[0], m.BlockTable(1)[1]
+	// Each of three samples appends one token into the shared partial block:
+	// the first two copy it, the last one owns it alone and writes in place.
+	for i, seq := range []SeqID{2, 3, 1} {
+		if !m.Allocate(seq, 1, Computed{}) {
+			t.Fatal("allocate")
+		}
+		src, dst := m.TakeCopies()
+		wantCopies := 1
+		if i == 2 {
+			wantCopies = 0
+		}
+		if len(src) != wantCopies {
+			t.Fatalf("seq %d: %d copies, want %d", seq, len(src), wantCopies)
+		}
+		if wantCopies == 1 && (src[0] != partial || dst[0] != m.BlockTable(seq)[1]) {
+			t.Errorf("seq %d: copy %d→%d, table %v", seq, src[0], dst[0], m.BlockTable(seq))
+		}
+		if m.BlockTable(seq)[0] != full {
+			t.Errorf("seq %d: full block not shared", seq)
+		}
+	}
+	if m.BlockTable(1)[1] != partial {
+		t.Error("last writer did not keep the original block")
+	}
+	if m.Pool().RefCount(full) != 3 || m.Pool().RefCount(partial) != 1 {
+		t.Errorf("refs full %d partial %d", m.Pool().RefCount(full), m.Pool().RefCount(partial))
+	}
+	if u := m.Usage(); u.UsedBlocks != 4 || u.LiveSlots != 4+3*3 || u.AllocatedSlots != 16 {
+		t.Errorf("usage %+v", u)
+	}
+	if err := m.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []SeqID{1, 2, 3} {
+		m.Free(s)
+	}
+	if m.Pool().NumFree() != 10 {
+		t.Errorf("%d free", m.Pool().NumFree())
+	}
+	// The full block stays findable after everyone left.
+	if hit := m.ComputedBlocks(toks); len(hit.Blocks) != 1 || hit.Blocks[0] != full {
+		t.Errorf("prefix hit after free: %+v", hit)
+	}
+}
+
+func TestAllocateFailsCleanly(t *testing.T) {
+	m := NewManager(3, 4, true)
+	if !m.Allocate(1, 8, Computed{}) {
+		t.Fatal("allocate 8 tokens in 3 blocks")
+	}
+	if m.Allocate(2, 5, Computed{}) {
+		t.Fatal("allocated 2 blocks with 1 free")
+	}
+	if m.Has(2) || m.Pool().NumFree() != 1 {
+		t.Fatalf("failed Allocate changed state: has %v free %d", m.Has(2), m.Pool().NumFree())
+	}
+	if !m.Allocate(1, 4, Computed{}) || m.Allocate(1, 1, Computed{}) {
+		t.Fatal("filling the pool")
+	}
+	if m.Slots(1) != 12 {
+		t.Fatalf("slots %d", m.Slots(1))
+	}
+	if err := m.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}
