@@ -126,6 +126,14 @@ type Backend struct {
 	capMeta               int
 	hostMeta              []int32 // host copy, reused
 
+	// pinned is the caller's logits buffer, page-locked with
+	// cuMemHostRegister so the logits copy runs at full DMA speed; it is
+	// referenced here so the GC cannot free it while registered. pinAddr
+	// and pinBytes describe the registered range.
+	pinned            []float32
+	pinAddr, pinBytes uintptr
+	pinFailed         bool
+
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
 	args        *launchArgs
@@ -713,6 +721,7 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, V, dm, false),
 		)
 		if errs == nil {
+			b.pin(logits)
 			errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), b.logitBuf, uintptr(R*V*4), b.stream)
 		}
 	}
@@ -721,6 +730,40 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 	}
 	runtime.KeepAlive(logits)
 	return errs
+}
+
+// pinMinBytes: smaller logits buffers are copied pageable (registration
+// costs more than it saves, and small Go objects may share pages).
+const pinMinBytes = 1 << 20
+
+// pin page-locks the whole capacity of logits (the engine reuses one
+// buffer across steps, so this happens once per buffer). A failure only
+// means the slower pageable copy; it is not retried.
+func (b *Backend) pin(logits []float32) {
+	if b.pinFailed || cap(logits)*4 < pinMinBytes {
+		return
+	}
+	full := logits[:cap(logits)]
+	addr, bytes := uintptr(unsafe.Pointer(&full[0])), uintptr(len(full)*4)
+	if b.pinned != nil && addr >= b.pinAddr && addr+uintptr(len(logits)*4) <= b.pinAddr+b.pinBytes {
+		return
+	}
+	b.unpin()
+	d := &b.l.drv
+	if err := d.call("cuMemHostRegister", d.cuMemHostRegister, addr, bytes, 0); err != nil {
+		b.pinFailed = true
+		return
+	}
+	b.pinned, b.pinAddr, b.pinBytes = full, addr, bytes
+}
+
+func (b *Backend) unpin() {
+	if b.pinned == nil {
+		return
+	}
+	d := &b.l.drv
+	_ = d.call("cuMemHostUnregister", d.cuMemHostUnregister, b.pinAddr)
+	b.pinned, b.pinAddr, b.pinBytes = nil, 0, 0
 }
 
 // CopyBlocks implements forward.Backend: block src[i] → dst[i] in every
@@ -778,6 +821,7 @@ func (b *Backend) release() {
 	if b.stream != 0 {
 		_ = b.sync()
 	}
+	b.unpin()
 	if b.blas != 0 {
 		sc(b.l.blas.destroy, b.blas)
 		b.blas = 0

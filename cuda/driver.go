@@ -14,14 +14,13 @@ import (
 type driverFns struct {
 	cuInit, cuDeviceGetCount, cuDeviceGet, cuDeviceGetAttribute, cuDeviceGetName uintptr
 	cuDeviceTotalMem, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease        uintptr
-	cuCtxSetCurrent, cuCtxSynchronize                                            uintptr
+	cuCtxSetCurrent                                                              uintptr
 	cuMemAlloc, cuMemFree, cuMemGetInfo                                          uintptr
-	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync, cuMemsetD32Async    uintptr
+	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync                                         uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction, cuLaunchKernel        uintptr
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize                         uintptr
-	cuEventCreate, cuEventRecord, cuEventSynchronize, cuEventElapsedTime         uintptr
-	cuEventDestroy                                                               uintptr
-	cuGetErrorName, cuGetErrorString, cuDriverGetVersion                         uintptr
+	cuGetErrorName, cuGetErrorString                                             uintptr
+	cuMemHostRegister, cuMemHostUnregister                                       uintptr
 }
 
 func (f *driverFns) load(h uintptr) error {
@@ -35,14 +34,11 @@ func (f *driverFns) load(h uintptr) error {
 	f.cuDevicePrimaryCtxRetain = sym(h, "cuDevicePrimaryCtxRetain", &miss)
 	f.cuDevicePrimaryCtxRelease = sym(h, "cuDevicePrimaryCtxRelease_v2", &miss)
 	f.cuCtxSetCurrent = sym(h, "cuCtxSetCurrent", &miss)
-	f.cuCtxSynchronize = sym(h, "cuCtxSynchronize", &miss)
 	f.cuMemAlloc = sym(h, "cuMemAlloc_v2", &miss)
 	f.cuMemFree = sym(h, "cuMemFree_v2", &miss)
 	f.cuMemGetInfo = sym(h, "cuMemGetInfo_v2", &miss)
 	f.cuMemcpyHtoDAsync = sym(h, "cuMemcpyHtoDAsync_v2", &miss)
 	f.cuMemcpyDtoHAsync = sym(h, "cuMemcpyDtoHAsync_v2", &miss)
-	f.cuMemcpyDtoDAsync = sym(h, "cuMemcpyDtoDAsync_v2", &miss)
-	f.cuMemsetD32Async = sym(h, "cuMemsetD32Async", &miss)
 	f.cuModuleLoadData = sym(h, "cuModuleLoadData", &miss)
 	f.cuModuleUnload = sym(h, "cuModuleUnload", &miss)
 	f.cuModuleGetFunction = sym(h, "cuModuleGetFunction", &miss)
@@ -50,14 +46,10 @@ func (f *driverFns) load(h uintptr) error {
 	f.cuStreamCreate = sym(h, "cuStreamCreate", &miss)
 	f.cuStreamDestroy = sym(h, "cuStreamDestroy_v2", &miss)
 	f.cuStreamSynchronize = sym(h, "cuStreamSynchronize", &miss)
-	f.cuEventCreate = sym(h, "cuEventCreate", &miss)
-	f.cuEventRecord = sym(h, "cuEventRecord", &miss)
-	f.cuEventSynchronize = sym(h, "cuEventSynchronize", &miss)
-	f.cuEventElapsedTime = sym(h, "cuEventElapsedTime", &miss)
-	f.cuEventDestroy = sym(h, "cuEventDestroy_v2", &miss)
 	f.cuGetErrorName = sym(h, "cuGetErrorName", &miss)
 	f.cuGetErrorString = sym(h, "cuGetErrorString", &miss)
-	f.cuDriverGetVersion = sym(h, "cuDriverGetVersion", &miss)
+	f.cuMemHostRegister = sym(h, "cuMemHostRegister_v2", &miss)
+	f.cuMemHostUnregister = sym(h, "cuMemHostUnregister", &miss)
 	if len(miss) > 0 {
 		return fmt.Errorf("missing driver symbols: %s", strings.Join(miss, ", "))
 	}
