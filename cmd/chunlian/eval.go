@@ -1,0 +1,265 @@
+package main
+
+// eval.go: `chunlian eval` measures what the couplet constraints buy and
+// cost on the Go engine: rule pass rates and keyword inclusion with the
+// constraints on and off, on a built-in list of blessing words (keyword
+// mode) and on the 上联s of the held-out test set (lower mode), plus the
+// latency per couplet. It prints the Markdown section "Constrained decoding
+// (Go engine)" of docs/EVAL.md.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"chunlian/couplet"
+)
+
+func init() {
+	commands["eval"] = command{
+		summary: "rule pass rates and latency of couplet generation, constraints on vs off (Markdown)",
+		run:     func(args []string) error { return runEval(args, os.Stdout) },
+	}
+}
+
+// evalWords are the built-in blessing words (two-character words common in
+// 春联) of the keyword-mode evaluation.
+var evalWords = strings.Fields(`
+平安 富贵 吉祥 如意 新春 福寿 喜庆 春风 和顺 兴旺 安康 团圆 万福 丰年 迎春
+纳福 吉庆 祥和 幸福 美满 健康 长寿 快乐 和谐 繁荣 昌盛 发财 进宝 顺利 瑞雪
+春光 春晖 福星 鸿运 腾飞 勤劳 致富 丰收 盛世 太平 康宁 金玉 满堂 家和 兴隆
+财源 团结 奋进 福禄 欢乐 喜悦 温馨 和美 美好 锦绣 辉煌 灿烂 春色 春意 大吉`)
+
+// evalStats accumulates one (set, decoding) row.
+type evalStats struct {
+	name                       string
+	n, r1, r2, r3, r4, all, kw int
+	upperZeGiven               int // lower mode: how many given 上联s end on 仄
+	lat                        []time.Duration
+	errs                       int
+}
+
+func (s *evalStats) add(c couplet.Couplet, keyword string, lowerMode bool, d time.Duration) {
+	r := couplet.Check(c.Upper, c.Lower, c.Banner)
+	s.n++
+	s.lat = append(s.lat, d)
+	b2i := func(b bool) int {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	rule2 := r.Rule2()
+	if lowerMode { // the 上联 is given: only the 下联's 平 ending is ours
+		rule2 = r.LowerPing
+		s.upperZeGiven += b2i(r.UpperZe)
+	}
+	s.r1 += b2i(r.Rule1())
+	s.r2 += b2i(rule2)
+	s.r3 += b2i(r.Rule3())
+	s.r4 += b2i(r.Rule4())
+	s.all += b2i(r.Rule1() && rule2 && r.Rule3() && r.Rule4())
+	if keyword != "" {
+		s.kw += b2i(couplet.ContainsKeyword(c, keyword))
+	}
+}
+
+func pct(a, n int) string {
+	if n == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(n))
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+func mean(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	var t time.Duration
+	for _, x := range d {
+		t += x
+	}
+	return t / time.Duration(len(d))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
+
+// readTestUppers returns up to limit 上联s of a upper<TAB>lower file.
+func readTestUppers(path string, limit int) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() && len(out) < limit {
+		u, _, ok := strings.Cut(sc.Text(), "\t")
+		if ok && u != "" {
+			out = append(out, u)
+		}
+	}
+	return out, sc.Err()
+}
+
+func runEval(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
+	testPath := fs.String("test", "../shared/data/couplets/test.tsv", "held-out upper<TAB>lower file for the lower-mode evaluation (skipped if absent)")
+	limit := fs.Int("limit", 300, "at most this many test.tsv 上联s (in file order)")
+	words := fs.Int("words", len(evalWords), fmt.Sprintf("use the first N of the %d built-in blessing words", len(evalWords)))
+	length := fs.Int("length", couplet.DefaultLength, "line length in keyword mode")
+	seed := fs.Uint64("seed", 1, "base seed (request i uses seed+i)")
+	samples := fs.Int("samples", 8, "sample couplets to print")
+	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
+	var sc stackConfig
+	sc.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *words < 1 || *words > len(evalWords) || *limit < 0 {
+		return errors.New("--words must be 1..len(built-in list) and --limit ≥ 0")
+	}
+	st, err := openStack(sc, *randomModel)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	srcs := bannerSources(sc.ModelDir)
+	full, err := couplet.New(st.Model, st.Engine, couplet.WithBannerSources(srcs...))
+	if err != nil {
+		return err
+	}
+	noRetr, err := couplet.New(st.Model, st.Engine, couplet.WithBannerSources(), couplet.WithBannerTopK(0))
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	type variant struct {
+		name string
+		g    *couplet.Generator
+		raw  bool
+	}
+	variants := []variant{
+		{"unconstrained", full, true},
+		{"constrained, model 横批 only", noRetr, false},
+		{"constrained + 横批 ranking", full, false},
+	}
+	var rows []*evalStats
+	var examples []couplet.Couplet
+	var skipped []string
+
+	// Keyword mode on the built-in words. Requests run one at a time, so
+	// latency is the single-request latency on this machine.
+	for vi, v := range variants {
+		s := &evalStats{name: "keyword (" + fmt.Sprint(*words) + " words) · " + v.name}
+		for i, w := range evalWords[:*words] {
+			req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: *length, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+			if err := v.g.Validate(req); err != nil {
+				if vi == 0 {
+					skipped = append(skipped, w)
+				}
+				continue
+			}
+			t0 := time.Now()
+			cs, err := v.g.Generate(ctx, req)
+			d := time.Since(t0)
+			if err != nil || len(cs) == 0 {
+				s.errs++
+				continue
+			}
+			s.add(cs[0], w, false, d)
+			if vi == 2 && len(examples) < *samples {
+				examples = append(examples, cs[0])
+			}
+		}
+		rows = append(rows, s)
+	}
+
+	// Lower mode on test.tsv 上联s.
+	uppers, terr := readTestUppers(*testPath, *limit)
+	testNote := ""
+	if terr != nil {
+		testNote = fmt.Sprintf("test set skipped: %v", terr)
+		fmt.Fprintln(os.Stderr, "chunlian eval:", testNote)
+	} else {
+		for _, v := range []variant{variants[0], variants[2]} {
+			s := &evalStats{name: fmt.Sprintf("lower (test.tsv, %d 上联) · %s", len(uppers), v.name)}
+			for i, u := range uppers {
+				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+				if v.g.Validate(req) != nil {
+					continue // unknown characters or too long for the model
+				}
+				t0 := time.Now()
+				cs, err := v.g.Generate(ctx, req)
+				d := time.Since(t0)
+				if err != nil || len(cs) == 0 {
+					s.errs++
+					continue
+				}
+				s.add(cs[0], "", true, d)
+			}
+			rows = append(rows, s)
+		}
+	}
+
+	w := stdout
+	fmt.Fprintln(w, "## Constrained decoding (Go engine)")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d` (one request at a time, N = 1, temperature %.1f, top-p %.2f; the constrained run draws 2 samples per couplet and ranks them).\n\n",
+		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, couplet.DefaultTemperature, couplet.DefaultTopP)
+	fmt.Fprintln(w, "| set · decoding | couplets | rule 1 form | rule 2 仄起平收 | rule 3 same-char/mirror | rule 4 横批 | all rules | keyword present | failed | latency mean / p50 / p90 (ms) |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, s := range rows {
+		kw := "–"
+		if strings.HasPrefix(s.name, "keyword") {
+			kw = pct(s.kw, s.n)
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %d | %s / %s / %s |\n", s.name, s.n,
+			pct(s.r1, s.n), pct(s.r2, s.n), pct(s.r3, s.n), pct(s.r4, s.n), pct(s.all, s.n), kw, s.errs,
+			ms(mean(s.lat)), ms(quantile(s.lat, 0.5)), ms(quantile(s.lat, 0.9)))
+	}
+	fmt.Fprintln(w)
+	if len(rows) >= 3 && rows[0].n > 0 {
+		fmt.Fprintf(w, "Cost of the constraints (keyword mode, mean latency per couplet): %s ms unconstrained → %s ms constrained (2 ranked samples, model 横批) → %s ms with 横批 retrieval + ranking (%d retrieval candidates loaded).\n\n",
+			ms(mean(rows[0].lat)), ms(mean(rows[1].lat)), ms(mean(rows[2].lat)), full.NumBanners())
+	}
+	fmt.Fprintln(w, "Rule definitions (`couplet.Check`): rule 1 = same length, punctuation at the same positions, only Chinese characters elsewhere; rule 2 = 上联 ends on 仄 and 下联 on 平 (modern tones, primary reading via go-pinyin) — in lower mode only the 下联's 平 ending is counted, since the 上联 is given; rule 3 = no identical character at the same position and mirrored repetition; rule 4 = 横批 of exactly four Chinese characters. \"failed\" counts requests that returned an error (constrained: every attempt dead-ended).")
+	for _, s := range rows {
+		if strings.HasPrefix(s.name, "lower") && s.n > 0 {
+			fmt.Fprintf(w, "\nIn the lower-mode rows, %s of the given test 上联s themselves end on 仄.\n", pct(s.upperZeGiven, s.n))
+			break
+		}
+	}
+	if len(skipped) > 0 {
+		fmt.Fprintf(w, "\nWords skipped (characters unknown to the model): %s.\n", strings.Join(skipped, " "))
+	}
+	if testNote != "" {
+		fmt.Fprintf(w, "\n%s\n", testNote)
+	}
+	if len(examples) > 0 {
+		fmt.Fprint(w, "\nSample constrained couplets (keyword mode):\n\n")
+		fmt.Fprintln(w, "| keyword | 上联 | 下联 | 横批 |")
+		fmt.Fprintln(w, "|---|---|---|---|")
+		for i, c := range examples {
+			fmt.Fprintf(w, "| %s | %s | %s | %s |\n", evalWords[i], c.Upper, c.Lower, c.Banner)
+		}
+	}
+	return nil
+}
