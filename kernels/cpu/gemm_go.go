@@ -1,14 +1,16 @@
 package cpu
 
 // Plain-Go GEMM. y = x·wᵀ is a grid of dot products of x rows with w rows,
-// both contiguous in k, so no packing is needed: the microkernel takes 4 rows
-// of x and 4 rows of w and keeps the 16 running sums in registers, loading 8
-// values per 16 multiply-adds. K is blocked so the 8 row segments stay in L1.
+// both contiguous in k, so no packing is needed. The Go compiler does not
+// interleave loads and multiply-adds well and has 16 float registers, so
+// small tiles win: measured per core (GFLOP per CPU-second, k=256 in L1),
+// 2×2 ≈ 9, 1×4 ≈ 8, 2×4 ≈ 6, 4×4 ≈ 3 (it spills). The main tile is 2×2; an
+// odd last row uses 1×4. K is blocked so the row segments stay in L1.
 
-const goKB = 512 // k block (floats): 8 rows × 2 KiB fits in a 32 KiB L1
+const goKB = 512 // k block (floats): 6 rows × 2 KiB in a 32 KiB L1
 
 func gemmGo(m, n, k int, x, w, y []float32, acc bool) {
-	runGemm(m, n, k, x, w, y, acc, 4, 4, gemmGoRect)
+	runGemm(m, n, k, x, w, y, acc, 2, 4, gemmGoRect)
 }
 
 // gemmGoRect computes y[i0:i1, j0:j1] (row stride n) for the full k.
@@ -16,68 +18,57 @@ func gemmGoRect(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
 	for k0 := 0; k0 < k; k0 += goKB {
 		k1 := min(k, k0+goKB)
 		accum := acc || k0 > 0
-		for j := j0; j < j1; j += 4 {
-			if j+4 > j1 {
-				for jj := j; jj < j1; jj++ {
-					for i := i0; i < i1; i++ {
-						s := dotGo(x[i*k+k0:i*k+k1], w[jj*k+k0:jj*k+k1])
-						if accum {
-							s += y[i*n+jj]
-						}
-						y[i*n+jj] = s
-					}
-				}
-				break
-			}
-			w0 := w[(j+0)*k+k0 : (j+0)*k+k1]
-			w1 := w[(j+1)*k+k0 : (j+1)*k+k1]
-			w2 := w[(j+2)*k+k0 : (j+2)*k+k1]
-			w3 := w[(j+3)*k+k0 : (j+3)*k+k1]
+		row := func(r int, buf []float32) []float32 { return buf[r*k+k0 : r*k+k1] }
+		j := j0
+		for ; j+4 <= j1; j += 4 {
+			w0, w1, w2, w3 := row(j, w), row(j+1, w), row(j+2, w), row(j+3, w)
 			i := i0
-			for ; i+4 <= i1; i += 4 {
-				micro4x4Go(x[i*k+k0:], x[(i+1)*k+k0:], x[(i+2)*k+k0:], x[(i+3)*k+k0:],
-					w0, w1, w2, w3, y[i*n+j:], n, accum)
+			for ; i+2 <= i1; i += 2 {
+				x0, x1 := row(i, x), row(i+1, x)
+				micro2x2Go(x0, x1, w0, w1, y[i*n+j:], n, accum)
+				micro2x2Go(x0, x1, w2, w3, y[i*n+j+2:], n, accum)
 			}
-			for ; i < i1; i++ {
-				micro1x4Go(x[i*k+k0:i*k+k1], w0, w1, w2, w3, y[i*n+j:i*n+j+4], accum)
+			if i < i1 {
+				micro1x4Go(row(i, x), w0, w1, w2, w3, y[i*n+j:i*n+j+4], accum)
+			}
+		}
+		for ; j < j1; j++ {
+			for i := i0; i < i1; i++ {
+				s := dotGo(row(i, x), row(j, w))
+				if accum {
+					s += y[i*n+j]
+				}
+				y[i*n+j] = s
 			}
 		}
 	}
 }
 
-// micro4x4Go: y[r*ldy+c] (+)= Σ_p x_r[p]·w_c[p] for r,c in 0..3, p < len(w0).
-func micro4x4Go(x0, x1, x2, x3, w0, w1, w2, w3, y []float32, ldy int, acc bool) {
-	kk := len(w0)
-	x0, x1, x2, x3 = x0[:kk], x1[:kk], x2[:kk], x3[:kk]
-	w1, w2, w3 = w1[:kk], w2[:kk], w3[:kk]
-	var s00, s01, s02, s03, s10, s11, s12, s13 float32
-	var s20, s21, s22, s23, s30, s31, s32, s33 float32
-	for p := range kk {
-		a0, a1, a2, a3 := x0[p], x1[p], x2[p], x3[p]
-		b0, b1, b2, b3 := w0[p], w1[p], w2[p], w3[p]
-		s00 += a0 * b0
-		s01 += a0 * b1
-		s02 += a0 * b2
-		s03 += a0 * b3
-		s10 += a1 * b0
-		s11 += a1 * b1
-		s12 += a1 * b2
-		s13 += a1 * b3
-		s20 += a2 * b0
-		s21 += a2 * b1
-		s22 += a2 * b2
-		s23 += a2 * b3
-		s30 += a3 * b0
-		s31 += a3 * b1
-		s32 += a3 * b2
-		s33 += a3 * b3
+// micro2x2Go: y[r*ldy+c] (+)= Σ_p x_r[p]·w_c[p] for r,c in {0,1}, p < len(x0).
+func micro2x2Go(x0, x1, w0, w1, y []float32, ldy int, acc bool) {
+	kk := len(x0)
+	x1, w0, w1 = x1[:kk], w0[:kk], w1[:kk]
+	var s00, s01, s10, s11 float32
+	for p, a := range x0 {
+		b0, b1 := w0[p], w1[p]
+		s00 += a * b0
+		s01 += a * b1
+		c := x1[p]
+		s10 += c * b0
+		s11 += c * b1
 	}
-	store4(y[0:4], s00, s01, s02, s03, acc)
-	store4(y[ldy:ldy+4], s10, s11, s12, s13, acc)
-	store4(y[2*ldy:2*ldy+4], s20, s21, s22, s23, acc)
-	store4(y[3*ldy:3*ldy+4], s30, s31, s32, s33, acc)
+	y0 := y[0:2]
+	y1 := y[ldy : ldy+2]
+	if acc {
+		s00 += y0[0]
+		s01 += y0[1]
+		s10 += y1[0]
+		s11 += y1[1]
+	}
+	y0[0], y0[1], y1[0], y1[1] = s00, s01, s10, s11
 }
 
+// micro1x4Go: y[c] (+)= Σ_p x[p]·w_c[p] for c < 4.
 func micro1x4Go(x, w0, w1, w2, w3, y []float32, acc bool) {
 	kk := len(x)
 	w0, w1, w2, w3 = w0[:kk], w1[:kk], w2[:kk], w3[:kk]

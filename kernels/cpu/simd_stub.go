@@ -1,5 +1,7 @@
+//go:build !(goexperiment.simd && amd64)
+
 package cpu
 
-// Placeholder until the archsimd kernels land.
+// Built without GOEXPERIMENT=simd (or not on amd64): no SIMD path.
 func simdAvailable() bool                               { return false }
 func gemmSIMD(m, n, k int, x, w, y []float32, acc bool) { gemmGo(m, n, k, x, w, y, acc) }
