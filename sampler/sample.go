@@ -25,6 +25,9 @@ type Sampler struct {
 	cand  []int32   // [≤V] candidate token ids still allowed
 	stamp []uint32  // [V] repetition-penalty dedup marks (== gen means seen)
 	gen   uint32
+	// Histogram of candidate probabilities for top-k/top-p (presort).
+	bmass  []float64 // [numBuckets] probability mass per bucket
+	bcount []int32   // [numBuckets] tokens per bucket
 }
 
 // New returns the sampler of sample index of a request with parameters p.
@@ -74,9 +77,10 @@ func LogSumExp(row []float32) float64 {
 		return m
 	}
 	var sum float64
+	mf := float32(m)
 	for _, v := range row {
 		if v == v { // skip NaN
-			sum += math.Exp(float64(v) - m)
+			sum += float64(expNeg(v - mf))
 		}
 	}
 	return m + math.Log(sum)
@@ -172,28 +176,31 @@ func argmax(w []float32) int32 {
 	return int32(best)
 }
 
+// numBuckets covers the bucket keys of probabilities in (0, 1]: the float32
+// bits shifted right by 20 (exponent and top 3 mantissa bits); 1.0 → 1016.
+const numBuckets = 0x3F8 + 1
+
+func bucketOf(p float32) int { return int(math.Float32bits(p) >> 20) }
+
 // draw samples from softmax(w/T) restricted by top-k, top-p and min-p.
 func (s *Sampler) draw(w []float32) int32 {
-	invT := 1 / float64(s.p.Temperature)
+	invT := 1 / s.p.Temperature
 	m := float32(math.Inf(-1))
 	for _, v := range w {
 		if v > m {
 			m = v
 		}
 	}
+	// probs[i] = exp((w[i]-m)/T) ∈ [0, 1], the max token at exactly 1.
 	probs := s.probs[:len(w)]
 	cand := s.cand[:0]
 	var total float64
-	var pmax float32
 	for i, v := range w {
-		p := float32(math.Exp(float64(v-m) * invT))
+		p := expNeg((v - m) * invT)
 		probs[i] = p
 		if p > 0 {
 			cand = append(cand, int32(i))
 			total += float64(p)
-			if p > pmax {
-				pmax = p
-			}
 		}
 	}
 	topK := s.p.TopK
@@ -201,46 +208,19 @@ func (s *Sampler) draw(w []float32) int32 {
 	useK := topK > 0 && topK < len(cand)
 	useP := topP > 0 && topP < 1
 	if useK || useP {
-		// Sorting all V candidates every step is the expensive part; the
-		// nucleus and the top k only ever hold large probabilities. Keep the
-		// tokens with p ≥ pmax·1e-3 when that subset already holds enough
-		// (≥ k tokens and ≥ topP of the mass): every dropped token is smaller
-		// than every kept one, so the cut below is unchanged by the filter.
-		small := cand[:0:0]
-		thr := pmax * 1e-3
-		var mass float64
-		n := 0
-		for _, t := range cand {
-			if probs[t] >= thr {
-				n++
-				mass += float64(probs[t])
-			}
-		}
-		if (!useK || n >= topK) && (!useP || mass >= topP*total) {
-			small = cand[:0]
-			for _, t := range cand {
-				if probs[t] >= thr {
-					small = append(small, t)
-				}
-			}
-			cand = small
-		}
-		slices.SortFunc(cand, func(a, b int32) int {
-			if probs[a] != probs[b] {
-				if probs[a] > probs[b] {
-					return -1
-				}
-				return 1
-			}
-			return int(a - b)
-		})
+		cand = s.presort(cand, probs, total, useK, topK, topP)
 		if useK && topK < len(cand) {
 			cand = cand[:topK]
 		}
 		if useP {
-			var kept float64
-			for _, t := range cand {
-				kept += float64(probs[t])
+			// The nucleus is taken over the mass left after top-k: all of
+			// it without top-k (presort may have dropped small tokens).
+			kept := total
+			if useK {
+				kept = 0
+				for _, t := range cand {
+					kept += float64(probs[t])
+				}
 			}
 			var cum float64
 			for i, t := range cand {
@@ -253,10 +233,9 @@ func (s *Sampler) draw(w []float32) int32 {
 		}
 	}
 	if mp := s.p.MinP; mp > 0 {
-		thr := mp * pmax
 		k := cand[:0]
-		for _, t := range cand {
-			if probs[t] >= thr {
+		for _, t := range cand { // the max prob is 1, so the threshold is mp
+			if probs[t] >= mp {
 				k = append(k, t)
 			}
 		}
@@ -274,4 +253,58 @@ func (s *Sampler) draw(w []float32) int32 {
 		}
 	}
 	return cand[len(cand)-1] // rounding left u ≥ 0 at the end
+}
+
+// presort returns the candidates that can be in the top k (useK) or else in
+// the top-p nucleus, sorted by probability (descending, ties by id). Sorting
+// the whole vocabulary every step would dominate sampling, so it first
+// histograms the probabilities into log-spaced buckets and keeps only the
+// buckets down to the one where the count reaches k or the mass reaches
+// topP·total (plus one more bucket against rounding). Every dropped token
+// is smaller than every kept one, so the sorted prefix is unchanged.
+func (s *Sampler) presort(cand []int32, probs []float32, total float64, useK bool, topK int, topP float64) []int32 {
+	if s.bmass == nil {
+		s.bmass = make([]float64, numBuckets)
+		s.bcount = make([]int32, numBuckets)
+	}
+	clear(s.bmass)
+	clear(s.bcount)
+	for _, t := range cand {
+		b := bucketOf(probs[t])
+		s.bmass[b] += float64(probs[t])
+		s.bcount[b]++
+	}
+	cut, extra := 0, 1
+	var mass float64
+	var count int
+	for b := numBuckets - 1; b >= 0; b-- {
+		if s.bcount[b] == 0 {
+			continue
+		}
+		mass += s.bmass[b]
+		count += int(s.bcount[b])
+		cut = b
+		if (useK && count >= topK) || (!useK && mass >= topP*total) {
+			if extra == 0 {
+				break
+			}
+			extra--
+		}
+	}
+	k := cand[:0]
+	for _, t := range cand {
+		if bucketOf(probs[t]) >= cut {
+			k = append(k, t)
+		}
+	}
+	slices.SortFunc(k, func(a, b int32) int {
+		if probs[a] != probs[b] {
+			if probs[a] > probs[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	})
+	return k
 }

@@ -1,0 +1,327 @@
+package sampler
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"testing"
+)
+
+var inf = float32(math.Inf(1))
+
+// refAllowed computes, the slow and obvious way, the set of tokens that may
+// be drawn and their renormalised probabilities, for rows without
+// processors or penalties.
+func refAllowed(row []float32, p Params) map[int32]float64 {
+	type tp struct {
+		t int32
+		p float64
+	}
+	m := math.Inf(-1)
+	for _, v := range row {
+		m = math.Max(m, float64(v))
+	}
+	var all []tp
+	var total float64
+	for i, v := range row {
+		q := math.Exp((float64(v) - m) / float64(p.Temperature))
+		if q > 0 {
+			all = append(all, tp{int32(i), q})
+			total += q
+		}
+	}
+	slices.SortStableFunc(all, func(a, b tp) int {
+		if a.p > b.p {
+			return -1
+		}
+		if a.p < b.p {
+			return 1
+		}
+		return 0
+	})
+	if p.TopK > 0 && p.TopK < len(all) {
+		all = all[:p.TopK]
+	}
+	if p.TopP > 0 && p.TopP < 1 {
+		var kept float64
+		for _, x := range all {
+			kept += x.p
+		}
+		var cum float64
+		for i, x := range all {
+			cum += x.p
+			if cum >= float64(p.TopP)*kept-1e-12 {
+				all = all[:i+1]
+				break
+			}
+		}
+	}
+	if p.MinP > 0 {
+		thr := float64(p.MinP) * all[0].p
+		var k []tp
+		for _, x := range all {
+			if x.p >= thr {
+				k = append(k, x)
+			}
+		}
+		all = k
+	}
+	out := map[int32]float64{}
+	var sum float64
+	for _, x := range all {
+		sum += x.p
+	}
+	for _, x := range all {
+		out[x.t] = x.p / sum
+	}
+	return out
+}
+
+// TestDistribution draws many samples with fixed seeds and checks that only
+// allowed tokens appear and that their frequencies match the reference
+// probabilities (a chi-square statistic far below what a wrong distribution
+// gives; the seeds are fixed, so the test is deterministic).
+func TestDistribution(t *testing.T) {
+	row := []float32{2.0, 1.5, 1.0, 0.5, 0, -0.5, -1, -8, float32(math.Inf(-1)), 1.9}
+	cases := []struct {
+		name string
+		p    Params
+	}{
+		{"temperature 1", Params{Temperature: 1}},
+		{"temperature 0.5", Params{Temperature: 0.5}},
+		{"temperature 2", Params{Temperature: 2}},
+		{"top-k 3", Params{Temperature: 1, TopK: 3}},
+		{"top-p 0.6", Params{Temperature: 1, TopP: 0.6}},
+		{"top-p 0.99", Params{Temperature: 1, TopP: 0.99}},
+		{"top-k 4 + top-p 0.8", Params{Temperature: 1, TopK: 4, TopP: 0.8}},
+		{"min-p 0.3", Params{Temperature: 1, MinP: 0.3}},
+		{"all", Params{Temperature: 0.8, TopK: 6, TopP: 0.9, MinP: 0.05}},
+	}
+	const draws = 20000
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.p.Seed = 12345
+			s := New(tc.p, 0)
+			want := refAllowed(row, tc.p)
+			counts := map[int32]int{}
+			for i := 0; i < draws; i++ {
+				tok, _, err := s.Sample(row, nil, nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := want[tok]; !ok {
+					t.Fatalf("drew %d, allowed %v", tok, want)
+				}
+				counts[tok]++
+			}
+			var chi2 float64
+			for tok, p := range want {
+				e := p * draws
+				d := float64(counts[tok]) - e
+				chi2 += d * d / e
+			}
+			// With ≤ 9 degrees of freedom, chi² > 40 has p < 1e-5.
+			if chi2 > 40 {
+				t.Errorf("chi² = %.1f over %d tokens; counts %v, want probs %v", chi2, len(want), counts, want)
+			}
+		})
+	}
+}
+
+func TestGreedyAndLogProb(t *testing.T) {
+	cases := []struct {
+		name string
+		row  []float32
+		p    Params
+		proc LogitsProcessor
+		gen  []int32
+		want int32
+	}{
+		{"argmax", []float32{0, 3, 1, 2}, Params{}, nil, nil, 1},
+		{"tie takes lowest id", []float32{5, 1, 5}, Params{}, nil, nil, 0},
+		{"NaN ignored", []float32{float32(math.NaN()), 1, 0}, Params{}, nil, nil, 1},
+		{"processor mask", []float32{0, 3, 1, 2}, Params{}, LogitsProcessorFunc(func(_ []int32, l []float32) error { l[1] = -inf; return nil }), nil, 3},
+		{"top-k 1 is greedy", []float32{0, 3, 1, 2}, Params{Temperature: 5, TopK: 1, Seed: 3}, nil, nil, 1},
+		{"tiny top-p is greedy", []float32{0, 3, 1, 2.9}, Params{Temperature: 5, TopP: 1e-6, Seed: 3}, nil, nil, 1},
+		{"min-p 1 is greedy", []float32{0, 3, 1, 2.9}, Params{Temperature: 5, MinP: 1, Seed: 3}, nil, nil, 1},
+		// Positive logits are divided: 3/2 = 1.5 < 2.
+		{"penalty positive", []float32{0, 3, 1, 2}, Params{RepetitionPenalty: 2}, nil, []int32{1}, 3},
+		// Negative logits are multiplied: -1·2 = -2 < -1.5.
+		{"penalty negative", []float32{-1, -1.5, -3, -4}, Params{RepetitionPenalty: 2}, nil, []int32{0}, 1},
+		// A token repeated in prompt and output is penalised once: 3/2=1.5 > 1.4.
+		{"penalty once", []float32{0, 3, 1.4, 1}, Params{RepetitionPenalty: 2}, nil, []int32{1, 1, 1}, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(tc.p, 0)
+			orig := slices.Clone(tc.row)
+			tok, lp, err := s.Sample(tc.row, tc.gen, tc.gen, tc.proc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tok != tc.want {
+				t.Errorf("token %d, want %d", tok, tc.want)
+			}
+			if !slices.EqualFunc(orig, tc.row, func(a, b float32) bool { return a == b || (a != a && b != b) }) {
+				t.Errorf("row modified: %v → %v", orig, tc.row)
+			}
+			// The log-prob is of the raw row, whatever the processors did.
+			var z float64
+			for _, v := range orig {
+				if v == v {
+					z += math.Exp(float64(v))
+				}
+			}
+			want := float64(orig[tok]) - math.Log(z)
+			if math.Abs(float64(lp)-want) > 1e-5 {
+				t.Errorf("logprob %v, want %v", lp, want)
+			}
+		})
+	}
+}
+
+func TestDeadEndAndErrors(t *testing.T) {
+	myErr := errors.New("boom")
+	cases := []struct {
+		name string
+		row  []float32
+		proc LogitsProcessor
+		want error
+	}{
+		{"all masked", []float32{1, 2}, LogitsProcessorFunc(func(_ []int32, l []float32) error {
+			l[0], l[1] = -inf, -inf
+			return nil
+		}), ErrDeadEnd},
+		{"all -Inf from the model", []float32{-inf, -inf}, nil, ErrDeadEnd},
+		{"processor says dead end", []float32{1, 2}, LogitsProcessorFunc(func([]int32, []float32) error { return ErrDeadEnd }), ErrDeadEnd},
+		{"processor error passes through", []float32{1, 2}, LogitsProcessorFunc(func([]int32, []float32) error { return myErr }), myErr},
+	}
+	for _, tc := range cases {
+		for _, temp := range []float32{0, 1} {
+			_, _, err := New(Params{Temperature: temp, Seed: 1}, 0).Sample(tc.row, nil, nil, tc.proc)
+			if !errors.Is(err, tc.want) {
+				t.Errorf("%s (T=%v): err %v, want %v", tc.name, temp, err, tc.want)
+			}
+		}
+	}
+}
+
+func TestReproducible(t *testing.T) {
+	row := make([]float32, 300)
+	for i := range row {
+		row[i] = float32(math.Sin(float64(i)))
+	}
+	draw := func(seed uint64, index int) []int32 {
+		s := New(Params{Temperature: 1, TopP: 0.95, Seed: seed}, index)
+		var out []int32
+		for i := 0; i < 50; i++ {
+			tok, _, _ := s.Sample(row, nil, out, nil)
+			out = append(out, tok)
+		}
+		return out
+	}
+	if !slices.Equal(draw(7, 0), draw(7, 0)) {
+		t.Error("same seed and index differ")
+	}
+	if slices.Equal(draw(7, 0), draw(7, 1)) {
+		t.Error("sample indices share a stream")
+	}
+	if slices.Equal(draw(7, 0), draw(8, 0)) {
+		t.Error("seeds share a stream")
+	}
+	if slices.Equal(draw(0, 0), draw(0, 0)) {
+		t.Error("seed 0 is not random")
+	}
+}
+
+// TestTopPFastPathMatchesFullSort checks the pre-filter of draw: on a long
+// row where the filter applies and on one where it cannot (flat row), the
+// drawn tokens are those of the reference nucleus.
+func TestTopPFastPathMatchesFullSort(t *testing.T) {
+	steep := make([]float32, 5000)
+	flat := make([]float32, 5000)
+	for i := range steep {
+		steep[i] = float32(-i) * 0.01
+		flat[i] = float32(i%7) * 1e-4
+	}
+	for _, row := range [][]float32{steep, flat} {
+		for _, p := range []Params{{Temperature: 1, TopP: 0.5, Seed: 2}, {Temperature: 1, TopK: 40, Seed: 2}, {Temperature: 0.7, TopK: 900, TopP: 0.9, Seed: 2}} {
+			want := refAllowed(row, p)
+			s := New(p, 0)
+			for i := 0; i < 300; i++ {
+				tok, _, err := s.Sample(row, nil, nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := want[tok]; !ok {
+					t.Fatalf("%+v: drew %d outside the nucleus of %d tokens", p, tok, len(want))
+				}
+			}
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		p  Params
+		ok bool
+	}{
+		{Params{}, true},
+		{Params{Temperature: 0.7, TopP: 1, TopK: 50, MinP: 0.1, RepetitionPenalty: 1.2, MaxTokens: 10, N: 4}, true},
+		{Params{Temperature: -0.1}, false},
+		{Params{Temperature: float32(math.NaN())}, false},
+		{Params{TopP: -0.5}, false},
+		{Params{MinP: 1.5}, false},
+		{Params{RepetitionPenalty: -1}, false},
+		{Params{TopK: -1}, false},
+		{Params{MaxTokens: -1}, false},
+		{Params{N: -2}, false},
+	}
+	for _, tc := range cases {
+		if err := Validate(tc.p); (err == nil) != tc.ok {
+			t.Errorf("Validate(%+v) = %v", tc.p, err)
+		}
+	}
+}
+
+func BenchmarkSample(b *testing.B) {
+	row := make([]float32, 6000)
+	for i := range row {
+		row[i] = float32(math.Sin(float64(i)*0.37)) * 4
+	}
+	for _, tc := range []struct {
+		name string
+		p    Params
+	}{
+		{"greedy", Params{}},
+		{"temp", Params{Temperature: 0.8, Seed: 1}},
+		{"top-p 0.9", Params{Temperature: 0.8, TopP: 0.9, Seed: 1}},
+		{"top-k 50", Params{Temperature: 0.8, TopK: 50, Seed: 1}},
+		{"penalty+top-p", Params{Temperature: 0.8, TopP: 0.9, RepetitionPenalty: 1.1, Seed: 1}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s := New(tc.p, 0)
+			hist := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+			for b.Loop() {
+				s.Sample(row, hist, hist, nil)
+			}
+		})
+	}
+}
+
+func TestExpNeg(t *testing.T) {
+	worst := 0.0
+	for x := float32(-87); x <= 0; x += 0.0013 {
+		want := math.Exp(float64(x))
+		got := float64(expNeg(x))
+		if rel := math.Abs(got-want) / want; rel > worst {
+			worst = rel
+		}
+	}
+	if worst > 5e-7 {
+		t.Errorf("worst relative error %g", worst)
+	}
+	if expNeg(0) != 1 || expNeg(-100) != 0 || expNeg(float32(math.Inf(-1))) != 0 {
+		t.Errorf("edge values %v %v %v", expNeg(0), expNeg(-100), expNeg(float32(math.Inf(-1))))
+	}
+}
