@@ -266,7 +266,7 @@ func (b *Backend) init(m *model.Model) error {
 	}
 
 	// Kernels: NVRTC → CUBIN for this exact architecture.
-	res, err := b.l.rtc.compileSource("llama.cu", llamaSource, archFor(b.info.Major, b.info.Minor), kernelOptions(b.hd))
+	res, err := compileCached(&b.l.rtc, archFor(b.info.Major, b.info.Minor), b.hd)
 	if err != nil {
 		return err
 	}

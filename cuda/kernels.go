@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"sync"
 )
 
 // llamaSource is the CUDA C of every kernel; see kernels/llama.cu for each
@@ -22,3 +23,26 @@ func kernelOptions(headDim int) []string {
 // archFor names the NVRTC target for a compute capability: real machine
 // code (CUBIN) for the device itself.
 func archFor(major, minor int) string { return fmt.Sprintf("sm_%d%d", major, minor) }
+
+var (
+	compileMu    sync.Mutex
+	compileCache = map[string]*compileResult{}
+)
+
+// compileCached compiles the kernels once per process for each (arch,
+// head dim): NVRTC takes about a second, and tests and benchmarks create
+// many backends.
+func compileCached(f *nvrtcFns, arch string, headDim int) (*compileResult, error) {
+	key := fmt.Sprintf("%s/%d", arch, headDim)
+	compileMu.Lock()
+	defer compileMu.Unlock()
+	if r, ok := compileCache[key]; ok {
+		return r, nil
+	}
+	r, err := f.compileSource("llama.cu", llamaSource, arch, kernelOptions(headDim))
+	if err != nil {
+		return nil, err
+	}
+	compileCache[key] = r
+	return r, nil
+}

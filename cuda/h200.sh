@@ -1,0 +1,52 @@
+#!/bin/bash
+# H200 runs for package cuda (issue 7). Build on the dev machine first:
+#   CGO_ENABLED=0 go test -c -o .carry/cuda/cuda.test ./cuda/
+#   CGO_ENABLED=0 go build -o .carry/cuda/chunlian ./cmd/chunlian
+# then, through the device tool, with carry [".carry/cuda"]:
+#   bash cuda/h200.sh smoke   # ~3 min: GPU tests, kernel benchmarks, short HTTP + HF smoke
+#   bash cuda/h200.sh full    # ~8 min: the whole benchmark, side by side
+# Logs, JSON and Markdown are written to /tmp/h200 and packed into
+# $OUT/results.tgz (the device tool brings back at most 8 files).
+set -u
+MODE=${1:-smoke}
+RES=${OUT:-/tmp}
+OUT=/tmp/h200
+rm -rf "$OUT"; mkdir -p "$OUT"
+BIN=.carry/cuda
+export CHUNLIAN_CUDA_LIB_DIR=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib
+export PYTHONUNBUFFERED=1
+SF="--backend cuda --max-num-seqs 1024 --max-num-batched-tokens 8192 --max-queue 8192 --kv-cache-memory 8GiB"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu --format=csv | tee "$OUT/gpu.txt"
+nproc
+# GPU utilisation/memory once a second for the whole run (NVML via nvidia-smi).
+nvidia-smi dmon -s um -d 1 -o T > "$OUT/dmon.txt" 2>&1 &
+DMON=$!
+trap 'kill $DMON 2>/dev/null; tar czf "$RES/results.tgz" -C "$OUT" .' EXIT
+
+case "$MODE" in
+smoke)
+	timeout 150 $BIN/cuda.test -test.v -test.count 1 2>&1 | tee "$OUT/cuda_test.log" | grep -E "^(=== RUN|--- |PASS|FAIL|ok)|device|worst|Δ|cuda:|panic" | head -120
+	timeout 60 $BIN/cuda.test -test.run XXX -test.bench . -test.benchtime 30x 2>&1 | tee "$OUT/cuda_bench.log" | grep -E "Benchmark|device"
+	timeout 45 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,100 --duration 3s --warmup 1s \
+		--server-log-dir "$OUT" --quiet --out "$OUT/http_smoke.md" 2>&1 | tail -5
+	cat "$OUT/http_smoke.md" 2>/dev/null | head -30
+	timeout 60 python3 bench/hf_baseline.py --model weights/chunlian-base --seq-requests 5 --batches 128 \
+		--batch-repeats 1 --json "$OUT/hf_smoke.json" 2>&1 | tail -12
+	;;
+full)
+	timeout 120 python3 bench/hf_baseline.py --model weights/chunlian-base --seq-requests 50 --batches 128,1024 \
+		--batch-repeats 5 --json "$OUT/hf.json" > "$OUT/hf.log" 2>&1
+	timeout 60 $BIN/cuda.test -test.run XXX -test.bench . -test.benchtime 100x > "$OUT/cuda_bench.log" 2>&1
+	timeout 170 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,10,100,1000 --duration 10s \
+		--warmup 2s --server-log-dir "$OUT" --quiet --json "$OUT/engine.json" --out "$OUT/engine.md" > "$OUT/engine.log" 2>&1
+	timeout 100 $BIN/chunlian bench --spawn naive --server-flags "$SF" --concurrency 1,10,100 --duration 10s \
+		--warmup 2s --server-log-dir "$OUT" --quiet --json "$OUT/naive.json" --out "$OUT/naive.md" > "$OUT/naive.log" 2>&1
+	grep -E "Benchmark" "$OUT/cuda_bench.log"
+	tail -12 "$OUT/hf.log"
+	cat "$OUT/engine.md" | head -40
+	cat "$OUT/naive.md" | head -25
+	;;
+esac
+kill $DMON 2>/dev/null
+tail -5 "$OUT/dmon.txt"
