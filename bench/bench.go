@@ -77,6 +77,9 @@ func (l Level) String() string {
 	if l.Shape == "open" {
 		return fmt.Sprintf("%g req/s", l.Rate)
 	}
+	if l.Concurrency == 1 {
+		return "1 user"
+	}
 	return fmt.Sprintf("%d users", l.Concurrency)
 }
 

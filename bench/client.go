@@ -335,8 +335,10 @@ func (a *accum) result() (int, int) {
 		return a.finalHan, cp
 	case a.streamHan > 0:
 		return a.streamHan, max(cp, 1)
+	case a.tokenEvents > 0:
+		return a.tokenEvents, max(cp, 1)
 	default:
-		return a.tokenEvents, cp
+		return 0, cp
 	}
 }
 

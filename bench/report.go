@@ -362,6 +362,8 @@ func fmtMS(v float64) string {
 		return "—"
 	case v >= 10000:
 		return fmt.Sprintf("%.1f s", v/1000)
+	case v >= 1000:
+		return fmt.Sprintf("%.2f s", v/1000)
 	case v >= 100:
 		return fmt.Sprintf("%.0f ms", v)
 	case v >= 10:
