@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/ebitengine/purego"
 )
@@ -15,32 +16,45 @@ import (
 // the first call of blasAvailable; failures are silent and leave the Go paths
 // in charge.
 
-// CBLAS enum values (cblas.h).
-const (
-	cblasRowMajor = 101
-	cblasNoTrans  = 111
-	cblasTrans    = 112
-)
-
-// C signatures (blasint is 32-bit in Debian's libopenblas0; the 64-bit
-// variant ships as libopenblas64 and is not searched for):
+// The Fortran BLAS entry points are called rather than the CBLAS ones:
+// every Fortran argument is a pointer, so the call goes through
+// purego.SyscallN with integer-class arguments only. SyscallN cannot mix
+// integer and float arguments (cblas_sgemm's alpha/beta), and
+// purego.RegisterLibFunc's reflection-built wrapper costs ~10 heap
+// allocations per call, which the engine would pay on every projection.
 //
-//	void cblas_sgemm(order, transA, transB, M, N, K int, alpha float,
-//	                 const float *A, int lda, const float *B, int ldb,
-//	                 float beta, float *C, int ldc)
-//	void cblas_sgemv(order, trans, M, N int, alpha float, const float *A,
-//	                 int lda, const float *x, int incx, float beta, float *y,
-//	                 int incy)
+//	void sgemm_(const char *transa, const char *transb, const int *m,
+//	            const int *n, const int *k, const float *alpha,
+//	            const float *a, const int *lda, const float *b,
+//	            const int *ldb, const float *beta, float *c, const int *ldc)
+//	void sgemv_(const char *trans, const int *m, const int *n,
+//	            const float *alpha, const float *a, const int *lda,
+//	            const float *x, const int *incx, const float *beta, float *y,
+//	            const int *incy)
 //	void openblas_set_num_threads(int)
+//
+// blasint is 32-bit in Debian's libopenblas0 (the 64-bit-index variant ships
+// as libopenblas64 and is not searched for).
 var (
 	blasOnce    sync.Once
 	blasOK      bool
 	blasLibPath string
-	cblasSgemm  func(order, ta, tb, m, n, k int32, alpha float32, a *float32, lda int32,
-		b *float32, ldb int32, beta float32, c *float32, ldc int32)
-	cblasSgemv func(order, trans, m, n int32, alpha float32, a *float32, lda int32,
-		x *float32, incx int32, beta float32, y *float32, incy int32)
-	openblasSetNumThreads func(n int32)
+	fnSgemm     uintptr
+	fnSgemv     uintptr
+	fnSetThr    uintptr
+
+	// blasMu guards blasArgs, the memory the scalar arguments are passed
+	// through (package-level, so it never moves and nothing is allocated per
+	// call). It also serialises OpenBLAS calls, which is no loss: each one
+	// already uses all the threads.
+	blasMu   sync.Mutex
+	blasArgs struct {
+		charN, charT byte
+		m, n, k      int32
+		lda, ldb     int32
+		ldc, inc     int32
+		alpha, beta  float32
+	}
 )
 
 // blasCandidates lists library paths to try, most specific first:
@@ -85,7 +99,7 @@ func loadBLAS() {
 		// panics on a missing one (e.g. a reference BLAS without the
 		// openblas_ extension).
 		ok := true
-		for _, s := range []string{"cblas_sgemm", "cblas_sgemv", "openblas_set_num_threads"} {
+		for _, s := range []string{"sgemm_", "sgemv_", "openblas_set_num_threads"} {
 			if _, err := purego.Dlsym(h, s); err != nil {
 				ok = false
 			}
@@ -94,12 +108,13 @@ func loadBLAS() {
 			purego.Dlclose(h)
 			continue
 		}
-		purego.RegisterLibFunc(&cblasSgemm, h, "cblas_sgemm")
-		purego.RegisterLibFunc(&cblasSgemv, h, "cblas_sgemv")
-		purego.RegisterLibFunc(&openblasSetNumThreads, h, "openblas_set_num_threads")
+		fnSgemm, _ = purego.Dlsym(h, "sgemm_")
+		fnSgemv, _ = purego.Dlsym(h, "sgemv_")
+		fnSetThr, _ = purego.Dlsym(h, "openblas_set_num_threads")
+		blasArgs.charN, blasArgs.charT = 'N', 'T'
 		blasLibPath = path
 		blasOK = true
-		openblasSetNumThreads(int32(Threads()))
+		purego.SyscallN(fnSetThr, uintptr(Threads()))
 		return
 	}
 }
@@ -115,24 +130,42 @@ func blasAvailable() bool {
 // setBLASThreads forwards SetThreads to OpenBLAS if it is already loaded (if
 // not, loadBLAS applies Threads() when it loads).
 func setBLASThreads(n int) {
+	blasMu.Lock()
+	defer blasMu.Unlock()
 	if blasOK {
-		openblasSetNumThreads(int32(n))
+		purego.SyscallN(fnSetThr, uintptr(n))
 	}
 }
 
-// gemmBLAS: y[m,n] (+)= x[m,k]·w[n,k]ᵀ via one cblas call. M=1 (decode of
-// one sequence) goes to sgemv, y = W·x, which OpenBLAS runs as a streaming
-// kernel instead of packing W for a GEMM.
+// gemmBLAS: y[m,n] (+)= x[m,k]·w[n,k]ᵀ in one OpenBLAS call.
+//
+// Fortran is column-major: the row-major y[m,n] is the column-major n×m
+// matrix yᵀ, and yᵀ = w·xᵀ where row-major w[n,k] read column-major is the
+// k×n matrix wᵀ (so it is passed with trans='T') and row-major x[m,k] is the
+// k×m matrix xᵀ (trans='N'). M=1 (decode of one sequence) goes to sgemv,
+// y = w·x, a streaming kernel that skips GEMM's packing.
 func gemmBLAS(m, n, k int, x, w, y []float32, acc bool) {
-	var beta float32
+	blasMu.Lock()
+	defer blasMu.Unlock()
+	a := &blasArgs
+	a.m, a.n, a.k = int32(m), int32(n), int32(k)
+	a.lda, a.ldb, a.ldc, a.inc = int32(k), int32(k), int32(n), 1
+	a.alpha, a.beta = 1, 0
 	if acc {
-		beta = 1
+		a.beta = 1
 	}
+	p := func(v *int32) uintptr { return uintptr(unsafe.Pointer(v)) }
 	if m == 1 {
-		cblasSgemv(cblasRowMajor, cblasNoTrans, int32(n), int32(k), 1, &w[0], int32(k),
-			&x[0], 1, beta, &y[0], 1)
+		// sgemv_('T', k, n, 1, w, k, x, 1, beta, y, 1): the column-major
+		// k×n matrix is wᵀ, transposed back to w.
+		purego.SyscallN(fnSgemv, uintptr(unsafe.Pointer(&a.charT)), p(&a.k), p(&a.n),
+			uintptr(unsafe.Pointer(&a.alpha)), uintptr(unsafe.Pointer(&w[0])), p(&a.lda),
+			uintptr(unsafe.Pointer(&x[0])), p(&a.inc), uintptr(unsafe.Pointer(&a.beta)),
+			uintptr(unsafe.Pointer(&y[0])), p(&a.inc))
 		return
 	}
-	cblasSgemm(cblasRowMajor, cblasNoTrans, cblasTrans, int32(m), int32(n), int32(k),
-		1, &x[0], int32(k), &w[0], int32(k), beta, &y[0], int32(n))
+	purego.SyscallN(fnSgemm, uintptr(unsafe.Pointer(&a.charT)), uintptr(unsafe.Pointer(&a.charN)),
+		p(&a.n), p(&a.m), p(&a.k), uintptr(unsafe.Pointer(&a.alpha)),
+		uintptr(unsafe.Pointer(&w[0])), p(&a.lda), uintptr(unsafe.Pointer(&x[0])), p(&a.ldb),
+		uintptr(unsafe.Pointer(&a.beta)), uintptr(unsafe.Pointer(&y[0])), p(&a.ldc))
 }

@@ -47,23 +47,45 @@ func RMSNorm(out, x, weight []float32, rows, d int, eps float32) {
 		panic(fmt.Sprintf("cpu.RMSNorm: bad shapes rows=%d d=%d len(out)=%d len(x)=%d len(weight)=%d",
 			rows, d, len(out), len(x), len(weight)))
 	}
-	weight = weight[:d]
-	body := func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			xr := x[r*d : (r+1)*d]
-			// Mean of squares in float64 for the final divide: the sum
-			// itself is float32 (SIMD partial sums are accurate enough at
-			// d ≤ a few thousand).
-			ms := float64(sumSqImpl(xr)) / float64(d)
-			s := float32(1 / math.Sqrt(ms+float64(eps)))
-			scaleMulImpl(out[r*d:(r+1)*d], xr, weight, s)
-		}
-	}
+	j := rmsJob{out, x, weight[:d], rows, d, eps}
 	parts := rowParts(rows, d)
-	parallelFor(parts, func(p, np int) {
-		r0, r1 := split(rows, np, p, 1)
-		body(r0, r1)
-	})
+	if parts <= 1 {
+		j.rows0(0, rows)
+		return
+	}
+	poolMu.Lock()
+	theRMSJob = j
+	runParts(&theRMSJob, parts)
+	theRMSJob = rmsJob{}
+	poolMu.Unlock()
+}
+
+// rmsJob is one RMSNorm call: out, x [rows,d], weight [d]. theRMSJob is
+// guarded by poolMu.
+type rmsJob struct {
+	out, x, weight []float32
+	rows, d        int
+	eps            float32
+}
+
+var theRMSJob rmsJob
+
+func (j *rmsJob) run(p, np int) {
+	r0, r1 := split(j.rows, np, p, 1)
+	j.rows0(r0, r1)
+}
+
+func (j *rmsJob) rows0(r0, r1 int) {
+	d := j.d
+	for r := r0; r < r1; r++ {
+		xr := j.x[r*d : (r+1)*d]
+		// The sum of squares is float32 (SIMD partial sums are accurate
+		// enough for d up to a few thousand); the divide and sqrt are
+		// float64.
+		ms := float64(sumSqImpl(xr)) / float64(d)
+		s := float32(1 / math.Sqrt(ms+float64(j.eps)))
+		scaleMulImpl(j.out[r*d:(r+1)*d], xr, j.weight, s)
+	}
 }
 
 // rowParts picks a thread count for a row-wise kernel over rows×d floats:
@@ -79,15 +101,26 @@ func rowParts(rows, d int) int {
 // len(out). out may alias gate or up.
 func SiLUMul(out, gate, up []float32) {
 	gate, up = gate[:len(out)], up[:len(out)]
-	n := len(out)
-	parts := 1
-	if n >= 1<<15 {
-		parts = Threads()
+	if len(out) < 1<<15 || Threads() <= 1 {
+		siluMulImpl(out, gate, up)
+		return
 	}
-	parallelFor(parts, func(p, np int) {
-		lo, hi := split(n, np, p, 16)
-		siluMulImpl(out[lo:hi], gate[lo:hi], up[lo:hi])
-	})
+	poolMu.Lock()
+	theSiLUJob = siluJob{out, gate, up}
+	runParts(&theSiLUJob, Threads())
+	theSiLUJob = siluJob{}
+	poolMu.Unlock()
+}
+
+// siluJob is one SiLUMul call over equal-length out, gate, up; theSiLUJob
+// is guarded by poolMu.
+type siluJob struct{ out, gate, up []float32 }
+
+var theSiLUJob siluJob
+
+func (j *siluJob) run(p, np int) {
+	lo, hi := split(len(j.out), np, p, 16)
+	siluMulImpl(j.out[lo:hi], j.gate[lo:hi], j.up[lo:hi])
 }
 
 var siluMulImpl = siluMulGo
@@ -159,24 +192,48 @@ func RoPE(x []float32, positions []int32, rows, nHeads, headDim int, theta float
 		}
 		maxPos = max(maxPos, p)
 	}
-	tab := ropeTable(headDim, theta, int(maxPos)+1)
-	half := headDim / 2
-	stride := nHeads * headDim
-	body := func(r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			pos := int(positions[r])
-			cos := tab.cos[pos*half : (pos+1)*half]
-			sin := tab.sin[pos*half : (pos+1)*half]
-			for h := 0; h < nHeads; h++ {
-				v := x[r*stride+h*headDim : r*stride+(h+1)*headDim]
-				ropeImpl(v[:half], v[half:], cos, sin)
-			}
+	j := ropeJob{x, positions, ropeTable(headDim, theta, int(maxPos)+1), rows, nHeads, headDim}
+	parts := rowParts(rows, nHeads*headDim)
+	if parts <= 1 {
+		j.rows0(0, rows)
+		return
+	}
+	poolMu.Lock()
+	theRoPEJob = j
+	runParts(&theRoPEJob, parts)
+	theRoPEJob = ropeJob{}
+	poolMu.Unlock()
+}
+
+// ropeJob is one RoPE call: x [rows, nHeads*headDim], positions [rows];
+// theRoPEJob is guarded by poolMu.
+type ropeJob struct {
+	x                     []float32
+	positions             []int32
+	tab                   *ropeTab
+	rows, nHeads, headDim int
+}
+
+var theRoPEJob ropeJob
+
+func (j *ropeJob) run(p, np int) {
+	r0, r1 := split(j.rows, np, p, 1)
+	j.rows0(r0, r1)
+}
+
+func (j *ropeJob) rows0(r0, r1 int) {
+	hd := j.headDim
+	half := hd / 2
+	stride := j.nHeads * hd
+	for r := r0; r < r1; r++ {
+		pos := int(j.positions[r])
+		cos := j.tab.cos[pos*half : (pos+1)*half]
+		sin := j.tab.sin[pos*half : (pos+1)*half]
+		for h := 0; h < j.nHeads; h++ {
+			v := j.x[r*stride+h*hd : r*stride+(h+1)*hd]
+			ropeImpl(v[:half], v[half:], cos, sin)
 		}
 	}
-	parallelFor(rowParts(rows, stride), func(p, np int) {
-		r0, r1 := split(rows, np, p, 1)
-		body(r0, r1)
-	})
 }
 
 var ropeImpl = ropeGo

@@ -150,23 +150,46 @@ func gemmParts(m, n, k int) (parts int, byM bool) {
 	return min(t, max(1, n/16)), false
 }
 
-// runGemm splits the product across the pool and calls kern for each
-// rectangle y[i0:i1, j0:j1]. alignM/alignN keep split points on microkernel
-// boundaries.
-func runGemm(m, n, k int, x, w, y []float32, acc bool, alignM, alignN int,
-	kern func(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool)) {
-	parts, byM := gemmParts(m, n, k)
-	parallelFor(parts, func(p, np int) {
-		if byM {
-			i0, i1 := split(m, np, p, alignM)
-			if i0 < i1 {
-				kern(i0, i1, 0, n, n, k, x, w, y, acc)
-			}
-		} else {
-			j0, j1 := split(n, np, p, alignN)
-			if j0 < j1 {
-				kern(0, m, j0, j1, n, k, x, w, y, acc)
-			}
+// gemmKernel computes y[i0:i1, j0:j1] (row stride n) = x·wᵀ over all of k.
+type gemmKernel func(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool)
+
+// gemmJob is one parallel GEMM; the single instance theGemmJob is guarded by
+// poolMu (see pool.go).
+type gemmJob struct {
+	m, n, k        int
+	x, w, y        []float32
+	acc, byM       bool
+	alignM, alignN int
+	kern           gemmKernel
+}
+
+var theGemmJob gemmJob
+
+func (g *gemmJob) run(p, np int) {
+	if g.byM {
+		i0, i1 := split(g.m, np, p, g.alignM)
+		if i0 < i1 {
+			g.kern(i0, i1, 0, g.n, g.n, g.k, g.x, g.w, g.y, g.acc)
 		}
-	})
+		return
+	}
+	j0, j1 := split(g.n, np, p, g.alignN)
+	if j0 < j1 {
+		g.kern(0, g.m, j0, j1, g.n, g.k, g.x, g.w, g.y, g.acc)
+	}
+}
+
+// runGemm splits the product across the pool and calls kern for each
+// rectangle. alignM/alignN keep split points on microkernel boundaries.
+func runGemm(m, n, k int, x, w, y []float32, acc bool, alignM, alignN int, kern gemmKernel) {
+	parts, byM := gemmParts(m, n, k)
+	if parts <= 1 {
+		kern(0, m, 0, n, n, k, x, w, y, acc)
+		return
+	}
+	poolMu.Lock()
+	theGemmJob = gemmJob{m, n, k, x, w, y, acc, byM, alignM, alignN, kern}
+	runParts(&theGemmJob, parts)
+	theGemmJob = gemmJob{} // do not keep the caller's buffers alive
+	poolMu.Unlock()
 }

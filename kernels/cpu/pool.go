@@ -8,27 +8,34 @@ import (
 
 // The worker pool: a fixed set of goroutines that run parts of one parallel
 // call. Starting goroutines per call costs a few µs each, which matters for
-// the decode-time shapes (M=1, N≈512) where the whole GEMM takes ~10-50 µs.
+// the decode-time shapes (M=1, N≈512) where a whole GEMM takes ~10-50 µs.
 //
 // Invariants:
-//   - parallelFor is safe to call from many goroutines at once; calls are
-//     serialised by poolMu (the engine drives one forward pass at a time, so
-//     contention is rare and serialising keeps the workers' CPU share sane).
-//   - The calling goroutine always executes part 0 itself; workers execute
-//     parts 1..n-1. So a pool of size 1 never hands off work.
+//   - poolMu is held for the whole of a parallel call: it serialises parallel
+//     kernels (the engine drives one forward pass at a time, so contention is
+//     rare, and two concurrent calls would only fight over the same cores)
+//     and it guards the package-level job descriptors (gemmJobs, rmsJobs, ...)
+//     that callers fill before runParts, so that a parallel call allocates
+//     nothing.
+//   - The calling goroutine always executes part 0 itself; worker w executes
+//     part w+1. A call with one part never touches the pool.
+//   - Kernels never nest parallel calls (a job's run must not call
+//     runParts), since poolMu is not reentrant.
 
 var (
 	threads atomic.Int32 // configured thread count (≥1)
 
-	poolMu  sync.Mutex // serialises parallel calls and pool resizing
-	workers []chan task
+	poolMu  sync.Mutex      // see above
+	workers []chan workItem // grown on demand, never shrunk; guarded by poolMu
+	poolWG  sync.WaitGroup  // counts outstanding parts of the current call
 )
 
-type task struct {
-	fn    func(part, nparts int)
-	part  int
-	parts int
-	wg    *sync.WaitGroup
+// job is one parallel call: run(part, parts) does part `part` of `parts`.
+type job interface{ run(part, parts int) }
+
+type workItem struct {
+	j           job
+	part, parts int
 }
 
 func init() {
@@ -37,7 +44,8 @@ func init() {
 
 // SetThreads sets the number of threads used by the kernels (n<1 means
 // runtime.GOMAXPROCS(0)). It also sets OpenBLAS's thread count when OpenBLAS
-// is loaded.
+// is loaded. Safe to call at any time; calls in flight finish with the count
+// they started with.
 func SetThreads(n int) {
 	if n < 1 {
 		n = runtime.GOMAXPROCS(0)
@@ -49,34 +57,27 @@ func SetThreads(n int) {
 // Threads reports the thread count in use.
 func Threads() int { return int(threads.Load()) }
 
-func workerLoop(ch chan task) {
-	for t := range ch {
-		t.fn(t.part, t.parts)
-		t.wg.Done()
+func workerLoop(ch chan workItem) {
+	for it := range ch {
+		it.j.run(it.part, it.parts)
+		poolWG.Done()
 	}
 }
 
-// parallelFor runs fn(p, parts) for p in [0, parts) with parts ≤ Threads(),
-// returning when all are done. parts ≤ 1 runs inline.
-func parallelFor(parts int, fn func(part, parts int)) {
-	if parts <= 1 {
-		fn(0, 1)
-		return
-	}
-	poolMu.Lock()
-	defer poolMu.Unlock()
+// runParts runs j.run(p, parts) for p in [0, parts) and returns when all are
+// done. The caller must hold poolMu and parts must be ≥ 2.
+func runParts(j job, parts int) {
 	for len(workers) < parts-1 {
-		ch := make(chan task, 1)
+		ch := make(chan workItem, 1)
 		workers = append(workers, ch)
 		go workerLoop(ch)
 	}
-	var wg sync.WaitGroup
-	wg.Add(parts - 1)
+	poolWG.Add(parts - 1)
 	for p := 1; p < parts; p++ {
-		workers[p-1] <- task{fn: fn, part: p, parts: parts, wg: &wg}
+		workers[p-1] <- workItem{j, p, parts}
 	}
-	fn(0, parts)
-	wg.Wait()
+	j.run(0, parts)
+	poolWG.Wait()
 }
 
 // split returns the half-open range of part p when n items are divided into
