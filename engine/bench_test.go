@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"chunlian/forward"
+	"chunlian/model"
+	"chunlian/sampler"
+)
+
+// baseShape is a random model with the shipped model's shape (as in
+// forward's benchmarks), so figures mean something before the trained
+// weights exist.
+func baseShape() model.Config {
+	c := model.TestConfig()
+	c.VocabSize, c.HiddenSize, c.IntermediateSize = 6000, 384, 1024
+	c.NumLayers, c.NumHeads, c.NumKVHeads, c.HeadDim = 8, 6, 6, 64
+	c.TieWordEmbeddings = true
+	return c
+}
+
+type benchModel struct {
+	name string
+	m    func() (*model.Model, error)
+}
+
+func benchModels() []benchModel {
+	return []benchModel{
+		{"random-test", func() (*model.Model, error) { return model.NewRandom(model.TestConfig(), 1), nil }},
+		{"random-base-shape", func() (*model.Model, error) { return model.NewRandom(baseShape(), 1), nil }},
+		{"default", model.Default},
+	}
+}
+
+// benchRequests makes k greedy requests of promptLen random tokens that
+// each generate exactly genLen tokens (no stop tokens).
+func benchRequests(k, vocab, promptLen, genLen int) []*Request {
+	var reqs []*Request
+	for i, p := range randomPrompts(uint64(k), k, vocab, 1) {
+		prompt := make([]int32, promptLen)
+		for j := range prompt {
+			prompt[j] = (p[0] + int32(i*7+j*13)) % int32(vocab)
+		}
+		reqs = append(reqs, &Request{Prompt: prompt, Params: sampler.Params{MaxTokens: genLen}})
+	}
+	return reqs
+}
+
+func runAll(b *testing.B, e Engine, reqs []*Request) {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(reqs))
+	for _, r := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := e.Generate(context.Background(), r); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkDecode: `batch` concurrent requests (8 prompt tokens, 32
+// generated) through the paged engine; reports generated tokens/s, which is
+// decode-dominated (the 8-token prefills are one step).
+func BenchmarkDecode(b *testing.B) {
+	const promptLen, genLen = 8, 32
+	for _, bm := range benchModels() {
+		m, err := bm.m()
+		if err != nil {
+			b.Logf("%s: %v (skipped)", bm.name, err)
+			continue
+		}
+		for _, batch := range []int{1, 8, 32, 128} {
+			b.Run(fmt.Sprintf("%s/batch=%d", bm.name, batch), func(b *testing.B) {
+				be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16, KVCacheBytes: int64(batch*(promptLen+genLen+16)) * forward.KVBytesPerToken(m.Config)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer be.Close()
+				e, err := New(be, Config{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer e.Close()
+				reqs := benchRequests(batch, m.Config.VocabSize, promptLen, genLen)
+				for b.Loop() {
+					runAll(b, e, reqs)
+				}
+				b.ReportMetric(float64(batch*genLen*b.N)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
+	}
+}
+
+// BenchmarkRequests compares the paged engine with the naive baseline in the
+// same run: `users` concurrent couplet-sized requests (12 prompt tokens, 24
+// generated); reports requests/s.
+func BenchmarkRequests(b *testing.B) {
+	const users, promptLen, genLen = 16, 12, 24
+	for _, bm := range benchModels() {
+		m, err := bm.m()
+		if err != nil {
+			b.Logf("%s: %v (skipped)", bm.name, err)
+			continue
+		}
+		for _, kind := range []string{"engine", "naive"} {
+			b.Run(bm.name+"/"+kind, func(b *testing.B) {
+				be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer be.Close()
+				var e Engine = NewNaive(be)
+				if kind == "engine" {
+					if e, err = New(be, Config{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				defer e.Close()
+				reqs := benchRequests(users, m.Config.VocabSize, promptLen, genLen)
+				for b.Loop() {
+					runAll(b, e, reqs)
+				}
+				b.ReportMetric(float64(users*b.N)/b.Elapsed().Seconds(), "req/s")
+			})
+		}
+	}
+}
