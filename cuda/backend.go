@@ -36,6 +36,8 @@ type Options struct {
 	// Precision of the GEMMs: "tf32" (default: float32 storage, TF32 tensor
 	// cores, float32 accumulation) or "fp32" (exact float32 FMA; for tests).
 	Precision string
+	// EagerOnly disables CUDA graphs for decode steps (see graph.go).
+	EagerOnly bool
 	// MaxBatchTokens is the initial size of the activation buffers in
 	// tokens (default 8192); they grow on demand when a batch is larger.
 	MaxBatchTokens int
@@ -112,7 +114,7 @@ type Backend struct {
 	layers                           []devLayer
 	maxPos                           int
 
-	// KV cache: one allocation [2L, numBlocks, blockSize, nKV, hd];
+	// KV cache: one allocation [2L, allocBlocks, blockSize, nKV, hd];
 	// layer l's K is slab 2l, its V slab 2l+1.
 	cache      uintptr
 	numBlocks  int
@@ -133,6 +135,15 @@ type Backend struct {
 	pinned            []float32
 	pinAddr, pinBytes uintptr
 	pinFailed         bool
+
+	// CUDA graphs (graph.go).
+	graphsOn                            bool
+	graphs                              map[graphKey]uintptr // → CUgraphExec
+	graphLaunches, captures, eagerSteps int64
+	graphErr                            error
+	padBuf                              []int32
+	workspace                           uintptr // cuBLAS workspace (no allocation during capture)
+	allocBlocks                         int     // numBlocks + 1 reserved padding block
 
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
@@ -167,7 +178,7 @@ func New(m *model.Model, o Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{cmd: make(chan func()), l: l, opt: o, fn: map[string]uintptr{},
-		allocs: map[uintptr]bool{}, one: new(float32), zero: new(float32), args: &launchArgs{}}
+		allocs: map[uintptr]bool{}, graphs: map[graphKey]uintptr{}, one: new(float32), zero: new(float32), args: &launchArgs{}}
 	*b.one = 1
 	go b.worker()
 	err = b.do(func() error { return b.init(m) })
@@ -298,6 +309,15 @@ func (b *Backend) init(m *model.Model) error {
 		return err
 	}
 	b.computeType = ct
+	// A fixed cuBLAS workspace: cuBLAS must not allocate while a graph is
+	// being captured.
+	if b.workspace, err = b.alloc(32 << 20); err != nil {
+		return err
+	}
+	if err := bl.err("cublasSetWorkspace", sc(bl.setWorkspace, b.blas, b.workspace, 32<<20)); err != nil {
+		return err
+	}
+	b.graphsOn = !b.opt.EagerOnly && b.l.drv.cuGraphLaunch != 0
 
 	if err := b.uploadWeights(m); err != nil {
 		return err
@@ -450,6 +470,7 @@ func (b *Backend) growScratch(n int) error {
 			return err
 		}
 	}
+	b.dropGraphs()
 	c := b.cfg
 	dm, ffn, V := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.VocabSize)
 	for _, x := range []struct {
@@ -478,6 +499,7 @@ func (b *Backend) ensureMeta(n int) error {
 			return err
 		}
 	}
+	b.dropGraphs()
 	b.free(b.meta)
 	c := max(n, 2*b.capMeta, 1<<16)
 	var err error
@@ -509,24 +531,27 @@ func (b *Backend) allocCache() error {
 	if b.opt.MaxBlocks > 0 && n > int64(b.opt.MaxBlocks) {
 		n = int64(b.opt.MaxBlocks)
 	}
-	if lim := int64(math.MaxInt32) / int64(b.opt.BlockSize); n > lim {
+	if lim := int64(math.MaxInt32)/int64(b.opt.BlockSize) - 1; n > lim {
 		n = lim // slots are int32
 	}
 	if n < 1 {
 		return fmt.Errorf("cuda: KV cache budget %d bytes is less than one block (%d bytes)", budget, perBlock)
 	}
 	var err error
-	if b.cache, err = b.alloc(n * perBlock); err != nil {
+	// One extra block, never handed to the engine, takes the K/V writes of
+	// graph padding tokens.
+	if b.cache, err = b.alloc((n + 1) * perBlock); err != nil {
 		return err
 	}
 	b.numBlocks = int(n)
+	b.allocBlocks = int(n) + 1
 	b.info.KVCacheBytes = n * perBlock
 	return nil
 }
 
 // kvSlab returns the device address of layer l's K (v=0) or V (v=1) cache.
 func (b *Backend) kvSlab(l, v int) uintptr {
-	return b.cache + uintptr(int64(2*l+v)*int64(b.numBlocks)*int64(b.blockElems)*4)
+	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*4)
 }
 
 // launch starts kernel name with a 1-D block and a (gx, gy) grid. Each
@@ -673,23 +698,56 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 	if err != nil {
 		return err
 	}
-	T, R := len(bt.Tokens), len(bt.LogitRows)
-	if err := b.growScratch(max(T, R)); err != nil {
+	T, R, S := len(bt.Tokens), len(bt.LogitRows), len(bt.Seqs)
+	n := off[5] + S*stride
+	meta := b.hostMeta[:n]
+	Te, Re := T, R // shapes the kernels run at
+	tp := 0
+	if b.graphsOn && isDecode(bt) {
+		tp = graphBucket(T)
+	}
+	if tp > 0 {
+		meta, off = b.padMeta(off, T, R, S, stride, tp)
+		Te, Re = tp, tp
+	}
+	if err := b.growScratch(max(Te, Re)); err != nil {
 		return err
 	}
-	n := off[5] + len(bt.Seqs)*stride
-	if err := b.ensureMeta(n); err != nil {
+	if err := b.ensureMeta(len(meta)); err != nil {
 		return err
 	}
 	d := &b.l.drv
-	// Pageable source: the driver stages it before returning, so hostMeta
-	// may be rewritten by the next step.
-	if err := d.call("cuMemcpyHtoDAsync(meta)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&b.hostMeta[0])), uintptr(n*4), b.stream); err != nil {
+	// Pageable source: the driver stages it before returning, so the host
+	// buffer may be rewritten by the next step.
+	if err := d.call("cuMemcpyHtoDAsync(meta)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&meta[0])), uintptr(len(meta)*4), b.stream); err != nil {
 		return err
 	}
+	var errs error
+	if tp > 0 {
+		errs = b.launchGraph(tp, stride, off)
+	} else {
+		b.eagerSteps++
+		errs = b.enqueue(Te, Re, stride, off)
+	}
+	if errs == nil && R > 0 {
+		b.pin(logits)
+		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), b.logitBuf, uintptr(R*b.cfg.VocabSize*4), b.stream)
+	}
+	if err := b.sync(); err != nil {
+		return errors.Join(errs, err)
+	}
+	runtime.KeepAlive(logits)
+	return errs
+}
+
+// enqueue launches the whole forward pass for T tokens (R logits rows) on
+// the stream; the metadata is already on the device at b.meta with the
+// given offsets (see prepare). Every pointer and size it passes is fixed
+// for a given (T, R, stride) as long as no buffer is reallocated, which
+// is what makes the sequence capturable as a CUDA graph.
+func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	mp := func(i int) uint64 { return uint64(b.meta + uintptr(off[i]*4)) }
 	tokens, positions, slots, tokSeq, rows, tables := mp(0), mp(1), mp(2), mp(3), mp(4), mp(5)
-
 	c := b.cfg
 	dm, ffn, nH, nKV := c.HiddenSize, c.IntermediateSize, c.NumHeads, c.NumKVHeads
 	eps := float32(c.RMSNormEps)
@@ -698,7 +756,7 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 	errs := b.launch("embed_gather", T, 1, 128, u(b.x), u(b.embed), tokens, i32(dm))
 	for l, L := range b.layers {
 		if errs != nil {
-			break
+			return errs
 		}
 		kc, vc := b.kvSlab(l, 0), b.kvSlab(l, 1)
 		errs = errors.Join(
@@ -715,20 +773,11 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 		)
 	}
 	if errs == nil && R > 0 {
-		V := c.VocabSize
 		errs = errors.Join(
 			b.launch("rmsnorm", R, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), f32(eps)),
-			b.gemm(b.logitBuf, b.xs, b.lmHead, R, V, dm, false),
+			b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, dm, false),
 		)
-		if errs == nil {
-			b.pin(logits)
-			errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), b.logitBuf, uintptr(R*V*4), b.stream)
-		}
 	}
-	if err := b.sync(); err != nil {
-		return errors.Join(errs, err)
-	}
-	runtime.KeepAlive(logits)
 	return errs
 }
 
@@ -797,7 +846,7 @@ func (b *Backend) CopyBlocks(src, dst []int32) error {
 			return err
 		}
 		err := b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
-			uint64(b.numBlocks), i32(b.blockElems))
+			uint64(b.allocBlocks), i32(b.blockElems))
 		return errors.Join(err, b.sync())
 	})
 }
@@ -822,6 +871,7 @@ func (b *Backend) release() {
 		_ = b.sync()
 	}
 	b.unpin()
+	b.dropGraphs()
 	if b.blas != 0 {
 		sc(b.l.blas.destroy, b.blas)
 		b.blas = 0

@@ -48,33 +48,40 @@ func decodeBatch(nSeq, ctx, bs int, withLogits bool) *forward.Batch {
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	g, err := New(m, Options{KVCacheBytes: 4 << 30})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer g.Close()
-	b.Logf("device %+v", g.Info())
-	for _, n := range []int{1, 16, 64, 256, 1024, 2048} {
-		for _, withLogits := range []bool{true, false} {
-			name := fmt.Sprintf("seqs=%d", n)
-			if !withLogits {
-				name += "/nologits"
-			}
-			b.Run(name, func(b *testing.B) {
-				bt := decodeBatch(n, 24, g.BlockSize(), withLogits)
-				logits := make([]float32, len(bt.LogitRows)*m.Config.VocabSize)
-				if err := g.Forward(bt, logits); err != nil {
-					b.Fatal(err)
+	for _, eager := range []bool{false, true} {
+		g, err := New(m, Options{KVCacheBytes: 4 << 30, EagerOnly: eager})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("device %+v", g.Info())
+		mode := "graph"
+		if eager {
+			mode = "eager"
+		}
+		for _, n := range []int{1, 16, 64, 256, 1024, 2048} {
+			for _, withLogits := range []bool{true, false} {
+				name := fmt.Sprintf("%s/seqs=%d", mode, n)
+				if !withLogits {
+					name += "/nologits"
 				}
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
+				b.Run(name, func(b *testing.B) {
+					bt := decodeBatch(n, 24, g.BlockSize(), withLogits)
+					logits := make([]float32, len(bt.LogitRows)*m.Config.VocabSize)
 					if err := g.Forward(bt, logits); err != nil {
 						b.Fatal(err)
 					}
-				}
-				b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
-			})
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						if err := g.Forward(bt, logits); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+				})
+			}
 		}
+		b.Logf("%s: %+v", mode, g.GraphStats())
+		g.Close()
 	}
 }
 

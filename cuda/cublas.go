@@ -12,6 +12,7 @@ import (
 // called only from the CUDA worker thread).
 type cublasFns struct {
 	create, destroy, setStream, setMathMode, gemmEx, getStatusString uintptr
+	setWorkspace                                                     uintptr
 }
 
 func (f *cublasFns) load(h uintptr) error {
@@ -21,6 +22,7 @@ func (f *cublasFns) load(h uintptr) error {
 	f.setStream = sym(h, "cublasSetStream_v2", &miss)
 	f.setMathMode = sym(h, "cublasSetMathMode", &miss)
 	f.gemmEx = sym(h, "cublasGemmEx", &miss)
+	f.setWorkspace = sym(h, "cublasSetWorkspace_v2", &miss)
 	if len(miss) > 0 {
 		return fmt.Errorf("missing cuBLAS symbols: %s", strings.Join(miss, ", "))
 	}

@@ -202,9 +202,9 @@ func argmax(x []float32) int {
 	return best
 }
 
-func newPair(t *testing.T, m *model.Model, precision string, bs int) (*Backend, *forward.CPU) {
+func newPair(t *testing.T, m *model.Model, precision string, bs int, eager bool) (*Backend, *forward.CPU) {
 	t.Helper()
-	g, err := New(m, Options{Precision: precision, BlockSize: bs, KVCacheBytes: 64 << 20, MaxBatchTokens: 64})
+	g, err := New(m, Options{Precision: precision, BlockSize: bs, KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager})
 	if err != nil {
 		t.Fatalf("cuda.New: %v", err)
 	}
@@ -226,8 +226,9 @@ func newPair(t *testing.T, m *model.Model, precision string, bs int) (*Backend, 
 func TestForwardMatchesCPU(t *testing.T) {
 	gpuOrSkip(t)
 	for name, cfg := range testConfigs() {
-		for _, prec := range []string{"fp32", "tf32"} {
-			t.Run(name+"/"+prec, func(t *testing.T) {
+		for _, variant := range []string{"fp32", "tf32", "fp32-eager"} {
+			prec, eager := strings.TrimSuffix(variant, "-eager"), strings.HasSuffix(variant, "-eager")
+			t.Run(name+"/"+variant, func(t *testing.T) {
 				tol := tolFP32
 				if prec == "tf32" {
 					tol = tolTF32
@@ -237,7 +238,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 					m.Weights.LMHead = m.Weights.Embed
 				}
 				const bs = 16
-				g, c := newPair(t, m, prec, bs)
+				g, c := newPair(t, m, prec, bs, eager)
 				t.Logf("device %+v", g.Info())
 				r := rand.New(rand.NewPCG(1, 2))
 				pool := newBlockPool(64, r)
@@ -293,6 +294,18 @@ func TestForwardMatchesCPU(t *testing.T) {
 				for i := 0; i < 3; i++ {
 					run(fmt.Sprintf("fork %d", i), buildBatch(seqs, []chunk{{0, 1, []int{0}}, {4, 1, []int{0}}}, bs, pool, r, V))
 				}
+				// Decode batches of 3 and 5 sequences pad to graph buckets 4
+				// and 8; logits rows only for some of them.
+				run("decode 3", buildBatch(seqs, []chunk{{1, 1, []int{0}}, {2, 1, nil}, {3, 1, []int{0}}}, bs, pool, r, V))
+				run("decode 5", buildBatch(seqs, []chunk{{0, 1, []int{0}}, {1, 1, []int{0}}, {2, 1, []int{0}}, {3, 1, nil}, {4, 1, []int{0}}}, bs, pool, r, V))
+				gs := g.GraphStats()
+				t.Logf("graphs: %+v", gs)
+				if eager && gs.Launches != 0 {
+					t.Errorf("EagerOnly backend replayed %d graphs", gs.Launches)
+				}
+				if !eager && (gs.Err != nil || gs.Launches == 0) {
+					t.Errorf("decode steps did not run as graphs: %+v", gs)
+				}
 			})
 		}
 	}
@@ -341,7 +354,7 @@ func TestForwardRejectsBadBatches(t *testing.T) {
 func TestEngineGreedyMatchesCPU(t *testing.T) {
 	gpuOrSkip(t)
 	m := model.NewRandom(model.TestConfig(), 11)
-	g, c := newPair(t, m, "fp32", 16)
+	g, c := newPair(t, m, "fp32", 16, false)
 	eg, err := engine.New(g, engine.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +424,7 @@ func TestDefaultModelMatchesCPU(t *testing.T) {
 			if prec == "tf32" {
 				tol = tolTF32
 			}
-			g, c := newPair(t, m, prec, 16)
+			g, c := newPair(t, m, prec, 16, false)
 			r := rand.New(rand.NewPCG(9, 9))
 			pool := newBlockPool(64, r)
 			seqs := []*seqSim{{}, {}, {}}

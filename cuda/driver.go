@@ -21,6 +21,9 @@ type driverFns struct {
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize                         uintptr
 	cuGetErrorName, cuGetErrorString                                             uintptr
 	cuMemHostRegister, cuMemHostUnregister                                       uintptr
+	// Optional (graphs are off when any is missing).
+	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiate, cuGraphLaunch uintptr
+	cuGraphDestroy, cuGraphExecDestroy                                          uintptr
 }
 
 func (f *driverFns) load(h uintptr) error {
@@ -52,6 +55,16 @@ func (f *driverFns) load(h uintptr) error {
 	f.cuMemHostUnregister = sym(h, "cuMemHostUnregister", &miss)
 	if len(miss) > 0 {
 		return fmt.Errorf("missing driver symbols: %s", strings.Join(miss, ", "))
+	}
+	var opt []string
+	f.cuStreamBeginCapture = sym(h, "cuStreamBeginCapture_v2", &opt)
+	f.cuStreamEndCapture = sym(h, "cuStreamEndCapture", &opt)
+	f.cuGraphInstantiate = sym(h, "cuGraphInstantiateWithFlags", &opt)
+	f.cuGraphLaunch = sym(h, "cuGraphLaunch", &opt)
+	f.cuGraphDestroy = sym(h, "cuGraphDestroy", &opt)
+	f.cuGraphExecDestroy = sym(h, "cuGraphExecDestroy", &opt)
+	if len(opt) > 0 {
+		f.cuGraphLaunch = 0
 	}
 	return nil
 }
