@@ -11,6 +11,7 @@ import (
 	"chunlian/cuda"
 	"chunlian/forward"
 	"chunlian/model"
+	"chunlian/server"
 )
 
 // cudaConfig holds the CUDA-only flags (ignored by the CPU backend).
@@ -66,4 +67,24 @@ func firstLine(err error) string {
 		}
 	}
 	return s
+}
+
+// gpuHook returns the server's GPU reading (NVML utilisation and memory of
+// device 0) when the stack runs on the CUDA backend, else nil.
+func gpuHook(st *stack) func() (server.GPUStats, bool) {
+	if _, ok := st.Backend.(*cuda.Backend); !ok {
+		return nil
+	}
+	n, err := cuda.OpenNVML(st.Config.CUDA.LibDir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chunlian: no GPU metrics: %v\n", err)
+		return nil
+	}
+	return func() (server.GPUStats, bool) {
+		s, err := n.Sample(0)
+		if err != nil {
+			return server.GPUStats{}, false
+		}
+		return server.GPUStats{UtilizationPerc: float64(s.UtilGPU), MemoryUsedBytes: s.MemUsed, MemoryTotalBytes: s.MemTotal}, true
+	}
 }
