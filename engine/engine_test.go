@@ -578,3 +578,33 @@ func TestSeedReproducible(t *testing.T) {
 	}
 	checkDrained(t, e)
 }
+
+// TestTimingsAndStats checks the ordering of the per-request timings (no
+// thresholds) and the counters, for both engines.
+func TestTimingsAndStats(t *testing.T) {
+	p, err := New(newFake(64, 4, 24), Config{MaxNumBatchedTokens: 3, EnablePrefixCaching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []Engine{p, NewNaive(newFake(64, 4, 24))} {
+		req := &Request{Prompt: []int32{1, 2, 3, 4, 5, 6, 7}, Params: sampler.Params{MaxTokens: 6, N: 2}}
+		res, err := e.Generate(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tm := res.Timings
+		if tm.Queue < 0 || tm.Prefill < 0 || tm.Decode < 0 || tm.FirstToken < tm.Queue+tm.Prefill || tm.Total < tm.FirstToken+tm.Decode {
+			t.Errorf("%T: inconsistent timings %+v", e, tm)
+		}
+		st := e.Stats()
+		if st.GenTokens != 12 || st.PromptTokens != 7 || st.KVBlocksTotal != 64 {
+			t.Errorf("%T: stats %+v", e, st)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := p.Stats(); st.Steps < 3+5 { // 7 prompt tokens in chunks of 3, then 5 decode steps
+		t.Errorf("paged steps %d", st.Steps)
+	}
+}
