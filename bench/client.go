@@ -200,7 +200,10 @@ func (c *client) readStream(r io.Reader, s *sample) string {
 				if jerr := json.Unmarshal(payload, &ch); jerr != nil {
 					return "bad stream event"
 				}
-				if ch.isError() {
+				if inner := ch.unwrap(); inner.isError() {
+					if inner != &ch {
+						payload = ch.Data
+					}
 					return "error event" + errCode(payload)
 				}
 				if acc.add(&ch) && s.ttft == 0 {
@@ -248,6 +251,21 @@ type chunk struct {
 	Token json.RawMessage `json:"token"`
 	Text  json.RawMessage `json:"text"`
 	Delta json.RawMessage `json:"delta"`
+	// Data is the payload of an NDJSON event line {"event":…,"data":{…}}
+	// (chunlian's /generate stream with Accept: application/x-ndjson).
+	Data json.RawMessage `json:"data"`
+}
+
+// unwrap returns the chunk inside an NDJSON event wrapper, or c itself.
+func (c *chunk) unwrap() *chunk {
+	if len(c.Data) == 0 || c.Data[0] != '{' {
+		return c
+	}
+	var inner chunk
+	if json.Unmarshal(c.Data, &inner) != nil {
+		return c
+	}
+	return &inner
 }
 
 func (c *chunk) isError() bool {
@@ -273,6 +291,7 @@ var labelReplacer = strings.NewReplacer("上联：", "", "下联：", "", "横�
 
 // add folds ch in and reports whether ch carried generated text (for TTFT).
 func (a *accum) add(ch *chunk) bool {
+	ch = ch.unwrap()
 	carried := false
 	if ch.Usage != nil {
 		a.usage, a.hasUsage = ch.Usage.CompletionTokens, true

@@ -42,7 +42,7 @@ func (f *fakeService) handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		// CPU grows with work done so the delta is > 0 after some requests.
 		fmt.Fprintf(w, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %g\n", 0.001*float64(f.ok.Load()))
-		fmt.Fprintf(w, "chunlian:gpu_utilization_perc{gpu=\"0\"} 0.5\nchunlian:gpu_memory_used_bytes{gpu=\"0\"} 1.5e9\n")
+		fmt.Fprintf(w, "chunlian:gpu_utilization_perc{gpu=\"0\"} 50\nchunlian:gpu_memory_used_bytes{gpu=\"0\"} 1.5e9\n")
 	})
 	mux.HandleFunc("POST /generate", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
@@ -72,12 +72,13 @@ func (f *fakeService) handler() http.Handler {
 			return
 		}
 		if req.Stream {
-			w.Header().Set("Content-Type", "text/event-stream")
+			// chunlian's format: named SSE events start, token…, result.
+			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+			writeSSEEvent(w, "start", map[string]any{"request_id": "fake", "prompt": req.Prompt, "mode": req.Mode})
 			for _, ch := range []string{"春", "回", "大", "地"} {
-				writeSSE(w, map[string]any{"token": ch})
+				writeSSEEvent(w, "token", map[string]any{"attempt": 0, "sample": 0, "part": "upper", "text": ch})
 			}
-			writeSSE(w, map[string]any{"generated_text": "上联：春回大地\n下联：福满人间\n横批：吉祥", "couplets": []any{fakeCouplet}})
-			fmt.Fprint(w, "data: [DONE]\n\n")
+			writeSSEEvent(w, "result", map[string]any{"generated_text": "上联：春回大地\n下联：福满人间\n横批：吉祥", "couplets": []any{fakeCouplet}})
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -154,6 +155,11 @@ func (f *fakeService) note(mode, prompt string) {
 	}
 	f.modes[mode]++
 	f.mu.Unlock()
+}
+
+func writeSSEEvent(w http.ResponseWriter, event string, v any) {
+	fmt.Fprintf(w, "event: %s\n", event)
+	writeSSE(w, v)
 }
 
 func writeSSE(w http.ResponseWriter, v any) {

@@ -80,19 +80,18 @@ type gpuReading struct {
 }
 
 // gpuFromProm recognises GPU gauges. Conventions:
-//   - names ending in "_perc" hold a fraction 0–1, like vLLM's
-//     vllm:kv_cache_usage_perc (e.g. chunlian:gpu_utilization_perc);
-//   - names ending in "_percent" hold 0–100 (e.g. chunlian:gpu_utilization_percent);
+//   - chunlian's chunlian:gpu_utilization_perc holds 0–100 (see
+//     server/metrics.go), as does any "gpu_util…_perc" or "…_percent" gauge;
 //   - DCGM exporter's DCGM_FI_DEV_GPU_UTIL (0–100) and DCGM_FI_DEV_FB_USED (MiB);
 //   - memory gauges whose name contains "gpu_memory_used" and ends in "_bytes".
+//
+// Several series (GPUs) are averaged for utilisation and summed for memory.
 func gpuFromProm(m map[string]promValue) gpuReading {
 	var g gpuReading
 	for name, v := range m {
 		lname := strings.ToLower(name)
 		switch {
-		case strings.Contains(lname, "gpu_util") && strings.HasSuffix(lname, "_perc"):
-			g.utilPct, g.hasUtil = 100*v.Mean(), true
-		case strings.Contains(lname, "gpu_util") && strings.HasSuffix(lname, "_percent"):
+		case strings.Contains(lname, "gpu_util") && (strings.HasSuffix(lname, "_perc") || strings.HasSuffix(lname, "_percent")):
 			g.utilPct, g.hasUtil = v.Mean(), true
 		case name == "DCGM_FI_DEV_GPU_UTIL":
 			g.utilPct, g.hasUtil = v.Mean(), true

@@ -11,8 +11,8 @@ func TestParseProm(t *testing.T) {
 	text := `# HELP process_cpu_seconds_total Total user and system CPU time.
 # TYPE process_cpu_seconds_total counter
 process_cpu_seconds_total 12.5
-chunlian:gpu_utilization_perc{gpu="0"} 0.5
-chunlian:gpu_utilization_perc{gpu="1"} 0.7
+chunlian:gpu_utilization_perc{gpu="0"} 50
+chunlian:gpu_utilization_perc{gpu="1"} 70
 chunlian:gpu_memory_used_bytes{gpu="0"} 1e9
 chunlian:gpu_memory_used_bytes{gpu="1"} 2e9
 weird{label="a b } c"} 3 1700000000000
@@ -28,7 +28,7 @@ plain_no_value
 		series int
 	}{
 		{"process_cpu_seconds_total", 12.5, 1},
-		{"chunlian:gpu_utilization_perc", 1.2, 2},
+		{"chunlian:gpu_utilization_perc", 120, 2},
 		{"chunlian:gpu_memory_used_bytes", 3e9, 2},
 		{"weird", 3, 1},
 		{"chunlian:e2e_request_latency_seconds_bucket", 17, 1},
@@ -53,7 +53,7 @@ func TestGPUFromProm(t *testing.T) {
 		util, mem       float64
 		hasUtil, hasMem bool
 	}{
-		{"vLLM-style fraction, two GPUs", "chunlian:gpu_utilization_perc{gpu=\"0\"} 0.5\nchunlian:gpu_utilization_perc{gpu=\"1\"} 0.7\nchunlian:gpu_memory_used_bytes 3e9\n", 60, 3e9, true, true},
+		{"chunlian gauges, two GPUs", "chunlian:gpu_utilization_perc{gpu=\"0\"} 50\nchunlian:gpu_utilization_perc{gpu=\"1\"} 70\nchunlian:gpu_memory_used_bytes 3e9\n", 60, 3e9, true, true},
 		{"percent 0-100", "chunlian:gpu_utilization_percent 87\n", 87, 0, true, false},
 		{"DCGM exporter (MiB)", "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 40\nDCGM_FI_DEV_FB_USED{gpu=\"0\"} 1024\n", 40, 1 << 30, true, true},
 		{"no GPU", "process_cpu_seconds_total 1\n", 0, 0, false, false},
@@ -146,6 +146,8 @@ func TestAccum(t *testing.T) {
 		{"openai stream without usage", []string{`{"choices":[{"index":0,"text":"春回"}]}`, `{"choices":[{"index":0,"text":"大地"}]}`}, 4, 1, 2},
 		{"openai n=2", []string{`{"choices":[{"index":0,"text":"春"}]}`, `{"choices":[{"index":1,"text":"福"}]}`}, 2, 2, 2},
 		{"chat delta", []string{`{"choices":[{"index":0,"delta":{"content":"春回"}}]}`, `{"choices":[{"index":0,"delta":{"role":"assistant"}}]}`}, 2, 1, 1},
+		{"chunlian SSE: start, token, result with usage", []string{`{"request_id":"r1","prompt":"平安","mode":"keyword"}`, `{"attempt":0,"sample":0,"part":"upper","text":"平"}`, `{"attempt":0,"sample":0,"part":"upper","text":"安"}`, `{"generated_text":"上联：平安\n下联：吉祥\n横批：如意","couplets":[{"upper":"平安","lower":"吉祥","banner":"如意"}],"usage":{"prompt_tokens":4,"completion_tokens":12,"total_tokens":16}}`}, 12, 1, 2},
+		{"NDJSON wrapper", []string{`{"event":"start","data":{"request_id":"r1"}}`, `{"event":"token","data":{"text":"平"}}`, `{"event":"result","data":{"couplets":[{"upper":"平安","lower":"吉祥","banner":"如意"}]}}`}, 6, 1, 1},
 		{"empty text is not a token", []string{`{"choices":[{"index":0,"text":""}]}`, `{"text":""}`, `{"token":null}`}, 0, 0, 0},
 	}
 	for _, tc := range tests {

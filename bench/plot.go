@@ -51,12 +51,13 @@ func (r *Report) WritePlots(dir string) ([]string, error) {
 // has a completed level of that shape.
 func (r *Report) shapePlots(shape, xlabel string) (lat, thr *plot.Plot, found bool, err error) {
 	lat, thr = plot.New(), plot.New()
-	lat.Title.Text = "Latency vs load"
+	lat.Title.Text = "Latency vs load (p50 solid, p99 dashed)"
 	lat.X.Label.Text, lat.Y.Label.Text = xlabel, "latency (ms)"
 	thr.Title.Text = "Throughput vs load"
 	thr.X.Label.Text, thr.Y.Label.Text = xlabel, "couplets/s"
 	for _, p := range []*plot.Plot{lat, thr} {
 		p.Legend.Top, p.Legend.Left = true, true
+		p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), -vg.Points(4)
 		p.Add(plotter.NewGrid())
 	}
 	xmin, xmax := 0.0, 0.0
@@ -93,6 +94,7 @@ func (r *Report) shapePlots(shape, xlabel string) (lat, thr *plot.Plot, found bo
 				return err
 			}
 			line.Color, points.Color = color, color
+			line.Width = vg.Points(1.5)
 			points.Shape = plotutil.Shape(ti)
 			if dashed {
 				line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
@@ -119,7 +121,10 @@ func (r *Report) shapePlots(shape, xlabel string) (lat, thr *plot.Plot, found bo
 	ticks := plot.ConstantTicks(levelTicks(xs))
 	for _, p := range []*plot.Plot{lat, thr} {
 		p.X.Tick.Marker = ticks
+		// Start at zero and leave headroom so the legend (top left) does
+		// not sit on the data.
 		p.Y.Min = 0
+		p.Y.Max *= 1.35
 		if xmin > 0 && xmax/xmin >= 10 {
 			p.X.Scale = plot.LogScale{}
 			p.X.Min, p.X.Max = xmin/1.2, xmax*1.2

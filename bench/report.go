@@ -256,7 +256,8 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, tr := range r.Targets {
 		if tr.Error != "" {
-			fmt.Fprintf(w, "| %s | — | not measured: %s |||||||||||||||\n", tr.Name, mdEscape(tr.Error))
+			first, _, _ := strings.Cut(tr.Error, "\n")
+			fmt.Fprintf(w, "| %s | — | not measured: %s |||||||||||||||\n", tr.Name, mdEscape(first))
 			continue
 		}
 		for _, l := range tr.Levels {
@@ -346,6 +347,11 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 			for _, k := range keys {
 				errs = append(errs, fmt.Sprintf("- %s %s: %d × %s", tr.Name, l.Level, l.Errors[k], mdEscape(k)))
 			}
+		}
+	}
+	for _, tr := range r.Targets {
+		if tr.Error != "" {
+			fmt.Fprintf(w, "\n%s could not be measured:\n\n```\n%s\n```\n", tr.Name, strings.TrimRight(tr.Error, "\n"))
 		}
 	}
 	if len(errs) > 0 {

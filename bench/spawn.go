@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -110,9 +111,11 @@ func trySpawn(ctx context.Context, cfg Config, name string) (sp *spawned, retry 
 		select {
 		case err := <-exited:
 			exited <- err // let stop's receive see it too
-			sp, _, e := fail(fmt.Errorf("%s server exited before ready (%v)", name, err))
-			// An early exit may be the port race: retry with another port.
-			return sp, true, e
+			tail := logTail(logf.Name())
+			// Only the port race (someone took the port between our probe
+			// and the server's bind) is worth another try.
+			retry := strings.Contains(tail, "address already in use")
+			return nil, retry, fmt.Errorf("%s server exited before ready (%v); server log %s:\n%s", name, err, logf.Name(), tail)
 		case <-deadline.C:
 			stop()
 			return fail(fmt.Errorf("%s server not ready after %v", name, cfg.ReadyTimeout))
