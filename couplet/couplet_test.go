@@ -324,6 +324,10 @@ func TestProcessorRules(t *testing.T) {
 		t.Errorf("keyword: K1 not forced at the deadline %d", ck.deadline)
 	}
 
+	if a, _ = allowed(newConstraint(tb, pk, true), nil); !only(a, id("平")) {
+		t.Errorf("keyword head-first: K1 not forced at the start")
+	}
+
 	// Punctuation template: position 4 of a length-8 line is "，".
 	p8 := plan(Request{Text: "平安", Length: 8})
 	c8 := newConstraint(tb, p8)

@@ -249,10 +249,17 @@ func (g *Generator) engineRequest(p *plan, prompt []int32, attempt, m int, const
 		},
 	}
 	if constrained {
-		c := newConstraint(g.t, p)
-		r.Params.MaxTokens = c.genLen()
-		// One constraint serves all samples: it keeps no mutable state.
-		r.NewProcessor = func(int) sampler.LogitsProcessor { return c }
+		free, head := newConstraint(g.t, p), newConstraint(g.t, p, true)
+		r.Params.MaxTokens = free.genLen()
+		// Constraints keep no mutable state, so two serve all samples:
+		// even samples let the model place the keyword, odd ones put it
+		// first (keyword mode; elsewhere both are the same).
+		r.NewProcessor = func(i int) sampler.LogitsProcessor {
+			if i%2 == 1 {
+				return head
+			}
+			return free
+		}
 	}
 	if p.onToken != nil {
 		r.OnEvent = g.streamer(p, attempt, m)

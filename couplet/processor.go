@@ -33,7 +33,10 @@ import (
 //     上联 where the model chooses; once the model emits K1 at a valid start,
 //     K2 is forced next; if the model has not placed it by the last valid
 //     start, K1 is forced there. A start whose K2 would land on the last slot
-//     is valid only if K2 is 仄.
+//     is valid only if K2 is 仄. A headFirst constraint instead forces the
+//     keyword at the start of the 上联 (deadline 0); Generate gives it to
+//     every other sample, so ranking chooses between the model's own
+//     placement and the head placement.
 type constraint struct {
 	t *tables
 	p *plan
@@ -43,7 +46,9 @@ type constraint struct {
 	last     int    // index of the last slot of a line (= lineLen-1)
 }
 
-func newConstraint(t *tables, p *plan) *constraint {
+// newConstraint builds the processor of a plan. headFirst (keyword mode)
+// makes the keyword start the 上联 instead of letting the model choose.
+func newConstraint(t *tables, p *plan, headFirst ...bool) *constraint {
 	c := &constraint{t: t, p: p, deadline: -1, last: p.lineLen - 1}
 	if p.mode == ModeKeyword {
 		c.kwStart = make([]bool, p.lineLen)
@@ -57,6 +62,9 @@ func newConstraint(t *tables, p *plan) *constraint {
 			}
 			c.kwStart[j] = true
 			c.deadline = j
+		}
+		if len(headFirst) > 0 && headFirst[0] && c.kwStart[0] {
+			c.deadline = 0
 		}
 	}
 	return c
