@@ -284,7 +284,7 @@ func (e *Paged) newSeq(r *request, index int, tokens []int32) *sequence {
 // add queues a new request's prompt sequence at the back of waiting.
 func (e *Paged) add(r *request) {
 	prompt := r.req.Prompt
-	tokens := make([]int32, len(prompt), len(prompt)+r.req.Params.MaxTokens)
+	tokens := make([]int32, len(prompt), len(prompt)+min(r.req.Params.MaxTokens, 64))
 	copy(tokens, prompt)
 	s := e.newSeq(r, 0, tokens)
 	r.seqs = []*sequence{s}
