@@ -189,6 +189,9 @@
     return cv;
   }
 
+  // For the browser test and the console: draw any couplet as a canvas.
+  window.chunlian = { drawPNG, current: () => couplets[current] };
+
   // Pre-fill from ?prompt=… for links; otherwise leave empty.
   const q = new URLSearchParams(location.search);
   if (q.get("prompt")) prompt.value = q.get("prompt");

@@ -3,15 +3,16 @@
 (function () {
   "use strict";
   const $ = (id) => document.getElementById(id);
-  const width = () => Math.max(320, Math.min(560, $("c-qps").clientWidth || 540));
+  // Each chart takes its own container's width (the grid decides it).
+  const width = (id) => Math.max(300, ($(id).clientWidth || 520) - 4);
   const charts = {};
 
   function make(id, series, yLabel) {
     const opts = {
-      width: width(), height: 200,
+      width: width(id), height: 200,
       scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
       axes: [{}, { label: yLabel, size: 56 }],
-      series: [{}].concat(series.map((s) => Object.assign({ width: 2, spanGaps: true, points: { show: false } }, s))),
+      series: [{}].concat(series.map((s) => Object.assign({ width: 2, spanGaps: true }, s))),
       legend: { live: true },
     };
     charts[id] = new uPlot(opts, [[]].concat(series.map(() => [])), $(id));
@@ -55,7 +56,7 @@
       $("status").classList.add("bad");
     }
   }
-  window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.setSize({ width: width(), height: 200 })));
+  window.addEventListener("resize", () => Object.entries(charts).forEach(([id, c]) => c.setSize({ width: width(id), height: 200 })));
   tick();
   setInterval(tick, 1000);
 })();
