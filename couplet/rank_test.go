@@ -1,0 +1,55 @@
+package couplet
+
+import "testing"
+
+func TestParallelismAndDiversity(t *testing.T) {
+	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
+	ids := func(s string) []int32 {
+		var out []int32
+		for _, r := range s {
+			id, ok := g.t.charID(r)
+			if !ok {
+				t.Fatalf("%c not in the test vocabulary", r)
+			}
+			out = append(out, id)
+		}
+		return out
+	}
+	p, err := g.t.prepare(Request{Text: "平安"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At the rhythm positions (2, 4, 6 and the end) the classic couplet's
+	// lines oppose and its 上联 alternates 平/仄; the flat one never does.
+	for _, c := range []struct {
+		u, l     string
+		min, max float64
+	}{
+		{"天增岁月人增寿", "春满乾坤福满门", 1, 1}, // 增平 月仄 增平 寿仄 / 满仄 坤平 满仄 门平
+		{"天天天天天天寿", "春春春春春春门", 0, 0.5},
+	} {
+		var u, l []int32
+		u, l = ids(c.u), ids(c.l)
+		got := parallelism(g.t, p, u, l)
+		if got < c.min || got > c.max {
+			t.Errorf("parallelism(%s, %s) = %.2f, want in [%.2f, %.2f]", c.u, c.l, got, c.min, c.max)
+		}
+	}
+
+	mk := func(u, l string, score float64) *candidate {
+		c := &candidate{upperIDs: ids(u), lowerIDs: ids(l)}
+		c.c.Score = score
+		c.c.Upper, c.c.Lower = u, l
+		return c
+	}
+	a := mk("春风暖日平安", "瑞雪迎新富贵", 1.0)
+	a2 := mk("春风暖日平福", "瑞雪迎新富年", 0.95) // near-duplicate of a
+	b := mk("天地人和喜庆", "山河日月吉祥", 0.9)
+	got := selectDiverse([]*candidate{a, a2, b}, 2)
+	if len(got) != 2 || got[0] != a || got[1] != b {
+		t.Errorf("selectDiverse picked %v, %v; want the best and the dissimilar one", got[0].c.Upper, got[1].c.Upper)
+	}
+	if got := selectDiverse([]*candidate{a, a2, b}, 5); len(got) != 3 {
+		t.Errorf("selectDiverse returned %d of 3", len(got))
+	}
+}
