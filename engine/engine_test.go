@@ -608,3 +608,63 @@ func TestTimingsAndStats(t *testing.T) {
 		t.Errorf("paged steps %d", st.Steps)
 	}
 }
+
+// TestRandomAbortsUnderPressure mixes aborts (at a random event of a random
+// request) with preemptions in a tiny cache: the survivors still match the
+// naive engine and every block comes back.
+func TestRandomAbortsUnderPressure(t *testing.T) {
+	const vocab = 24
+	aborted, preempted := 0, int64(0)
+	for seed := uint64(10); seed < 16; seed++ {
+		reqs := genRequests(seed, 20, vocab, 20, 30)
+		naive := NewNaive(newFake(32, 4, vocab))
+		want := runConcurrent(t, naive, reqs)
+		e, err := New(newFake(24, 4, vocab), Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: seed%2 == 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(seed, 5))
+		got := make([]*Result, len(reqs))
+		errs := make([]error, len(reqs))
+		abortAt := make([]int, len(reqs)) // 0 = never
+		var wg sync.WaitGroup
+		for i, rq := range reqs {
+			q := *rq
+			if r.IntN(3) == 0 {
+				abortAt[i] = 1 + r.IntN(8)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			events := 0
+			q.OnEvent = func(Event) {
+				events++
+				if events == abortAt[i] {
+					cancel()
+				}
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer cancel()
+				got[i], errs[i] = e.Generate(ctx, &q)
+			}()
+		}
+		wg.Wait()
+		for i := range reqs {
+			switch {
+			case errs[i] != nil && abortAt[i] > 0 && errors.Is(errs[i], context.Canceled):
+				aborted++
+			case errs[i] != nil:
+				t.Errorf("seed %d request %d: %v", seed, i, errs[i])
+			default: // finished (maybe before its abort point)
+				if err := sameResult(got[i], want[i]); err != nil {
+					t.Errorf("seed %d request %d: %v", seed, i, err)
+				}
+			}
+		}
+		preempted += e.Stats().Preemptions
+		checkDrained(t, e)
+	}
+	if aborted == 0 || preempted == 0 {
+		t.Errorf("the mix made %d aborts and %d preemptions; want both", aborted, preempted)
+	}
+}
