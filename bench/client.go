@@ -127,6 +127,10 @@ func (c *client) do(ctx context.Context, p Prompt, timeout time.Duration) sample
 			s.outcome = outcomeAborted
 		case errors.Is(rctx.Err(), context.DeadlineExceeded):
 			s.outcome, s.err = outcomeFailed, "client timeout"
+		case isOverload(class):
+			// A stream that already sent 200 can only report a full queue
+			// in an error event; it is the same rejection as a 503.
+			s.outcome = outcomeRejected
 		default:
 			s.outcome, s.err = outcomeFailed, class
 		}
@@ -372,6 +376,21 @@ func errCode(b []byte) string {
 		return ": " + e.Error.Code
 	}
 	return ""
+}
+
+// overloadCodes are error codes that mean "rejected for load" (chunlian's
+// queue_full and overloaded; both come with HTTP 503 when sent before the
+// stream starts).
+var overloadCodes = []string{": queue_full", ": overloaded"}
+
+// isOverload reports whether a failure class ends in an overload code.
+func isOverload(class string) bool {
+	for _, c := range overloadCodes {
+		if strings.HasSuffix(class, c) {
+			return true
+		}
+	}
+	return false
 }
 
 // shortErr keeps error classes few: the report groups failures by message, so

@@ -68,7 +68,7 @@ func (f *fakeService) handler() http.Handler {
 			<-r.Context().Done()
 			return
 		}
-		if !f.respondStatus(w) {
+		if !f.respondStatus(w, false) {
 			return
 		}
 		if req.Stream {
@@ -99,7 +99,7 @@ func (f *fakeService) handler() http.Handler {
 			return
 		}
 		f.note("keyword", req.Prompt)
-		if !f.respondStatus(w) {
+		if !f.respondStatus(w, req.Stream) {
 			return
 		}
 		usage := map[string]any{"prompt_tokens": 2, "completion_tokens": fakeUsageTokens, "total_tokens": 2 + fakeUsageTokens}
@@ -119,12 +119,21 @@ func (f *fakeService) handler() http.Handler {
 }
 
 // respondStatus applies the 503/500 cycle; it returns true when the handler
-// should go on to answer with a couplet.
-func (f *fakeService) respondStatus(w http.ResponseWriter) bool {
+// should go on to answer with a couplet. With sseOverload the queue-full slot
+// is reported the way chunlian's OpenAI stream does once headers are out: a
+// 200 stream whose only chunk is {"error":{"code":"queue_full"}}.
+func (f *fakeService) respondStatus(w http.ResponseWriter, sseOverload bool) bool {
 	k := f.seq.Add(1) - 1
 	if !f.noErrors {
 		switch k % 5 {
 		case 3:
+			if sseOverload {
+				f.rejected.Add(1)
+				w.Header().Set("Content-Type", "text/event-stream")
+				writeSSE(w, map[string]any{"error": map[string]any{"code": "queue_full", "message": "busy"}})
+				fmt.Fprint(w, "data: [DONE]\n\n")
+				return false
+			}
 			f.rejected.Add(1)
 			w.Header().Set("Retry-After", "0")
 			w.Header().Set("Content-Type", "application/json")

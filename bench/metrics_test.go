@@ -171,6 +171,24 @@ func TestAccum(t *testing.T) {
 	}
 }
 
+func TestIsOverload(t *testing.T) {
+	tests := []struct {
+		class string
+		want  bool
+	}{
+		{"error event: queue_full", true},
+		{"HTTP 500: overloaded", true},
+		{"error event: unknown_char", false},
+		{"HTTP 500: internal", false},
+		{"client timeout", false},
+	}
+	for _, tc := range tests {
+		if got := isOverload(tc.class); got != tc.want {
+			t.Errorf("isOverload(%q) = %v, want %v", tc.class, got, tc.want)
+		}
+	}
+}
+
 func TestErrCode(t *testing.T) {
 	tests := []struct{ body, want string }{
 		{`{"error":{"code":"queue_full","message":"x"}}`, ": queue_full"},

@@ -18,7 +18,7 @@ type LevelResult struct {
 	Sent           int            `json:"sent"`      // counted requests sent
 	Completed      int            `json:"completed"`
 	Failed         int            `json:"failed"`
-	Rejected       int            `json:"rejected"`          // HTTP 503
+	Rejected       int            `json:"rejected"`          // HTTP 503, or a queue_full/overloaded error event in a stream
 	Dropped        int            `json:"dropped,omitempty"` // open loop: not sent, client in-flight cap
 	Errors         map[string]int `json:"errors,omitempty"`  // failure class → count
 	OutputTokens   int            `json:"output_tokens"`
@@ -333,7 +333,7 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 	fmt.Fprintln(w)
 	r.WriteSeedTable(w)
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "QPS counts completed couplets per second; latency is send → last byte, completed requests only; 503 = rejected by a full queue; CPU is server CPU-seconds per second.")
+	fmt.Fprintln(w, "QPS counts completed couplets per second; latency is send → last byte, completed requests only; 503 = rejected for load (HTTP 503, or a queue_full/overloaded error event inside a stream); CPU is server CPU-seconds per second.")
 	fmt.Fprintln(w)
 	r.WriteLevelTable(w)
 	var errs []string

@@ -155,6 +155,11 @@ func TestRunOpenLoopOpenAIStream(t *testing.T) {
 	if int64(l.Completed) != f.ok.Load() || int64(l.Rejected) != f.rejected.Load() || int64(l.Failed) != f.failed.Load() {
 		t.Errorf("bench %d/%d/%d vs server %d/%d/%d", l.Completed, l.Rejected, l.Failed, f.ok.Load(), f.rejected.Load(), f.failed.Load())
 	}
+	// Sequence numbers 3 and 8 are queue_full error events inside a 200
+	// stream: rejected, not failed; 4 and 9 are HTTP 500s.
+	if l.Rejected != 2 || l.Failed != 2 {
+		t.Errorf("rejected %d failed %d, want 2 and 2", l.Rejected, l.Failed)
+	}
 	if l.TTFT.N != l.Completed || l.TPOT.N != l.Completed {
 		t.Errorf("TTFT N %d, TPOT N %d, want %d", l.TTFT.N, l.TPOT.N, l.Completed)
 	}
