@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -528,11 +529,19 @@ func TestText(t *testing.T) {
 }
 
 func TestStreaming(t *testing.T) {
-	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
+	t.Run("fake", func(t *testing.T) { testStreaming(t, &fakeEngine{vocab: testModel.Tok.Size()}) })
+	t.Run("paged", func(t *testing.T) { testStreaming(t, realStack(t, testModel)) })
+}
+
+func testStreaming(t *testing.T, e engine.Engine) {
+	g := newFakeGen(t, e)
+	var mu sync.Mutex // OnToken runs on the engine goroutine
 	var got = map[string]string{}
 	cs, err := g.Generate(context.Background(), Request{Text: "平安", Seed: 11, OnToken: func(ev TokenEvent) {
 		key := fmt.Sprintf("%d/%d/%s", ev.Attempt, ev.Sample, ev.Part)
+		mu.Lock()
 		got[key] += ev.Text
+		mu.Unlock()
 	}})
 	if err != nil {
 		t.Fatal(err)
