@@ -23,6 +23,19 @@ func withPath(t testing.TB, p string, f func()) {
 	f()
 }
 
+// forEachElem runs f as a subtest once per elementwise implementation set
+// usable on this machine (plain Go, and AVX2 when built with simd).
+func forEachElem(t *testing.T, f func(t *testing.T)) {
+	for _, set := range elemSets {
+		t.Run(set.name, func(t *testing.T) {
+			old := elem
+			elem = set
+			defer func() { elem = old }()
+			f(t)
+		})
+	}
+}
+
 // closeEnough compares with a tolerance scaled by the magnitude of the terms
 // (scale), since float32 accumulation error grows with k·|x|·|w|.
 func closeEnough(got, want, scale float64, rel float64) bool {
@@ -106,73 +119,77 @@ func TestPathEnvOrder(t *testing.T) {
 }
 
 func TestRMSNorm(t *testing.T) {
-	for _, tc := range []struct{ rows, d int }{{1, 1}, {1, 7}, {3, 384}, {5, 513}, {200, 512}} {
-		t.Run(fmt.Sprintf("%dx%d", tc.rows, tc.d), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(uint64(tc.rows), uint64(tc.d)))
-			x := randSlice(r, tc.rows*tc.d)
-			wt := randSlice(r, tc.d)
-			const eps = 1e-5
-			out := make([]float32, len(x))
-			RMSNorm(out, x, wt, tc.rows, tc.d, eps)
-			for row := 0; row < tc.rows; row++ {
-				var ss float64
-				for j := 0; j < tc.d; j++ {
-					v := float64(x[row*tc.d+j])
-					ss += v * v
-				}
-				inv := 1 / math.Sqrt(ss/float64(tc.d)+eps)
-				for j := 0; j < tc.d; j++ {
-					want := float64(x[row*tc.d+j]) * inv * float64(wt[j])
-					if !closeEnough(float64(out[row*tc.d+j]), want, math.Abs(want), 1e-5) {
-						t.Fatalf("out[%d,%d] = %v, want %v", row, j, out[row*tc.d+j], want)
+	forEachElem(t, func(t *testing.T) {
+		for _, tc := range []struct{ rows, d int }{{1, 1}, {1, 7}, {3, 384}, {5, 513}, {200, 512}} {
+			t.Run(fmt.Sprintf("%dx%d", tc.rows, tc.d), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(uint64(tc.rows), uint64(tc.d)))
+				x := randSlice(r, tc.rows*tc.d)
+				wt := randSlice(r, tc.d)
+				const eps = 1e-5
+				out := make([]float32, len(x))
+				RMSNorm(out, x, wt, tc.rows, tc.d, eps)
+				for row := 0; row < tc.rows; row++ {
+					var ss float64
+					for j := 0; j < tc.d; j++ {
+						v := float64(x[row*tc.d+j])
+						ss += v * v
 					}
-				}
-			}
-			// In place gives the same result.
-			RMSNorm(x, x, wt, tc.rows, tc.d, eps)
-			for i := range x {
-				if x[i] != out[i] {
-					t.Fatalf("in-place differs at %d: %v vs %v", i, x[i], out[i])
-				}
-			}
-		})
-	}
-}
-
-func TestRoPE(t *testing.T) {
-	for _, tc := range []struct {
-		rows, heads, hd int
-		theta           float64
-	}{{1, 1, 2, 10000}, {3, 2, 8, 10000}, {4, 6, 64, 10000}, {2, 3, 48, 500000}, {700, 6, 64, 10000}} {
-		t.Run(fmt.Sprintf("%dx%dx%d", tc.rows, tc.heads, tc.hd), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(uint64(tc.hd), 3))
-			x := randSlice(r, tc.rows*tc.heads*tc.hd)
-			pos := make([]int32, tc.rows)
-			for i := range pos {
-				pos[i] = int32(r.IntN(5000))
-			}
-			pos[0] = 0
-			got := append([]float32(nil), x...)
-			RoPE(got, pos, tc.rows, tc.heads, tc.hd, tc.theta)
-			half := tc.hd / 2
-			for row := 0; row < tc.rows; row++ {
-				for h := 0; h < tc.heads; h++ {
-					base := row*tc.heads*tc.hd + h*tc.hd
-					for i := 0; i < half; i++ {
-						ang := float64(pos[row]) * math.Pow(tc.theta, -2*float64(i)/float64(tc.hd))
-						a, b := float64(x[base+i]), float64(x[base+i+half])
-						wa := a*math.Cos(ang) - b*math.Sin(ang)
-						wb := b*math.Cos(ang) + a*math.Sin(ang)
-						// Angles up to 5000 rad in float32 lose ~3e-4 rad.
-						if math.Abs(float64(got[base+i])-wa) > 2e-3 || math.Abs(float64(got[base+i+half])-wb) > 2e-3 {
-							t.Fatalf("row %d head %d i %d: got (%v,%v) want (%v,%v)", row, h, i,
-								got[base+i], got[base+i+half], wa, wb)
+					inv := 1 / math.Sqrt(ss/float64(tc.d)+eps)
+					for j := 0; j < tc.d; j++ {
+						want := float64(x[row*tc.d+j]) * inv * float64(wt[j])
+						if !closeEnough(float64(out[row*tc.d+j]), want, math.Abs(want), 1e-5) {
+							t.Fatalf("out[%d,%d] = %v, want %v", row, j, out[row*tc.d+j], want)
 						}
 					}
 				}
-			}
-		})
-	}
+				// In place gives the same result.
+				RMSNorm(x, x, wt, tc.rows, tc.d, eps)
+				for i := range x {
+					if x[i] != out[i] {
+						t.Fatalf("in-place differs at %d: %v vs %v", i, x[i], out[i])
+					}
+				}
+			})
+		}
+	})
+}
+
+func TestRoPE(t *testing.T) {
+	forEachElem(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			rows, heads, hd int
+			theta           float64
+		}{{1, 1, 2, 10000}, {3, 2, 8, 10000}, {4, 6, 64, 10000}, {2, 3, 48, 500000}, {700, 6, 64, 10000}} {
+			t.Run(fmt.Sprintf("%dx%dx%d", tc.rows, tc.heads, tc.hd), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(uint64(tc.hd), 3))
+				x := randSlice(r, tc.rows*tc.heads*tc.hd)
+				pos := make([]int32, tc.rows)
+				for i := range pos {
+					pos[i] = int32(r.IntN(5000))
+				}
+				pos[0] = 0
+				got := append([]float32(nil), x...)
+				RoPE(got, pos, tc.rows, tc.heads, tc.hd, tc.theta)
+				half := tc.hd / 2
+				for row := 0; row < tc.rows; row++ {
+					for h := 0; h < tc.heads; h++ {
+						base := row*tc.heads*tc.hd + h*tc.hd
+						for i := 0; i < half; i++ {
+							ang := float64(pos[row]) * math.Pow(tc.theta, -2*float64(i)/float64(tc.hd))
+							a, b := float64(x[base+i]), float64(x[base+i+half])
+							wa := a*math.Cos(ang) - b*math.Sin(ang)
+							wb := b*math.Cos(ang) + a*math.Sin(ang)
+							// Angles up to 5000 rad in float32 lose ~3e-4 rad.
+							if math.Abs(float64(got[base+i])-wa) > 2e-3 || math.Abs(float64(got[base+i+half])-wb) > 2e-3 {
+								t.Fatalf("row %d head %d i %d: got (%v,%v) want (%v,%v)", row, h, i,
+									got[base+i], got[base+i+half], wa, wb)
+							}
+						}
+					}
+				}
+			})
+		}
+	})
 }
 
 func TestRoPEConcurrent(t *testing.T) {
@@ -194,80 +211,84 @@ func TestRoPEConcurrent(t *testing.T) {
 }
 
 func TestElementwise(t *testing.T) {
-	for _, n := range []int{0, 1, 7, 8, 9, 31, 64, 1000, 40000} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(uint64(n), 5))
-			a, b := randSlice(r, n), randSlice(r, n)
+	forEachElem(t, func(t *testing.T) {
+		for _, n := range []int{0, 1, 7, 8, 9, 31, 64, 1000, 40000} {
+			t.Run(fmt.Sprint(n), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(uint64(n), 5))
+				a, b := randSlice(r, n), randSlice(r, n)
 
-			var want float64
-			for i := range a {
-				want += float64(a[i]) * float64(b[i])
-			}
-			if got := Dot(a, b); !closeEnough(float64(got), want, math.Sqrt(float64(n))+1, 1e-5) {
-				t.Errorf("Dot = %v, want %v", got, want)
-			}
+				var want float64
+				for i := range a {
+					want += float64(a[i]) * float64(b[i])
+				}
+				if got := Dot(a, b); !closeEnough(float64(got), want, math.Sqrt(float64(n))+1, 1e-5) {
+					t.Errorf("Dot = %v, want %v", got, want)
+				}
 
-			y := append([]float32(nil), b...)
-			Axpy(0.5, a, y)
-			for i := range y {
-				if w := b[i] + 0.5*a[i]; math.Abs(float64(y[i]-w)) > 1e-6 {
-					t.Fatalf("Axpy[%d] = %v, want %v", i, y[i], w)
-				}
-			}
-
-			d := append([]float32(nil), a...)
-			Add(d, b)
-			for i := range d {
-				if d[i] != a[i]+b[i] {
-					t.Fatalf("Add[%d] = %v, want %v", i, d[i], a[i]+b[i])
-				}
-			}
-
-			out := make([]float32, n)
-			SiLUMul(out, a, b)
-			for i := range out {
-				g := float64(a[i])
-				w := g / (1 + math.Exp(-g)) * float64(b[i])
-				if !closeEnough(float64(out[i]), w, math.Abs(w), 1e-5) {
-					t.Fatalf("SiLUMul[%d] = %v, want %v", i, out[i], w)
-				}
-			}
-
-			s := append([]float32(nil), a...)
-			for i := range s {
-				s[i] *= 30 // large logits exercise the max subtraction
-			}
-			orig := append([]float32(nil), s...)
-			Softmax(s)
-			if n > 0 {
-				mx := math.Inf(-1)
-				for _, v := range orig {
-					mx = math.Max(mx, float64(v))
-				}
-				var z float64
-				for _, v := range orig {
-					z += math.Exp(float64(v) - mx)
-				}
-				for i := range s {
-					w := math.Exp(float64(orig[i])-mx) / z
-					if !closeEnough(float64(s[i]), w, w, 1e-5) {
-						t.Fatalf("Softmax[%d] = %v, want %v", i, s[i], w)
+				y := append([]float32(nil), b...)
+				Axpy(0.5, a, y)
+				for i := range y {
+					if w := b[i] + 0.5*a[i]; math.Abs(float64(y[i]-w)) > 1e-6 {
+						t.Fatalf("Axpy[%d] = %v, want %v", i, y[i], w)
 					}
 				}
-			}
-		})
-	}
+
+				d := append([]float32(nil), a...)
+				Add(d, b)
+				for i := range d {
+					if d[i] != a[i]+b[i] {
+						t.Fatalf("Add[%d] = %v, want %v", i, d[i], a[i]+b[i])
+					}
+				}
+
+				out := make([]float32, n)
+				SiLUMul(out, a, b)
+				for i := range out {
+					g := float64(a[i])
+					w := g / (1 + math.Exp(-g)) * float64(b[i])
+					if !closeEnough(float64(out[i]), w, math.Abs(w), 1e-5) {
+						t.Fatalf("SiLUMul[%d] = %v, want %v", i, out[i], w)
+					}
+				}
+
+				s := append([]float32(nil), a...)
+				for i := range s {
+					s[i] *= 30 // large logits exercise the max subtraction
+				}
+				orig := append([]float32(nil), s...)
+				Softmax(s)
+				if n > 0 {
+					mx := math.Inf(-1)
+					for _, v := range orig {
+						mx = math.Max(mx, float64(v))
+					}
+					var z float64
+					for _, v := range orig {
+						z += math.Exp(float64(v) - mx)
+					}
+					for i := range s {
+						w := math.Exp(float64(orig[i])-mx) / z
+						if !closeEnough(float64(s[i]), w, w, 1e-5) {
+							t.Fatalf("Softmax[%d] = %v, want %v", i, s[i], w)
+						}
+					}
+				}
+			})
+		}
+	})
 }
 
 func TestSoftmaxExtremes(t *testing.T) {
-	x := []float32{float32(math.Inf(-1)), 1e30, -1e30, 0}
-	Softmax(x)
-	want := []float32{0, 1, 0, 0}
-	for i := range x {
-		if x[i] != want[i] {
-			t.Fatalf("Softmax = %v, want %v", x, want)
+	forEachElem(t, func(t *testing.T) {
+		x := []float32{float32(math.Inf(-1)), 1e30, -1e30, 0}
+		Softmax(x)
+		want := []float32{0, 1, 0, 0}
+		for i := range x {
+			if x[i] != want[i] {
+				t.Fatalf("Softmax = %v, want %v", x, want)
+			}
 		}
-	}
+	})
 }
 
 func TestSetThreads(t *testing.T) {
@@ -288,4 +309,31 @@ func TestSetThreads(t *testing.T) {
 func TestReportPaths(t *testing.T) {
 	// Informational: which paths this machine offers (not an assertion).
 	t.Logf("available GEMM paths %v, in use %q, threads %d", availablePaths(), Path(), Threads())
+}
+
+func TestExpf(t *testing.T) {
+	for _, x := range []float32{0, 1, -1, 0.5, -0.5, 10, -10, 30, -30, 80, -80, 88, -87, 0.3465736, -0.3465736, 1e-8} {
+		want := math.Exp(float64(x))
+		if got := float64(expf(x)); math.Abs(got-want) > 3e-7*want {
+			t.Errorf("expf(%v) = %v, want %v (rel err %.2g)", x, got, want, math.Abs(got-want)/want)
+		}
+	}
+	r := rand.New(rand.NewPCG(9, 9))
+	for range 100000 {
+		x := float32(r.Float64()*170 - 85)
+		want := math.Exp(float64(x))
+		if got := float64(expf(x)); math.Abs(got-want) > 3e-7*want {
+			t.Fatalf("expf(%v) = %v, want %v (rel err %.2g)", x, got, want, math.Abs(got-want)/want)
+		}
+	}
+	for _, tc := range []struct{ x, want float32 }{
+		{float32(math.Inf(-1)), 0}, {-100, 0}, {100, float32(math.Inf(1))}, {float32(math.Inf(1)), float32(math.Inf(1))},
+	} {
+		if got := expf(tc.x); got != tc.want {
+			t.Errorf("expf(%v) = %v, want %v", tc.x, got, tc.want)
+		}
+	}
+	if got := expf(float32(math.NaN())); got == got {
+		t.Errorf("expf(NaN) = %v, want NaN", got)
+	}
 }

@@ -6,22 +6,42 @@ import (
 	"sync"
 )
 
-// Row and elementwise kernels. Each has a plain-Go body; the *Impl variables
-// are replaced by SIMD versions at init when the build has GOEXPERIMENT=simd
-// and the CPU has AVX2+FMA (see elementwise_simd_amd64.go).
+// Row and elementwise kernels. The public functions check shapes and split
+// work across the pool; the inner loops come from elem, the elemKernels set
+// in use: plain Go, or AVX2/FMA (archsimd) when the build has
+// GOEXPERIMENT=simd, the CPU has AVX2+FMA and CHUNLIAN_GEMM is not "go" (see
+// elementwise_simd_amd64.go). elem is set during package init and only
+// swapped afterwards by tests.
+
+// elemKernels is one implementation of the inner loops. In every function
+// all slices have the length of the first one (callers reslice).
+type elemKernels struct {
+	name     string
+	dot      func(a, b []float32) float32
+	axpy     func(alpha float32, x, y []float32)  // y += alpha·x
+	sumSq    func(x []float32) float32            // Σ x²
+	scaleMul func(out, x, w []float32, s float32) // out = x·s·w
+	siluMul  func(out, gate, up []float32)        // out = silu(gate)·up
+	add      func(dst, src []float32)             // dst += src
+	rope     func(a, b, cos, sin []float32)       // rotate pairs (a[i], b[i])
+	softmax  func(x []float32)                    // in place, len(x) ≥ 1
+}
+
+var goElem = elemKernels{
+	name: "go", dot: dotGo, axpy: axpyGo, sumSq: sumSqGo, scaleMul: scaleMulGo,
+	siluMul: siluMulGo, add: addGo, rope: ropeGo, softmax: softmaxGo,
+}
 
 var (
-	dotImpl      = dotGo
-	axpyImpl     = axpyGo
-	sumSqImpl    = sumSqGo
-	scaleMulImpl = scaleMulGo
+	elem     = goElem                // the set in use
+	elemSets = []elemKernels{goElem} // every set usable on this CPU (tests)
 )
 
 // Dot returns Σ a[i]·b[i] over len(a) (b must be at least as long).
-func Dot(a, b []float32) float32 { return dotImpl(a, b[:len(a)]) }
+func Dot(a, b []float32) float32 { return elem.dot(a, b[:len(a)]) }
 
 // Axpy computes y[i] += alpha·x[i] over len(x) (y must be at least as long).
-func Axpy(alpha float32, x, y []float32) { axpyImpl(alpha, x, y[:len(x)]) }
+func Axpy(alpha float32, x, y []float32) { elem.axpy(alpha, x, y[:len(x)]) }
 
 func axpyGo(alpha float32, x, y []float32) {
 	y = y[:len(x)]
@@ -82,9 +102,9 @@ func (j *rmsJob) rows0(r0, r1 int) {
 		// The sum of squares is float32 (SIMD partial sums are accurate
 		// enough for d up to a few thousand); the divide and sqrt are
 		// float64.
-		ms := float64(sumSqImpl(xr)) / float64(d)
+		ms := float64(elem.sumSq(xr)) / float64(d)
 		s := float32(1 / math.Sqrt(ms+float64(j.eps)))
-		scaleMulImpl(j.out[r*d:(r+1)*d], xr, j.weight, s)
+		elem.scaleMul(j.out[r*d:(r+1)*d], xr, j.weight, s)
 	}
 }
 
@@ -102,7 +122,7 @@ func rowParts(rows, d int) int {
 func SiLUMul(out, gate, up []float32) {
 	gate, up = gate[:len(out)], up[:len(out)]
 	if len(out) < 1<<15 || Threads() <= 1 {
-		siluMulImpl(out, gate, up)
+		elem.siluMul(out, gate, up)
 		return
 	}
 	poolMu.Lock()
@@ -120,25 +140,20 @@ var theSiLUJob siluJob
 
 func (j *siluJob) run(p, np int) {
 	lo, hi := split(len(j.out), np, p, 16)
-	siluMulImpl(j.out[lo:hi], j.gate[lo:hi], j.up[lo:hi])
+	elem.siluMul(j.out[lo:hi], j.gate[lo:hi], j.up[lo:hi])
 }
-
-var siluMulImpl = siluMulGo
 
 func siluMulGo(out, gate, up []float32) {
 	gate, up = gate[:len(out)], up[:len(out)]
 	for i, g := range gate {
-		out[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
+		out[i] = g / (1 + expf(-g)) * up[i]
 	}
 }
 
 // Add computes dst[i] += src[i] over len(dst).
 func Add(dst, src []float32) {
-	src = src[:len(dst)]
-	addImpl(dst, src)
+	elem.add(dst, src[:len(dst)])
 }
-
-var addImpl = addGo
 
 func addGo(dst, src []float32) {
 	src = src[:len(dst)]
@@ -154,6 +169,10 @@ func Softmax(x []float32) {
 	if len(x) == 0 {
 		return
 	}
+	elem.softmax(x)
+}
+
+func softmaxGo(x []float32) {
 	mx := x[0]
 	for _, v := range x[1:] {
 		if v > mx {
@@ -162,7 +181,7 @@ func Softmax(x []float32) {
 	}
 	var sum float64
 	for i, v := range x {
-		e := float32(math.Exp(float64(v - mx)))
+		e := expf(v - mx)
 		x[i] = e
 		sum += float64(e)
 	}
@@ -231,12 +250,10 @@ func (j *ropeJob) rows0(r0, r1 int) {
 		sin := j.tab.sin[pos*half : (pos+1)*half]
 		for h := 0; h < j.nHeads; h++ {
 			v := j.x[r*stride+h*hd : r*stride+(h+1)*hd]
-			ropeImpl(v[:half], v[half:], cos, sin)
+			elem.rope(v[:half], v[half:], cos, sin)
 		}
 	}
 }
-
-var ropeImpl = ropeGo
 
 // ropeGo: (a,b) ← (a·cos − b·sin, b·cos + a·sin), elementwise over len(a).
 func ropeGo(a, b, cos, sin []float32) {
@@ -301,4 +318,48 @@ func ropeTable(headDim int, theta float64, need int) *ropeTab {
 	}
 	ropeTabs[key] = t
 	return t
+}
+
+// Single-precision exp: exp(x) = 2^n·e^r with n = round(x/ln2) and
+// |r| ≤ ln2/2, e^r from the Cephes expf polynomial (relative error ~1e-7).
+// 2^n is applied as two factors 2^(n/2)·2^(n-n/2) so that every n in range
+// has a normal-float factor. Shared by the Go and SIMD paths (same
+// constants), it is ~5× faster than float64 math.Exp.
+const (
+	expLog2e = 1.44269504088896341
+	expLn2Hi = 0.693359375
+	expLn2Lo = -2.12194440e-4
+	expMin   = -87.33654 // below: exp underflows float32's normal range; 0
+	expMax   = 88.72283  // above: +Inf
+	expP0    = 1.9875691500e-4
+	expP1    = 1.3981999507e-3
+	expP2    = 8.3334519073e-3
+	expP3    = 4.1665795894e-2
+	expP4    = 1.6666665459e-1
+	expP5    = 5.0000001201e-1
+)
+
+func expf(x float32) float32 {
+	switch {
+	case x != x: // NaN
+		return x
+	case x < expMin:
+		return 0
+	case x > expMax:
+		return float32(math.Inf(1))
+	}
+	t := x * expLog2e
+	if t >= 0 {
+		t += 0.5
+	} else {
+		t -= 0.5
+	}
+	ni := int32(t) // round half away from zero
+	n := float32(ni)
+	r := x - n*expLn2Hi - n*expLn2Lo
+	p := ((((expP0*r+expP1)*r+expP2)*r+expP3)*r+expP4)*r + expP5
+	e := p*r*r + r + 1
+	n1 := ni >> 1
+	n2 := ni - n1
+	return e * math.Float32frombits(uint32(n1+127)<<23) * math.Float32frombits(uint32(n2+127)<<23)
 }
