@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -233,7 +234,14 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 		eng = cfg.wrapEngine(eng)
 	}
 	s.Engine = eng
-	s.Gen, err = couplet.New(m, eng)
+	// 横批 retrieval lists: the shared corpus' list when readable at run time
+	// (couplet.DefaultBannerSources), the model directory's idiom list when
+	// --model is given (the embedded model's list is added by couplet.New).
+	srcs := couplet.DefaultBannerSources()
+	if cfg.ModelDir != "" {
+		srcs = append(srcs, couplet.BannerSource{Path: filepath.Join(cfg.ModelDir, couplet.BannerCandidatesFile)})
+	}
+	s.Gen, err = couplet.New(m, eng, couplet.WithBannerSources(srcs...))
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("couplet generator: %w", err)

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"chunlian/model"
+)
+
+// serveMain end to end: flags → listen → load a model dir → warm up →
+// /ready 200 → a generation → SIGTERM → drained exit with a nil error.
+func TestServeLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	if err := model.WriteDir(model.NewRandom(model.TestConfig(), 11), dir); err != nil {
+		t.Fatal(err)
+	}
+	sig := make(chan os.Signal, 1)
+	addrc := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serveMain([]string{"--addr", "127.0.0.1:0", "--model", dir, "--threads", "1",
+			"--kv-cache-memory", "2MiB", "--log-level", "warn", "--drain-timeout", "20s"}, sig, func(a string) { addrc <- a })
+	}()
+	var base string
+	select {
+	case a := <-addrc:
+		base = "http://" + a
+	case err := <-done:
+		t.Fatalf("serve exited before listening: %v", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res, err := http.Get(base + "/ready")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				break
+			}
+			if res.StatusCode != 503 {
+				t.Fatalf("/ready = %d while loading", res.StatusCode)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := http.Post(base+"/generate", "application/json", strings.NewReader(`{"prompt":"平安"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var out struct {
+		GeneratedText string `json:"generated_text"`
+	}
+	if res.StatusCode != 200 || json.Unmarshal(body, &out) != nil || !strings.HasPrefix(out.GeneratedText, "上联：") {
+		t.Fatalf("generate: %d %s", res.StatusCode, body)
+	}
+	sig <- syscall.SIGTERM
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after SIGTERM: %v, want nil (exit 0)", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("serve did not exit after SIGTERM")
+	}
+	if _, err := http.Get(base + "/health"); err == nil {
+		t.Error("still serving after exit")
+	}
+}
+
+// Bad configuration fails at start with a message naming the flag.
+func TestServeRejectsBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine", "turbo"}, "--engine"},
+		{[]string{"--addr", "nope"}, "--addr"},
+		{[]string{"--addr", "127.0.0.1:99999"}, "--addr"},
+		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
+		{[]string{"--drain-timeout", "0s"}, "--drain-timeout"},
+		{[]string{"--cors-origin", "example.com"}, "--cors-origin"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--max-in-flight", "-1"}, "--max-in-flight"},
+		{[]string{"extra"}, "unexpected arguments"},
+	} {
+		err := serveMain(tc.args, make(chan os.Signal), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.want)
+		}
+	}
+}

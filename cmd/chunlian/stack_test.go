@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"chunlian/couplet"
+	"chunlian/model"
+)
+
+func TestByteSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{in: "0", want: 0},
+		{in: "123", want: 123},
+		{in: "64MiB", want: 64 << 20},
+		{in: "64M", want: 64 << 20},
+		{in: "64mb", want: 64 << 20},
+		{in: "1.5GiB", want: 3 << 29},
+		{in: "512k", want: 512 << 10},
+		{in: " 2 GiB ", want: 2 << 30},
+		{in: "100B", want: 100},
+		{in: "", bad: true},
+		{in: "abc", bad: true},
+		{in: "-1", bad: true},
+		{in: "MiB", bad: true},
+		{in: "1.2.3M", bad: true},
+		{in: "64 PiB", bad: true},
+	} {
+		var b byteSize
+		err := b.Set(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("%q: accepted as %d", tc.in, b)
+			}
+			continue
+		}
+		if err != nil || int64(b) != tc.want {
+			t.Errorf("%q = %d, %v; want %d", tc.in, b, err, tc.want)
+		}
+	}
+}
+
+// parseStack registers the stack flags on a fresh FlagSet and parses args.
+func parseStack(t *testing.T, args ...string) stackConfig {
+	t.Helper()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var c stackConfig
+	c.register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// flag > env > default.
+func TestStackConfigPrecedence(t *testing.T) {
+	t.Setenv("CHUNLIAN_MAX_QUEUE", "7")
+	t.Setenv("CHUNLIAN_ENGINE", "naive")
+	t.Setenv("CHUNLIAN_KV_CACHE_MEMORY", "8MiB")
+	t.Setenv("CHUNLIAN_PREFIX_CACHING", "false")
+	c := parseStack(t, "--max-queue", "9", "--kv-cache-memory", "16MiB")
+	if c.MaxQueue != 9 || c.KVCacheBytes != 16<<20 {
+		t.Errorf("flags did not win over env: %+v", c)
+	}
+	if c.Engine != "naive" || c.PrefixCaching {
+		t.Errorf("env did not win over defaults: %+v", c)
+	}
+	if d := defaultStackConfig(); c.BlockSize != d.BlockSize || c.MaxNumSeqs != d.MaxNumSeqs || c.Backend != d.Backend {
+		t.Errorf("defaults lost: %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("valid config rejected: %v", err)
+	}
+}
+
+func TestStackConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		env  [2]string
+		args []string
+		want string
+	}{
+		{args: []string{"--engine", "turbo"}, want: "--engine"},
+		{args: []string{"--backend", "tpu"}, want: "--backend"},
+		{args: []string{"--block-size", "0"}, want: "--block-size"},
+		{args: []string{"--max-num-seqs", "0"}, want: "--max-num-seqs"},
+		{args: []string{"--max-num-batched-tokens", "-3"}, want: "--max-num-batched-tokens"},
+		{args: []string{"--max-queue", "-1"}, want: "--max-queue"},
+		{args: []string{"--threads", "-2"}, want: "--threads"},
+		{args: []string{"--model", "/nonexistent/model/dir"}, want: "--model"},
+		{env: [2]string{"CHUNLIAN_MAX_QUEUE", "lots"}, want: "CHUNLIAN_MAX_QUEUE"},
+		{env: [2]string{"CHUNLIAN_KV_CACHE_MEMORY", "big"}, want: "CHUNLIAN_KV_CACHE_MEMORY"},
+		{env: [2]string{"CHUNLIAN_PREFIX_CACHING", "maybe"}, want: "CHUNLIAN_PREFIX_CACHING"},
+	} {
+		if tc.env[0] != "" {
+			t.Setenv(tc.env[0], tc.env[1])
+		}
+		c := parseStack(t, tc.args...)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: error %v, want one naming %s", tc.env, tc.args, err, tc.want)
+		}
+		if tc.env[0] != "" {
+			os.Unsetenv(tc.env[0]) // t.Setenv restores the original at the end
+		}
+	}
+}
+
+// The stack builds and generates on the random model with both engines.
+func TestBuildStackRandomModel(t *testing.T) {
+	for _, eng := range []string{"paged", "naive"} {
+		t.Run(eng, func(t *testing.T) {
+			c := parseStack(t, "--engine", eng, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")
+			st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			if st.Backend.NumBlocks()*st.Backend.BlockSize() == 0 {
+				t.Fatal("empty KV cache")
+			}
+			cs, err := st.Gen.Generate(context.Background(), couplet.Request{Text: "平安", Seed: 5})
+			if err != nil || len(cs) == 0 {
+				t.Fatalf("generate: %v", err)
+			}
+			if r := couplet.Check(cs[0].Upper, cs[0].Lower, cs[0].Banner); !r.Rule1() {
+				t.Errorf("malformed couplet %+v", cs[0])
+			}
+		})
+	}
+}
