@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -218,12 +219,14 @@ type monitor struct {
 type monResult struct {
 	cpuCores  *float64 // server CPU-seconds per wall second over the window
 	cpuSource string
+	selfCores *float64 // the bench process's own CPU over the window
 	gpuUtil   *float64 // mean over scrapes, percent
 	gpuMem    *float64 // max over scrapes, bytes
 }
 
 func (m monResult) apply(r *LevelResult) {
 	r.CPUCores, r.CPUSource, r.GPUUtilPct, r.GPUMemBytes = m.cpuCores, m.cpuSource, m.gpuUtil, m.gpuMem
+	r.BenchCPUCores = m.selfCores
 }
 
 // readCPU returns the server's CPU seconds: /proc/PID/stat for a spawned
@@ -270,6 +273,7 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 		pm := scrape(ctx, cl.hc, cl.base)
 		observe(pm)
 		cpu0, src, cpuOK := readCPU(ctx, cl, t, pm)
+		self0, selfErr := procCPUSeconds(os.Getpid())
 		w0 := time.Now()
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
@@ -288,6 +292,12 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 		defer cancel()
 		pm = scrape(fctx, cl.hc, cl.base)
 		observe(pm)
+		if self1, err := procCPUSeconds(os.Getpid()); err == nil && selfErr == nil {
+			if wall := time.Since(w0).Seconds(); wall > 0 {
+				v := (self1 - self0) / wall
+				res.selfCores = &v
+			}
+		}
 		if cpuOK {
 			if cpu1, src1, ok := readCPU(fctx, cl, t, pm); ok && src1 == src {
 				if wall := time.Since(w0).Seconds(); wall > 0 {

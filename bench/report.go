@@ -33,11 +33,14 @@ type LevelResult struct {
 	LatencyHistogram []Bucket `json:"latency_histogram"`
 	// CPUCores is the server's CPU-seconds per wall-second over the window
 	// (1.0 = one core busy); nil when unknown. CPUSource: "proc" or "metrics".
-	CPUCores    *float64 `json:"cpu_cores,omitempty"`
-	CPUSource   string   `json:"cpu_source,omitempty"`
-	GPUUtilPct  *float64 `json:"gpu_util_pct,omitempty"`
-	GPUMemBytes *float64 `json:"gpu_mem_bytes,omitempty"`
-	Partial     bool     `json:"partial,omitempty"` // cut short by Ctrl-C or the run cap
+	CPUCores  *float64 `json:"cpu_cores,omitempty"`
+	CPUSource string   `json:"cpu_source,omitempty"`
+	// BenchCPUCores is the load generator's own CPU over the window: on a
+	// small machine shared with the server it is load the server did not get.
+	BenchCPUCores *float64 `json:"bench_cpu_cores,omitempty"`
+	GPUUtilPct    *float64 `json:"gpu_util_pct,omitempty"`
+	GPUMemBytes   *float64 `json:"gpu_mem_bytes,omitempty"`
+	Partial       bool     `json:"partial,omitempty"` // cut short by Ctrl-C or the run cap
 }
 
 // TargetResult is one service's levels.
@@ -252,12 +255,12 @@ func (r *Report) WriteSeedTable(w io.Writer) {
 
 // WriteLevelTable writes one row per target and level.
 func (r *Report) WriteLevelTable(w io.Writer) {
-	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | GPU |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | bench CPU | GPU |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, tr := range r.Targets {
 		if tr.Error != "" {
 			first, _, _ := strings.Cut(tr.Error, "\n")
-			fmt.Fprintf(w, "| %s | — | not measured: %s |||||||||||||||\n", tr.Name, mdEscape(first))
+			fmt.Fprintf(w, "| %s | — | not measured: %s ||||||||||||||||\n", tr.Name, mdEscape(first))
 			continue
 		}
 		for _, l := range tr.Levels {
@@ -276,9 +279,12 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 			if l.TPOT.N > 0 {
 				tpot = fmtMS(l.TPOT.P50)
 			}
-			cpu, gpu := "—", "—"
+			cpu, self, gpu := "—", "—", "—"
 			if l.CPUCores != nil {
 				cpu = fmt.Sprintf("%.2f cores", *l.CPUCores)
+			}
+			if l.BenchCPUCores != nil {
+				self = fmt.Sprintf("%.2f cores", *l.BenchCPUCores)
 			}
 			if l.GPUUtilPct != nil {
 				gpu = fmt.Sprintf("%.0f%%", *l.GPUUtilPct)
@@ -297,11 +303,11 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 				}
 				return fmtMS(v)
 			}
-			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				tr.Name, load, l.Sent, l.Completed, failed, l.Rejected,
 				fmtRate(l.ReqPerSec), fmtRate(l.CoupletsPerSec), fmtRate(l.TokensPerSec),
 				lat(l.Latency.Mean), lat(l.Latency.P50), lat(l.Latency.P90), lat(l.Latency.P99), lat(l.Latency.Max),
-				ttft, tpot, cpu, gpu)
+				ttft, tpot, cpu, self, gpu)
 		}
 	}
 }

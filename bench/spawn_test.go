@@ -89,6 +89,9 @@ func TestRunSpawn(t *testing.T) {
 			t.Fatalf("%s: %d levels", tr.Name, len(tr.Levels))
 		}
 		for _, l := range tr.Levels {
+			if l.BenchCPUCores == nil {
+				t.Errorf("%s %v: no bench CPU figure", tr.Name, l.Level)
+			}
 			if l.Completed == 0 || l.CPUSource != "proc" || l.CPUCores == nil {
 				t.Errorf("%s %v: completed %d, CPU %v from %q (want /proc)", tr.Name, l.Level, l.Completed, l.CPUCores, l.CPUSource)
 			}
