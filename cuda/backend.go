@@ -36,7 +36,7 @@ type Options struct {
 	// Precision of the GEMMs: "tf32" (default: float32 storage, TF32 tensor
 	// cores, float32 accumulation) or "fp32" (exact float32 FMA; for tests).
 	Precision string
-	// EagerOnly disables CUDA graphs for decode steps (see graph.go).
+	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
 	// MaxBatchTokens is the initial size of the activation buffers in
 	// tokens (default 8192); they grow on demand when a batch is larger.
@@ -703,7 +703,7 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 	meta := b.hostMeta[:n]
 	Te, Re := T, R // shapes the kernels run at
 	tp := 0
-	if b.graphsOn && isDecode(bt) {
+	if b.graphsOn {
 		tp = graphBucket(T)
 	}
 	if tp > 0 {

@@ -294,8 +294,8 @@ func TestForwardMatchesCPU(t *testing.T) {
 				for i := 0; i < 3; i++ {
 					run(fmt.Sprintf("fork %d", i), buildBatch(seqs, []chunk{{0, 1, []int{0}}, {4, 1, []int{0}}}, bs, pool, r, V))
 				}
-				// Decode batches of 3 and 5 sequences pad to graph buckets 4
-				// and 8; logits rows only for some of them.
+				// Batches of 3 and 5 tokens pad to graph buckets 4 and 8;
+				// logits rows only for some of them.
 				run("decode 3", buildBatch(seqs, []chunk{{1, 1, []int{0}}, {2, 1, nil}, {3, 1, []int{0}}}, bs, pool, r, V))
 				run("decode 5", buildBatch(seqs, []chunk{{0, 1, []int{0}}, {1, 1, []int{0}}, {2, 1, []int{0}}, {3, 1, nil}, {4, 1, []int{0}}}, bs, pool, r, V))
 				gs := g.GraphStats()
@@ -304,7 +304,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 					t.Errorf("EagerOnly backend replayed %d graphs", gs.Launches)
 				}
 				if !eager && (gs.Err != nil || gs.Launches == 0) {
-					t.Errorf("decode steps did not run as graphs: %+v", gs)
+					t.Errorf("steps did not run as graphs: %+v", gs)
 				}
 			})
 		}

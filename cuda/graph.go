@@ -3,19 +3,19 @@ package cuda
 import (
 	"fmt"
 	"unsafe"
-
-	"chunlian/forward"
 )
 
-// CUDA graphs for decode steps.
+// CUDA graphs for forward steps.
 //
-// A decode step of a small model is dominated by launch overhead (about 76
-// kernel and GEMM launches for 8 layers, each a few µs of CPU and GPU
-// time). Pure-decode batches (every sequence contributes one token) are
-// therefore padded to a bucket size Tp and run as a captured graph keyed by
-// (Tp, block-table stride): the metadata is copied to the same device
-// buffer before each replay, so one graph serves every batch of that
-// shape. Padding tokens use token 0 at position 0, a dummy sequence whose
+// A step of a small model is dominated by launch overhead (about 76 kernel
+// and GEMM launches for 8 layers, each a few µs of CPU and GPU time). No
+// kernel depends on the batch's composition except through the metadata
+// (positions, slots, sequence index and block tables are read on the
+// device), so any batch of T ≤ maxGraphTokens tokens — decode, prefill or
+// mixed — is padded to a bucket size Tp (logits rows too) and run as a
+// captured graph keyed by (Tp, block-table stride): the metadata is copied
+// to the same device buffer before each replay, so one graph serves every
+// batch of that shape. Padding tokens use token 0 at position 0, a dummy sequence whose
 // block table is the reserved block numBlocks (allocated beyond the
 // blocks the engine sees), and logits row 0; their results are ignored.
 // Graphs are destroyed whenever a buffer they reference is reallocated.
@@ -23,12 +23,12 @@ import (
 // graphKey identifies a captured decode graph.
 type graphKey struct{ tp, stride int }
 
-// maxGraphTokens is the largest decode batch run as a graph.
-const maxGraphTokens = 2048
+// maxGraphTokens is the largest batch run as a graph.
+const maxGraphTokens = 8192
 
-// graphBucket returns the padded size for a decode batch of T tokens, or 0
-// when T is too large for graphs. Buckets: 1, 2, 4, 8, then multiples of
-// 16 up to 256, then multiples of 128.
+// graphBucket returns the padded size for a batch of T tokens, or 0 when T
+// is too large for graphs. Buckets: 1, 2, 4, 8, then multiples of 16 up to
+// 256, of 128 up to 2048, then of 512.
 func graphBucket(T int) int {
 	switch {
 	case T < 1 || T > maxGraphTokens:
@@ -41,19 +41,11 @@ func graphBucket(T int) int {
 		return p
 	case T <= 256:
 		return (T + 15) / 16 * 16
-	default:
+	case T <= 2048:
 		return (T + 127) / 128 * 128
+	default:
+		return (T + 511) / 512 * 512
 	}
-}
-
-// isDecode reports whether every sequence of bt schedules exactly one token.
-func isDecode(bt *forward.Batch) bool {
-	for _, s := range bt.Seqs {
-		if s.Len != 1 {
-			return false
-		}
-	}
-	return len(bt.Seqs) == len(bt.Tokens)
 }
 
 // padMeta repacks the prepared metadata (offsets off, T tokens, R rows, S
@@ -90,7 +82,7 @@ func (b *Backend) padMeta(off [6]int, T, R, S, stride, tp int) ([]int32, [6]int)
 	return p, po
 }
 
-// launchGraph replays (capturing first if needed) the decode graph for
+// launchGraph replays (capturing first if needed) the graph for
 // (tp, stride). If capture fails, graphs are switched off for this
 // Backend and the step runs eagerly; the error is kept for GraphStats.
 func (b *Backend) launchGraph(tp, stride int, off [6]int) error {
@@ -129,7 +121,7 @@ func (b *Backend) capture(tp, stride int, off [6]int) (uintptr, error) {
 		if g != 0 {
 			_ = d.call("cuGraphDestroy", d.cuGraphDestroy, g)
 		}
-		return 0, fmt.Errorf("cuda: capturing decode graph (T=%d): launch: %v; end: %v", tp, lerr, eerr)
+		return 0, fmt.Errorf("cuda: capturing graph (T=%d): launch: %v; end: %v", tp, lerr, eerr)
 	}
 	var exec uintptr
 	err := d.call("cuGraphInstantiateWithFlags", d.cuGraphInstantiate, uintptr(unsafe.Pointer(&exec)), g, 0)
@@ -149,7 +141,7 @@ func (b *Backend) dropGraphs() {
 	}
 }
 
-// GraphStats says how steps ran: replays of captured decode graphs,
+// GraphStats says how steps ran: replays of captured graphs,
 // captures, eager (non-graph) steps, and why graphs were switched off (nil
 // if they were not).
 type GraphStats struct {

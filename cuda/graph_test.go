@@ -8,7 +8,7 @@ import (
 func TestGraphBucket(t *testing.T) {
 	for _, tc := range []struct{ T, want int }{
 		{0, 0}, {1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {16, 16}, {17, 32},
-		{256, 256}, {257, 384}, {2048, 2048}, {2049, 0},
+		{256, 256}, {257, 384}, {2048, 2048}, {2049, 2560}, {8192, 8192}, {8193, 0},
 	} {
 		if got := graphBucket(tc.T); got != tc.want {
 			t.Errorf("graphBucket(%d) = %d, want %d", tc.T, got, tc.want)
