@@ -582,3 +582,36 @@ func BenchmarkDecode(b *testing.B) {
 }
 
 func newRNG(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0x5bd1e995)) }
+
+// BenchmarkPrefill measures one step of n prompts of 12 tokens (a keyword
+// couplet prompt's length) prefilled together.
+func BenchmarkPrefill(b *testing.B) {
+	m := model.NewRandom(baseShape(), 1)
+	if dm, err := model.Default(); err == nil {
+		m = dm
+	}
+	for _, n := range []int{1, 16} {
+		b.Run(fmt.Sprintf("%s/prompts=%d", m.Name, n), func(b *testing.B) {
+			const plen, bs = 12, 16
+			c, err := NewCPU(m, CPUOptions{BlockSize: bs, KVCacheBytes: int64(n*bs) * KVBytesPerToken(m.Config)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			bt := &Batch{}
+			for i := 0; i < n; i++ {
+				s := &seqState{tokens: randomTokens(newRNG(uint64(i)), plen, m.Config.VocabSize)}
+				fl := &freeList{free: []int32{int32(i)}}
+				bt.LogitRows = append(bt.LogitRows, addStep(bt, s, plen, bs, fl))
+			}
+			logits := make([]float32, n*m.Config.VocabSize)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := c.Forward(bt, logits); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n*plen*b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
