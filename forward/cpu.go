@@ -364,18 +364,22 @@ func (c *CPU) attnItems(w int) {
 			t, p := s.Start+j, first+j
 			q := c.q[t*qd+h*hd : t*qd+(h+1)*hd] // [hd]
 			sc := c.scores[w][:p+1]             // [p+1]
-			for u := range sc {
-				slot := int(s.BlockTable[u/bs])*bs + u%bs
-				off := slot*kvd + g*hd
-				sc[u] = cpu.Dot(q, kc[off:off+hd]) * scale
+			// Walk the block table: positions i·bs … i·bs+bs-1 live in
+			// slots BlockTable[i]·bs + 0 … bs-1.
+			for u0 := 0; u0 <= p; u0 += bs {
+				off := (int(s.BlockTable[u0/bs])*bs*cfg.NumKVHeads + g) * hd
+				for u := u0; u < min(u0+bs, p+1); u, off = u+1, off+kvd {
+					sc[u] = cpu.Dot(q, kc[off:off+hd]) * scale
+				}
 			}
 			cpu.Softmax(sc)
 			out := c.att[t*qd+h*hd : t*qd+(h+1)*hd] // [hd]
 			clear(out)
-			for u, a := range sc {
-				slot := int(s.BlockTable[u/bs])*bs + u%bs
-				off := slot*kvd + g*hd
-				cpu.Axpy(a, vc[off:off+hd], out)
+			for u0 := 0; u0 <= p; u0 += bs {
+				off := (int(s.BlockTable[u0/bs])*bs*cfg.NumKVHeads + g) * hd
+				for u := u0; u < min(u0+bs, p+1); u, off = u+1, off+kvd {
+					cpu.Axpy(sc[u], vc[off:off+hd], out)
+				}
 			}
 		}
 	}
