@@ -20,6 +20,7 @@ type fakeService struct {
 	seq                  atomic.Int64
 	badPrompts           atomic.Int64 // prompts not from the bench's built-in lists
 	noErrors             bool         // answer every request with a couplet
+	fast                 bool         // no simulated work (client benchmarks)
 	// arrived, when set, receives one value per request (non-blocking).
 	arrived chan struct{}
 	// block makes /generate wait for the client to go away (interrupt test).
@@ -149,7 +150,9 @@ func (f *fakeService) respondStatus(w http.ResponseWriter, sseOverload bool) boo
 		}
 	}
 	// A little work so requests do not spin the test's CPU flat out.
-	time.Sleep(time.Millisecond)
+	if !f.fast {
+		time.Sleep(time.Millisecond)
+	}
 	f.ok.Add(1)
 	return true
 }
