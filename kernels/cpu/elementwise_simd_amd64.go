@@ -9,8 +9,11 @@ import (
 
 // AVX2/FMA versions of the elementwise inner loops. Each processes 8 floats
 // per step (32 for the reductions, with 4 independent accumulators to hide
-// FMA latency) and finishes the last len%8 with SlicePart loads/stores,
-// which read and write only the slice's own elements.
+// FMA latency) and finishes the last len%8 through a zero-padded stack
+// buffer (loadPart/storePart). archsimd's own LoadFloat32x8SlicePart and
+// StoreSlicePart are not used: in Go 1.26 they convert the short slice to a
+// *[8]float32, which -race's checkptr rejects ("converted pointer straddles
+// multiple allocations").
 
 var simdElem = elemKernels{
 	name: "simd", dot: dotSIMD, axpy: axpySIMD, sumSq: sumSqSIMD, scaleMul: scaleMulSIMD,
@@ -27,6 +30,20 @@ func init() {
 	}
 }
 
+// loadPart loads len(s) < 8 floats, zero-padded.
+func loadPart(s []float32) archsimd.Float32x8 {
+	var b [8]float32
+	copy(b[:], s)
+	return archsimd.LoadFloat32x8(&b)
+}
+
+// storePart stores the first len(s) < 8 lanes of v into s.
+func storePart(v archsimd.Float32x8, s []float32) {
+	var b [8]float32
+	v.Store(&b)
+	copy(s, b[:])
+}
+
 func hsum8(a archsimd.Float32x8) float32 { return hsum1(a) }
 
 func dotSIMD(a, b []float32) float32 {
@@ -39,8 +56,11 @@ func dotSIMD(a, b []float32) float32 {
 		c2 = archsimd.LoadFloat32x8Slice(a[i+16:]).MulAdd(archsimd.LoadFloat32x8Slice(b[i+16:]), c2)
 		c3 = archsimd.LoadFloat32x8Slice(a[i+24:]).MulAdd(archsimd.LoadFloat32x8Slice(b[i+24:]), c3)
 	}
-	for ; i < len(a); i += 8 {
-		c0 = archsimd.LoadFloat32x8SlicePart(a[i:]).MulAdd(archsimd.LoadFloat32x8SlicePart(b[i:]), c0)
+	for ; i+8 <= len(a); i += 8 {
+		c0 = archsimd.LoadFloat32x8Slice(a[i:]).MulAdd(archsimd.LoadFloat32x8Slice(b[i:]), c0)
+	}
+	if i < len(a) {
+		c1 = loadPart(a[i:]).MulAdd(loadPart(b[i:]), c1)
 	}
 	return hsum8(c0.Add(c1).Add(c2.Add(c3)))
 }
@@ -55,7 +75,7 @@ func axpySIMD(alpha float32, x, y []float32) {
 		av.MulAdd(archsimd.LoadFloat32x8Slice(x[i:]), archsimd.LoadFloat32x8Slice(y[i:])).StoreSlice(y[i:])
 	}
 	if i < len(x) {
-		av.MulAdd(archsimd.LoadFloat32x8SlicePart(x[i:]), archsimd.LoadFloat32x8SlicePart(y[i:])).StoreSlicePart(y[i:])
+		storePart(av.MulAdd(loadPart(x[i:]), loadPart(y[i:])), y[i:])
 	}
 }
 
@@ -67,7 +87,7 @@ func scaleMulSIMD(out, x, w []float32, s float32) {
 		archsimd.LoadFloat32x8Slice(x[i:]).Mul(sv).Mul(archsimd.LoadFloat32x8Slice(w[i:])).StoreSlice(out[i:])
 	}
 	if i < len(out) {
-		archsimd.LoadFloat32x8SlicePart(x[i:]).Mul(sv).Mul(archsimd.LoadFloat32x8SlicePart(w[i:])).StoreSlicePart(out[i:])
+		storePart(loadPart(x[i:]).Mul(sv).Mul(loadPart(w[i:])), out[i:])
 	}
 }
 
@@ -78,7 +98,7 @@ func addSIMD(dst, src []float32) {
 		archsimd.LoadFloat32x8Slice(dst[i:]).Add(archsimd.LoadFloat32x8Slice(src[i:])).StoreSlice(dst[i:])
 	}
 	if i < len(dst) {
-		archsimd.LoadFloat32x8SlicePart(dst[i:]).Add(archsimd.LoadFloat32x8SlicePart(src[i:])).StoreSlicePart(dst[i:])
+		storePart(loadPart(dst[i:]).Add(loadPart(src[i:])), dst[i:])
 	}
 }
 
@@ -131,9 +151,9 @@ func siluMulSIMD(out, gate, up []float32) {
 		g.Div(one.Add(exp8(zero.Sub(g)))).Mul(u).StoreSlice(out[i:])
 	}
 	if i < len(out) {
-		g := archsimd.LoadFloat32x8SlicePart(gate[i:])
-		u := archsimd.LoadFloat32x8SlicePart(up[i:])
-		g.Div(one.Add(exp8(zero.Sub(g)))).Mul(u).StoreSlicePart(out[i:])
+		g := loadPart(gate[i:])
+		u := loadPart(up[i:])
+		storePart(g.Div(one.Add(exp8(zero.Sub(g)))).Mul(u), out[i:])
 	}
 }
 

@@ -97,7 +97,7 @@ func gemmSIMDRect(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
 // k1-k8 < 8.
 func tailLoad(p unsafe.Pointer, base, k8, k1 int) archsimd.Float32x8 {
 	s := unsafe.Slice((*float32)(unsafe.Add(p, uintptr(base+k8)*4)), k1-k8)
-	return archsimd.LoadFloat32x8SlicePart(s)
+	return loadPart(s)
 }
 
 // micro2x4: y[i+r, j+c] (+)= Σ_{p∈[k0,k1)} x[i+r, p]·w[j+c, p], r<2, c<4.
