@@ -5,6 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
+
+	"chunlian/kernels/cpu"
 )
 
 // Sampler draws the tokens of one sequence (one sample of one request). It is
@@ -21,7 +24,8 @@ type Sampler struct {
 	// Scratch buffers, all of vocab size V once the first row is seen; reused
 	// every step so sampling makes no garbage in steady state.
 	work  []float32 // [V] logits after processors, penalty and temperature
-	probs []float32 // [V] unnormalised probabilities exp(work - max)
+	probs []float32 // [V] softmax(work / T)
+	lse   []float32 // [V] scratch of logSumExp
 	cand  []int32   // [≤V] candidate token ids still allowed
 	stamp []uint32  // [V] repetition-penalty dedup marks (== gen means seen)
 	gen   uint32
@@ -65,35 +69,61 @@ func Validate(p Params) error {
 	return nil
 }
 
-// negligible is the log-ratio to the max below which a term is dropped:
-// e^-24 ≈ 4e-11, so even 100k dropped tokens move a log-probability by
-// under 4e-6, while for a trained model's peaked logits most of the
-// vocabulary skips the exp.
+// negligible is the log-ratio to the max below which a token is never
+// drawn: e^-24 ≈ 4e-11, it would be picked less than once in 10¹⁰ draws.
 const negligible = -24
+
+var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
 // LogSumExp returns log Σ exp(row[i]), ignoring NaNs; -Inf for an all -Inf row.
 func LogSumExp(row []float32) float64 {
+	bp := scratchPool.Get().(*[]float32)
+	if cap(*bp) < len(row) {
+		*bp = make([]float32, len(row))
+	}
+	lse := logSumExp(row, (*bp)[:len(row)])
+	scratchPool.Put(bp)
+	return lse
+}
+
+// logSumExp computes LogSumExp with scratch ([len(row)]) through the
+// kernels' vectorised Softmax: softmax at the max element is 1/Σexp(x-m),
+// so lse = m − log(softmax[argmax]). Rows with NaNs take a scalar loop.
+func logSumExp(row, scratch []float32) float64 {
 	m := float32(math.Inf(-1))
-	for _, v := range row {
+	im, hasNaN := 0, false
+	for i, v := range row {
 		if v > m {
-			m = v
+			m, im = v, i
+		} else if v != v {
+			hasNaN = true
 		}
 	}
-	if math.IsInf(float64(m), -1) {
-		return math.Inf(-1)
+	if math.IsInf(float64(m), 0) {
+		return float64(m)
 	}
-	var sum float32 // terms ≤ 1: float32 keeps ~1e-6 relative accuracy here
-	for _, v := range row {
-		if d := v - m; d > negligible { // false for NaN
-			sum += expNeg(d)
+	if hasNaN {
+		var sum float64
+		for _, v := range row {
+			if v == v {
+				sum += float64(expNeg(v - m))
+			}
 		}
+		return float64(m) + math.Log(sum)
 	}
-	return float64(m) + math.Log(float64(sum))
+	copy(scratch, row)
+	cpu.Softmax(scratch)
+	return float64(m) - math.Log(float64(scratch[im]))
 }
 
 // LogProb returns log softmax(row)[tok].
 func LogProb(row []float32, tok int32) float32 {
 	return float32(float64(row[tok]) - LogSumExp(row))
+}
+
+// logProb is LogProb with the sampler's own scratch.
+func (s *Sampler) logProb(row []float32, tok int32) float32 {
+	return float32(float64(row[tok]) - logSumExp(row, s.lse[:len(row)]))
 }
 
 // Sample picks the next token from one row of raw model logits. prompt and
@@ -112,6 +142,7 @@ func (s *Sampler) Sample(row []float32, prompt, generated []int32, proc LogitsPr
 		s.probs = make([]float32, V)
 		s.cand = make([]int32, 0, V)
 		s.stamp = make([]uint32, V)
+		s.lse = make([]float32, V)
 	}
 	w := s.work[:V]
 	copy(w, row)
@@ -151,7 +182,7 @@ func (s *Sampler) Sample(row []float32, prompt, generated []int32, proc LogitsPr
 	} else {
 		tok = s.draw(w)
 	}
-	return tok, LogProb(row, tok), nil
+	return tok, s.logProb(row, tok), nil
 }
 
 // penalize applies the HF repetition penalty (positive logits divided,
@@ -189,29 +220,27 @@ func bucketOf(p float32) int { return int(math.Float32bits(p) >> 20) }
 
 // draw samples from softmax(w/T) restricted by top-k, top-p and min-p.
 func (s *Sampler) draw(w []float32) int32 {
+	// probs = softmax(w/T) (w holds no NaN; -Inf entries get 0). Tokens
+	// below e^negligible of the most likely one are never drawn.
 	invT := 1 / s.p.Temperature
-	m := float32(math.Inf(-1))
-	for _, v := range w {
-		if v > m {
-			m = v
+	probs := s.probs[:len(w)]
+	im := 0
+	for i, v := range w {
+		probs[i] = v * invT
+		if v > w[im] {
+			im = i
 		}
 	}
-	// probs[i] = exp((w[i]-m)/T) ∈ [0, 1], the max token at exactly 1;
-	// tokens below e^negligible of the max are never drawn (they would be
-	// picked less than once in 10¹⁰ draws).
-	probs := s.probs[:len(w)]
+	cpu.Softmax(probs)
+	pmax := probs[im]
+	thr := pmax * float32(math.Exp(negligible))
 	cand := s.cand[:0]
 	var total float64
-	for i, v := range w {
-		d := (v - m) * invT
-		if !(d > negligible) { // also -Inf and NaN
-			probs[i] = 0
-			continue
+	for i, p := range probs {
+		if p > thr {
+			cand = append(cand, int32(i))
+			total += float64(p)
 		}
-		p := expNeg(d)
-		probs[i] = p
-		cand = append(cand, int32(i))
-		total += float64(p)
 	}
 	topK := s.p.TopK
 	topP := float64(s.p.TopP)
@@ -244,8 +273,9 @@ func (s *Sampler) draw(w []float32) int32 {
 	}
 	if mp := s.p.MinP; mp > 0 {
 		k := cand[:0]
-		for _, t := range cand { // the max prob is 1, so the threshold is mp
-			if probs[t] >= mp {
+		thr := mp * pmax
+		for _, t := range cand {
+			if probs[t] >= thr {
 				k = append(k, t)
 			}
 		}
