@@ -668,3 +668,27 @@ func TestRandomAbortsUnderPressure(t *testing.T) {
 		t.Errorf("the mix made %d aborts and %d preemptions; want both", aborted, preempted)
 	}
 }
+
+// TestBackendErrorFailsStepOnly: a failing forward pass fails the requests
+// of that step with the backend's error, frees their blocks, and the engine
+// keeps serving.
+func TestBackendErrorFailsStepOnly(t *testing.T) {
+	fb := newFake(64, 4, 24)
+	fb.failAt = 3
+	e, err := New(fb, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: 10, N: 2}}
+	if _, err := e.Generate(context.Background(), req); !errors.Is(err, errInjected) {
+		t.Fatalf("err %v, want the backend's", err)
+	}
+	if st := e.Stats(); st.KVBlocksUsed != 0 {
+		t.Errorf("blocks in use after the failure: %+v", st)
+	}
+	res, err := e.Generate(context.Background(), req)
+	if err != nil || len(res.Completions) != 2 || len(res.Completions[0].Tokens) != 10 {
+		t.Fatalf("after the failure: %v %+v", err, res)
+	}
+	checkDrained(t, e)
+}

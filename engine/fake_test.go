@@ -26,7 +26,10 @@ type fakeBackend struct {
 	mu       sync.Mutex // guards the counters, read by tests
 	forwards int
 	copies   int
+	failAt   int // if > 0, the failAt-th Forward call returns errInjected
 }
+
+var errInjected = fmt.Errorf("fake: injected failure")
 
 func newFake(numBlocks, bs, vocab int) *fakeBackend {
 	f := &fakeBackend{numBlocks: numBlocks, bs: bs, vocab: vocab, tok: make([]int32, numBlocks*bs), pos: make([]int32, numBlocks*bs)}
@@ -67,7 +70,11 @@ func (f *fakeBackend) Forward(b *forward.Batch, logits []float32) error {
 	}
 	f.mu.Lock()
 	f.forwards++
+	fail := f.forwards == f.failAt
 	f.mu.Unlock()
+	if fail {
+		return errInjected
+	}
 	T := len(b.Tokens)
 	if len(b.Positions) != T || len(b.SlotMapping) != T || len(logits) != len(b.LogitRows)*f.vocab {
 		return fmt.Errorf("fake: batch shapes T=%d pos=%d slots=%d logits=%d rows=%d", T, len(b.Positions), len(b.SlotMapping), len(logits), len(b.LogitRows))
