@@ -135,6 +135,7 @@ func TestMatchesNaive(t *testing.T) {
 		{"chunked prefill", 512, 4, Config{MaxNumBatchedTokens: 7, EnablePrefixCaching: true}, 2, 24, false},
 		{"few seqs per step", 512, 8, Config{MaxNumSeqs: 3, EnablePrefixCaching: true}, 3, 24, false},
 		{"no prefix caching", 512, 4, Config{MaxNumSeqs: 64}, 4, 24, false},
+		{"one seq per step", 512, 4, Config{MaxNumSeqs: 1, EnablePrefixCaching: true}, 8, 12, false},
 		{"block size 1", 2048, 1, Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: true}, 5, 16, false},
 		{"tiny cache preempts", 20, 4, Config{MaxNumBatchedTokens: 64, EnablePrefixCaching: true}, 6, 24, true},
 		{"tiny cache no caching", 20, 4, Config{MaxNumBatchedTokens: 9, MaxNumSeqs: 8}, 7, 24, true},
