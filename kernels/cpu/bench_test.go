@@ -146,3 +146,48 @@ func BenchmarkSoftmax(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLayer runs the kernel sequence of one decoder layer (d=512,
+// ffn=1408, 8 heads of 64) without attention, so GEMMs alternate with
+// pool-run elementwise kernels as in the real forward pass; this is where
+// OpenBLAS's spinning worker threads and the Go pool compete for cores.
+func BenchmarkLayer(b *testing.B) {
+	const d, F, H, hd = 512, 1408, 8, 64
+	r := rand.New(rand.NewPCG(1, 2))
+	wq, wk, wv, wo := randSlice(r, d*d), randSlice(r, d*d), randSlice(r, d*d), randSlice(r, d*d)
+	wg, wu, wd := randSlice(r, F*d), randSlice(r, F*d), randSlice(r, d*F)
+	norm := randSlice(r, d)
+	for _, p := range availablePaths() {
+		for _, m := range []int{1, 8, 64, 256} {
+			b.Run(fmt.Sprintf("%s/M=%d", p, m), func(b *testing.B) {
+				x, xn := randSlice(r, m*d), make([]float32, m*d)
+				q, k, v := make([]float32, m*d), make([]float32, m*d), make([]float32, m*d)
+				g, u := make([]float32, m*F), make([]float32, m*F)
+				pos := make([]int32, m)
+				withPath(b, p, func() {
+					c0 := processCPU()
+					for b.Loop() {
+						RMSNorm(xn, x, norm, m, d, 1e-5)
+						Gemm(m, d, d, xn, wq, q)
+						Gemm(m, d, d, xn, wk, k)
+						Gemm(m, d, d, xn, wv, v)
+						RoPE(q, pos, m, H, hd, 10000)
+						RoPE(k, pos, m, H, hd, 10000)
+						GemmAcc(m, d, d, v, wo, x)
+						RMSNorm(xn, x, norm, m, d, 1e-5)
+						Gemm(m, F, d, xn, wg, g)
+						Gemm(m, F, d, xn, wu, u)
+						SiLUMul(g, g, u)
+						GemmAcc(m, d, F, g, wd, x)
+						RMSNorm(x, x, norm, m, d, 1e-5) // keep x bounded
+					}
+					flop := 2 * float64(m) * float64(4*d*d+3*d*F) * float64(b.N)
+					b.ReportMetric(flop/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					if c := (processCPU() - c0).Seconds(); c > 0 {
+						b.ReportMetric(flop/c/1e9, "GFLOP/cpu-s")
+					}
+				})
+			})
+		}
+	}
+}
