@@ -135,19 +135,22 @@ func gemmRef(m, n, k int, x, w, y []float32, acc bool) {
 	}
 }
 
-// gemmParts decides how a GEMM is split over threads: by rows of y (M) when
-// there are many, otherwise by columns (N, i.e. weight rows). It returns the
-// number of parts and whether the split is over M. Tiny products run inline
-// because a hand-off costs about as much as ~20k flops.
+// gemmParts decides how a GEMM is split over threads. It returns the number
+// of parts and whether the split is over rows of y (M) rather than columns
+// (N, i.e. weight rows). Columns are preferred: the threads then read
+// disjoint parts of W, so W (the bulk of the memory traffic for small M)
+// crosses the memory bus once; rows are used only when N is too narrow to
+// give each thread ≥ 64 columns. Tiny products run inline because a hand-off
+// costs about as much as ~30k flops.
 func gemmParts(m, n, k int) (parts int, byM bool) {
 	t := Threads()
 	if t <= 1 || 2*m*n*k < 1<<16 {
 		return 1, false
 	}
-	if m >= 4*t {
-		return t, true
+	if n >= 64*t || m < 2*t {
+		return min(t, max(1, n/16)), false
 	}
-	return min(t, max(1, n/16)), false
+	return t, true
 }
 
 // gemmKernel computes y[i0:i1, j0:j1] (row stride n) = x·wᵀ over all of k.

@@ -13,8 +13,18 @@ func gemmGo(m, n, k int, x, w, y []float32, acc bool) {
 	runGemm(m, n, k, x, w, y, acc, 2, 4, gemmGoRect)
 }
 
+// goMB bounds the x rows swept per k block (goMB × goKB floats = 128 KiB,
+// in L2).
+const goMB = 64
+
 // gemmGoRect computes y[i0:i1, j0:j1] (row stride n) for the full k.
 func gemmGoRect(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
+	for ib := i0; ib < i1; ib += goMB {
+		gemmGoBlock(ib, min(i1, ib+goMB), j0, j1, n, k, x, w, y, acc)
+	}
+}
+
+func gemmGoBlock(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
 	for k0 := 0; k0 < k; k0 += goKB {
 		k1 := min(k, k0+goKB)
 		accum := acc || k0 > 0

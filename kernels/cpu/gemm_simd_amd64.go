@@ -13,8 +13,9 @@ import (
 // per 8 k-values loads 2 x vectors and 4 w vectors for 8 FMAs; the 8 lanes of
 // each sum are reduced once at the end (per k block).
 //
-// K is blocked (simdKB) so that one k-slab of the thread's x rows stays in L2
-// and the 4 w rows in L1 while the microkernel sweeps the x rows.
+// Blocking: rows of x in blocks of simdMB, k in blocks of simdKB, so the
+// x slab being swept stays in L2 and the 4 w rows of the current tile column
+// in L1 (loop order: x row block, k block, 4 w rows, 2 x rows).
 
 const simdKB = 256
 
@@ -57,8 +58,18 @@ func store4v(y []float32, v archsimd.Float32x4, acc bool) {
 	v.Store(p)
 }
 
+// simdMB bounds the x rows swept per k block: simdMB × simdKB floats =
+// 128 KiB, which stays in L2 while the 4 w rows of a tile column stay in L1.
+const simdMB = 128
+
 // gemmSIMDRect computes y[i0:i1, j0:j1] (row stride n) over the full k.
 func gemmSIMDRect(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
+	for ib := i0; ib < i1; ib += simdMB {
+		gemmSIMDBlock(ib, min(i1, ib+simdMB), j0, j1, n, k, x, w, y, acc)
+	}
+}
+
+func gemmSIMDBlock(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
 	// Bounds for the unsafe loads below: every x row i < i1 and w row j < j1
 	// is read only within [row*k, row*k+k).
 	_ = x[i1*k-1]
@@ -66,7 +77,6 @@ func gemmSIMDRect(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
 	_ = y[(i1-1)*n+j1-1]
 	xp := unsafe.Pointer(&x[0])
 	wp := unsafe.Pointer(&w[0])
-	var tail [8]float32
 	for k0 := 0; k0 < k; k0 += simdKB {
 		k1 := min(k, k0+simdKB)
 		k8 := k0 + (k1-k0)&^7 // end of the whole 8-float chunks
@@ -83,7 +93,7 @@ func gemmSIMDRect(i0, i1, j0, j1, n, k int, x, w, y []float32, acc bool) {
 		}
 		for ; j < j1; j++ {
 			for i := i0; i < i1; i++ {
-				s := dotSIMDRange(xp, wp, i*k, j*k, k0, k8, k1, &tail)
+				s := dotSIMDRange(xp, wp, i*k, j*k, k0, k8, k1)
 				if accum {
 					s += y[i*n+j]
 				}
@@ -156,7 +166,7 @@ func micro1x4(xp, wp unsafe.Pointer, i, j, k, k0, k8, k1 int, y []float32, n int
 }
 
 // dotSIMDRange returns Σ_{p∈[k0,k1)} x[xb+p]·w[wb+p].
-func dotSIMDRange(xp, wp unsafe.Pointer, xb, wb, k0, k8, k1 int, _ *[8]float32) float32 {
+func dotSIMDRange(xp, wp unsafe.Pointer, xb, wb, k0, k8, k1 int) float32 {
 	var c0, c1 archsimd.Float32x8
 	p := k0
 	for ; p+16 <= k8; p += 16 {
