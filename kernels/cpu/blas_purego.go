@@ -1,4 +1,4 @@
-//go:build linux || darwin || freebsd
+//go:build linux || darwin
 
 package cpu
 
@@ -119,10 +119,8 @@ func loadBLAS() {
 	}
 }
 
+// blasAvailable loads OpenBLAS on first use and reports whether it loaded.
 func blasAvailable() bool {
-	if os.Getenv("CHUNLIAN_NO_OPENBLAS") != "" {
-		return false
-	}
 	blasOnce.Do(loadBLAS)
 	return blasOK
 }

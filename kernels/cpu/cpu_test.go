@@ -106,6 +106,29 @@ func TestGemmDoesNotTouchBeyondShape(t *testing.T) {
 	}
 }
 
+func TestPickPath(t *testing.T) {
+	all := []string{"openblas", "simd", "go"}
+	for _, tc := range []struct {
+		want  string
+		avail []string
+		got   string
+	}{
+		{"", all, "openblas"},
+		{"", []string{"simd", "go"}, "simd"},
+		{"", []string{"go"}, "go"},
+		{"go", all, "go"},
+		{"simd", all, "simd"},
+		{"simd", []string{"openblas", "go"}, "go"},
+		{"openblas", []string{"simd", "go"}, "simd"},
+		{"openblas", []string{"go"}, "go"},
+		{"bogus", []string{"simd", "go"}, "simd"},
+	} {
+		if got := pickPath(tc.want, tc.avail); got != tc.got {
+			t.Errorf("pickPath(%q, %v) = %q, want %q", tc.want, tc.avail, got, tc.got)
+		}
+	}
+}
+
 func TestPathEnvOrder(t *testing.T) {
 	// Path() must be one of the available paths.
 	p := Path()
@@ -335,5 +358,56 @@ func TestExpf(t *testing.T) {
 	}
 	if got := expf(float32(math.NaN())); got == got {
 		t.Errorf("expf(NaN) = %v, want NaN", got)
+	}
+}
+
+// Kernels may be called from several goroutines at once (the engine loop,
+// the sampler, tests running in parallel): parallel calls are serialised on
+// the pool and every result must still be right. Run with -race.
+func TestConcurrentCallers(t *testing.T) {
+	old := Threads()
+	SetThreads(2)
+	defer SetThreads(old)
+	const m, n, k = 9, 200, 130
+	r := rand.New(rand.NewPCG(5, 6))
+	x, w := randSlice(r, m*k), randSlice(r, n*k)
+	want := make([]float32, m*n)
+	gemmRef(m, n, k, x, w, want, false)
+	rows := randSlice(r, 300*256)
+	wt := randSlice(r, 256)
+	wantNorm := make([]float32, len(rows))
+	RMSNorm(wantNorm, rows, wt, 300, 256, 1e-6)
+
+	errs := make(chan string, 8)
+	done := make(chan bool)
+	for g := 0; g < 4; g++ {
+		go func() {
+			defer func() { done <- true }()
+			y := make([]float32, m*n)
+			out := make([]float32, len(rows))
+			for range 20 {
+				Gemm(m, n, k, x, w, y)
+				for i := range y {
+					if !closeEnough(float64(y[i]), float64(want[i]), math.Sqrt(k)+1, 1e-5) {
+						errs <- fmt.Sprintf("Gemm y[%d] = %v, want %v", i, y[i], want[i])
+						return
+					}
+				}
+				RMSNorm(out, rows, wt, 300, 256, 1e-6)
+				for i := range out {
+					if out[i] != wantNorm[i] {
+						errs <- fmt.Sprintf("RMSNorm out[%d] = %v, want %v", i, out[i], wantNorm[i])
+						return
+					}
+				}
+			}
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		<-done
+	}
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }

@@ -37,32 +37,31 @@ func availablePaths() []string {
 }
 
 func choosePath() {
-	avail := availablePaths()
-	want := os.Getenv("CHUNLIAN_GEMM")
-	name := avail[0]
-	if want != "" {
-		// A forced path that is unavailable falls back to the next slower
-		// one in the fixed order openblas > simd > go.
-		order := []string{"openblas", "simd", "go"}
-		start := -1
-		for i, o := range order {
-			if o == want {
-				start = i
-			}
+	setPathLocked(pickPath(os.Getenv("CHUNLIAN_GEMM"), availablePaths()))
+}
+
+// pathOrder is every GEMM path, fastest first.
+var pathOrder = []string{"openblas", "simd", "go"}
+
+// pickPath returns the path to use given the CHUNLIAN_GEMM value want and
+// the available paths avail (a subsequence of pathOrder that always ends in
+// "go"): the fastest available one when want is empty or unknown, else want
+// or, if that is unavailable, the next slower available one.
+func pickPath(want string, avail []string) string {
+	start := 0
+	for i, o := range pathOrder {
+		if o == want {
+			start = i
 		}
-		if start >= 0 {
-		outer:
-			for _, o := range order[start:] {
-				for _, a := range avail {
-					if a == o {
-						name = o
-						break outer
-					}
-				}
+	}
+	for _, o := range pathOrder[start:] {
+		for _, a := range avail {
+			if a == o {
+				return o
 			}
 		}
 	}
-	setPathLocked(name)
+	return "go"
 }
 
 func setPathLocked(name string) {
