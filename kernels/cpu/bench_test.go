@@ -37,10 +37,14 @@ var benchM = []int{1, 8, 32, 128, 512}
 // BenchmarkGemm reports GFLOP/s (2·M·N·K per op) for every available path.
 // Run e.g. go test -run '^$' -bench Gemm -benchtime=200ms ./kernels/cpu
 func BenchmarkGemm(b *testing.B) {
-	for _, p := range availablePaths() {
+	for _, gc := range gemmCases() {
+		p := gc.path
 		for _, nk := range benchNK {
 			for _, m := range benchM {
-				b.Run(fmt.Sprintf("%s/%s/M=%d/N=%d/K=%d", p, nk.name, m, nk.n, nk.k), func(b *testing.B) {
+				b.Run(fmt.Sprintf("%s/%s/M=%d/N=%d/K=%d", gc.name, nk.name, m, nk.n, nk.k), func(b *testing.B) {
+					if gc.variant != "" {
+						defer setSIMDVariant(gc.variant)()
+					}
 					r := rand.New(rand.NewPCG(1, 2))
 					x := randSlice(r, m*nk.k)
 					w := randSlice(r, nk.n*nk.k)

@@ -46,15 +46,36 @@ var gemmShapes = []struct{ m, n, k int }{
 	{1, 1, 1}, {1, 7, 3}, {1, 512, 384}, {1, 6001, 384}, {2, 3, 5},
 	{3, 5, 17}, {4, 4, 4}, {5, 9, 33}, {7, 13, 1031}, {8, 1408, 512},
 	{13, 100, 77}, {17, 33, 9}, {31, 65, 129}, {64, 512, 512},
-	{129, 383, 257}, {300, 70, 1408}, {1, 3, 0},
+	{129, 383, 257}, {300, 70, 1408}, {1, 3, 0}, {2, 8, 24}, {6, 12, 271}, {3, 4, 16},
+}
+
+// gemmCases lists every GEMM implementation to test: each available path,
+// and for "simd" each microkernel variant (AVX2, AVX-512) the CPU has.
+func gemmCases() []struct{ name, path, variant string } {
+	var cs []struct{ name, path, variant string }
+	for _, p := range availablePaths() {
+		if p == "simd" {
+			for _, v := range simdVariants() {
+				cs = append(cs, struct{ name, path, variant string }{p + "-" + v, p, v})
+			}
+			continue
+		}
+		cs = append(cs, struct{ name, path, variant string }{p, p, ""})
+	}
+	return cs
 }
 
 func TestGemmPaths(t *testing.T) {
-	for _, p := range availablePaths() {
+	for _, gc := range gemmCases() {
+		p := gc.path
+		restore := func() {}
+		if gc.variant != "" {
+			restore = setSIMDVariant(gc.variant)
+		}
 		for _, threads := range []int{1, 3} {
 			for _, sh := range gemmShapes {
 				for _, acc := range []bool{false, true} {
-					name := fmt.Sprintf("%s/t%d/%dx%dx%d/acc=%v", p, threads, sh.m, sh.n, sh.k, acc)
+					name := fmt.Sprintf("%s/t%d/%dx%dx%d/acc=%v", gc.name, threads, sh.m, sh.n, sh.k, acc)
 					t.Run(name, func(t *testing.T) {
 						old := Threads()
 						SetThreads(threads)
@@ -83,12 +104,17 @@ func TestGemmPaths(t *testing.T) {
 				}
 			}
 		}
+		restore()
 	}
 }
 
 func TestGemmDoesNotTouchBeyondShape(t *testing.T) {
-	for _, p := range availablePaths() {
-		t.Run(p, func(t *testing.T) {
+	for _, gc := range gemmCases() {
+		t.Run(gc.name, func(t *testing.T) {
+			p := gc.path
+			if gc.variant != "" {
+				defer setSIMDVariant(gc.variant)()
+			}
 			m, n, k := 5, 11, 19
 			r := rand.New(rand.NewPCG(1, 2))
 			x, w := randSlice(r, m*k), randSlice(r, n*k)

@@ -7,7 +7,10 @@ import (
 	"simd/archsimd"
 )
 
-// AVX2/FMA versions of the elementwise inner loops. Each processes 8 floats
+// AVX2/FMA versions of the elementwise inner loops. Each ends with
+// ClearAVXUpperBits (VZEROUPPER) because the Go compiler's scalar float code
+// is SSE-encoded, which on Intel CPUs pays for dirty upper vector halves.
+// Each processes 8 floats
 // per step (32 for the reductions, with 4 independent accumulators to hide
 // FMA latency) and finishes the last len%8 through a zero-padded stack
 // buffer (loadPart/storePart). archsimd's own LoadFloat32x8SlicePart and
@@ -62,7 +65,9 @@ func dotSIMD(a, b []float32) float32 {
 	if i < len(a) {
 		c1 = loadPart(a[i:]).MulAdd(loadPart(b[i:]), c1)
 	}
-	return hsum8(c0.Add(c1).Add(c2.Add(c3)))
+	r := hsum8(c0.Add(c1).Add(c2.Add(c3)))
+	archsimd.ClearAVXUpperBits()
+	return r
 }
 
 func sumSqSIMD(x []float32) float32 { return dotSIMD(x, x) }
@@ -77,6 +82,7 @@ func axpySIMD(alpha float32, x, y []float32) {
 	if i < len(x) {
 		storePart(av.MulAdd(loadPart(x[i:]), loadPart(y[i:])), y[i:])
 	}
+	archsimd.ClearAVXUpperBits()
 }
 
 func scaleMulSIMD(out, x, w []float32, s float32) {
@@ -89,6 +95,7 @@ func scaleMulSIMD(out, x, w []float32, s float32) {
 	if i < len(out) {
 		storePart(loadPart(x[i:]).Mul(sv).Mul(loadPart(w[i:])), out[i:])
 	}
+	archsimd.ClearAVXUpperBits()
 }
 
 func addSIMD(dst, src []float32) {
@@ -100,6 +107,7 @@ func addSIMD(dst, src []float32) {
 	if i < len(dst) {
 		storePart(loadPart(dst[i:]).Add(loadPart(src[i:])), dst[i:])
 	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // ropeSIMD: (a,b) ← (a·cos − b·sin, b·cos + a·sin).
@@ -115,6 +123,7 @@ func ropeSIMD(a, b, cos, sin []float32) {
 	if i < len(a) {
 		ropeGo(a[i:], b[i:], cos[i:], sin[i:])
 	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // exp8 is expf (see elementwise.go) on 8 lanes: inputs are clamped to
@@ -155,6 +164,7 @@ func siluMulSIMD(out, gate, up []float32) {
 		u := loadPart(up[i:])
 		storePart(g.Div(one.Add(exp8(zero.Sub(g)))).Mul(u), out[i:])
 	}
+	archsimd.ClearAVXUpperBits()
 }
 
 func softmaxSIMD(x []float32) {
@@ -194,4 +204,5 @@ func softmaxSIMD(x []float32) {
 	for j := i; j < len(x); j++ {
 		x[j] *= 1 / sum
 	}
+	archsimd.ClearAVXUpperBits()
 }
