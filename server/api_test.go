@@ -104,7 +104,7 @@ func TestGenerateRejectsMalformed(t *testing.T) {
 		{"top_p zero", `{"prompt":"平安","top_p":0}`, "", 400, codeInvalidField},
 		{"top_k negative", `{"prompt":"平安","top_k":-2}`, "", 400, codeInvalidField},
 		{"oversize", big, "", 413, codeBodyTooLarge},
-		{"content type", `{"prompt":"平安"}`, "application/x-www-form-urlencoded", 415, codeUnsupportedType},
+		{"content type", `{"prompt":"平安"}`, "multipart/form-data; boundary=x", 415, codeUnsupportedType},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var hdr []string

@@ -65,7 +65,9 @@ type usageJSON struct {
 func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, strict bool) *apiError {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json") && mt != "text/plain") {
+		// curl -d sends application/x-www-form-urlencoded by default; the body
+		// is still JSON, so accept it rather than fail the most common call.
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json") && mt != "text/plain" && mt != "application/x-www-form-urlencoded") {
 			return errf(http.StatusUnsupportedMediaType, codeUnsupportedType, "请求体须为 JSON（Content-Type: application/json）", "the body must be JSON (Content-Type: application/json), got %q", ct)
 		}
 	}
