@@ -23,9 +23,7 @@ func TestKernelsDoNotAllocate(t *testing.T) {
 		for _, m := range []int{1, 3, 64} {
 			x, w, y := randSlice(r, m*512), randSlice(r, 512*512), make([]float32, m*512)
 			t.Run(fmt.Sprintf("%s/m=%d", gc.name, m), func(t *testing.T) {
-				if gc.variant != "" {
-					defer setSIMDVariant(gc.variant)()
-				}
+				defer gc.set()()
 				withPath(t, p, func() {
 					if a := testing.AllocsPerRun(10, func() { Gemm(m, 512, 512, x, w, y) }); a > limit {
 						t.Errorf("Gemm allocates %v times per call, want ≤ %v", a, limit)

@@ -42,9 +42,7 @@ func BenchmarkGemm(b *testing.B) {
 		for _, nk := range benchNK {
 			for _, m := range benchM {
 				b.Run(fmt.Sprintf("%s/%s/M=%d/N=%d/K=%d", gc.name, nk.name, m, nk.n, nk.k), func(b *testing.B) {
-					if gc.variant != "" {
-						defer setSIMDVariant(gc.variant)()
-					}
+					defer gc.set()()
 					r := rand.New(rand.NewPCG(1, 2))
 					x := randSlice(r, m*nk.k)
 					w := randSlice(r, nk.n*nk.k)

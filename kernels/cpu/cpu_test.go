@@ -49,18 +49,37 @@ var gemmShapes = []struct{ m, n, k int }{
 	{129, 383, 257}, {300, 70, 1408}, {1, 3, 0}, {2, 8, 24}, {6, 12, 271}, {3, 4, 16},
 }
 
-// gemmCases lists every GEMM implementation to test: each available path,
-// and for "simd" each microkernel variant (AVX2, AVX-512) the CPU has.
-func gemmCases() []struct{ name, path, variant string } {
-	var cs []struct{ name, path, variant string }
+// gemmCase is one GEMM implementation to test: a path plus, where the path
+// has several kernels, a variant (set selects it and returns a restore func).
+type gemmCase struct {
+	name, path string
+	set        func() (restore func())
+}
+
+// gemmCases lists every GEMM implementation to test: each available path;
+// for "simd" each microkernel variant (AVX2, AVX-512) the CPU has; for
+// "openblas" also OpenBLAS sgemm alone (without the SIMD hand-off, which on
+// an AVX-512 machine takes every M ≥ 2).
+func gemmCases() []gemmCase {
+	none := func() func() { return func() {} }
+	var cs []gemmCase
 	for _, p := range availablePaths() {
-		if p == "simd" {
+		switch p {
+		case "simd":
 			for _, v := range simdVariants() {
-				cs = append(cs, struct{ name, path, variant string }{p + "-" + v, p, v})
+				cs = append(cs, gemmCase{p + "-" + v, p, func() func() { return setSIMDVariant(v) }})
 			}
-			continue
+		case "openblas":
+			cs = append(cs, gemmCase{p, p, none})
+			if simdAvailable() {
+				cs = append(cs, gemmCase{"openblas-sgemm", p, func() func() {
+					blasHandoff = false
+					return func() { blasHandoff = true }
+				}})
+			}
+		default:
+			cs = append(cs, gemmCase{p, p, none})
 		}
-		cs = append(cs, struct{ name, path, variant string }{p, p, ""})
 	}
 	return cs
 }
@@ -68,10 +87,7 @@ func gemmCases() []struct{ name, path, variant string } {
 func TestGemmPaths(t *testing.T) {
 	for _, gc := range gemmCases() {
 		p := gc.path
-		restore := func() {}
-		if gc.variant != "" {
-			restore = setSIMDVariant(gc.variant)
-		}
+		restore := gc.set()
 		for _, threads := range []int{1, 3} {
 			for _, sh := range gemmShapes {
 				for _, acc := range []bool{false, true} {
@@ -112,9 +128,7 @@ func TestGemmDoesNotTouchBeyondShape(t *testing.T) {
 	for _, gc := range gemmCases() {
 		t.Run(gc.name, func(t *testing.T) {
 			p := gc.path
-			if gc.variant != "" {
-				defer setSIMDVariant(gc.variant)()
-			}
+			defer gc.set()()
 			m, n, k := 5, 11, 19
 			r := rand.New(rand.NewPCG(1, 2))
 			x, w := randSlice(r, m*k), randSlice(r, n*k)

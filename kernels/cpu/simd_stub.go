@@ -8,3 +8,6 @@ func gemmSIMD(m, n, k int, x, w, y []float32, acc bool) { gemmGo(m, n, k, x, w, 
 
 func simdVariants() []string                 { return nil }
 func setSIMDVariant(string) (restore func()) { return func() {} }
+
+// simdWide is never set without the SIMD build.
+var simdWide = false
