@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -141,6 +142,30 @@ func TestBrowserPage(t *testing.T) {
 	if err != nil || pngLen < 5000 {
 		t.Errorf("PNG export: %d bytes of data URL (err %v)", pngLen, err)
 	}
+	// Picking another candidate shows it.
+	picked, err := chromedp.Run(step, chromedp.Evaluate[bool](`(() => {
+		const li = document.querySelectorAll("#candidates li");
+		if (li.length < 2) return false;
+		li[1].click();
+		const c = window.chunlian.current();
+		return li[1].classList.contains("active") && document.getElementById("upper").textContent === c.upper &&
+			li[1].textContent.includes(c.upper);
+	})()`))
+	if err != nil || !picked {
+		t.Errorf("clicking the second candidate did not show it (err %v)", err)
+	}
+	// 换一副 sends a new request (new request → new latency line).
+	before := text("#latency")
+	if err := chromedp.Do(step, chromedp.WaitEnabled("#another"), chromedp.Click("#another")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.getElementById("latency").textContent !== `+strconv.Quote(before)+` && !document.getElementById("generate").disabled`,
+		chromedp.WithPollingTimeout(60*time.Second))); err != nil {
+		t.Errorf("换一副 did not produce a new couplet: %v", err)
+	}
+	if u, l := text("#upper"), text("#lower"); utf8.RuneCountInString(u) == 0 || utf8.RuneCountInString(u) != utf8.RuneCountInString(l) {
+		t.Errorf("after 换一副: upper %q lower %q", u, l)
+	}
 	shot, err := chromedp.Run(step, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +181,7 @@ func TestBrowserPage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.getElementById("t-tot").textContent.startsWith("1/")`,
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.getElementById("t-tot").textContent.startsWith("2/")`,
 		chromedp.WithPollingTimeout(20*time.Second))); err != nil {
 		t.Errorf("dashboard tiles did not show the request: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -354,10 +355,10 @@ func (s *Server) generateResponse(r *http.Request, p genParams, res *genResult) 
 }
 
 // eventWriter writes stream events as SSE ("event: NAME\ndata: JSON\n\n")
-// or NDJSON ({"event":NAME,"data":JSON}\n), flushing each. It is used from
-// the handler goroutine and (token events) from the engine goroutine's
-// callback, so writes are serialised by mu; after the handler finishes,
-// closed makes late callbacks no-ops.
+// or NDJSON ({"event":NAME,"data":JSON}\n), flushing each. Only the handler
+// goroutine writes (engine callbacks go through a channel); mu and closed
+// keep it safe should a later change write from elsewhere, and make writes
+// after the handler returned no-ops.
 type eventWriter struct {
 	mu     sync.Mutex
 	w      http.ResponseWriter
@@ -431,6 +432,15 @@ func (s *Server) streamGenerate(w http.ResponseWriter, r *http.Request, b *Backe
 	var e *apiError
 	go func() {
 		defer close(done)
+		// This goroutine is outside withRecover's reach: a panic here would
+		// kill the process, so turn it into an error event instead.
+		defer func() {
+			if v := recover(); v != nil {
+				s.metrics.panics.Inc()
+				s.log.Error("stream panic", "request_id", requestID(r.Context()), "panic", v, "stack", string(debug.Stack()))
+				res, e = nil, errf(http.StatusInternalServerError, codeInternal, "内部错误", "internal server error")
+			}
+		}()
 		res, e = s.run(r.Context(), b, req)
 	}()
 	for {

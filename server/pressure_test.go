@@ -387,6 +387,13 @@ func TestPanicInHandlerIsRecovered(t *testing.T) {
 		t.Fatalf("panic: status %d", code)
 	}
 	checkError(t, body, codeInternal)
+	// In a stream the generation runs on its own goroutine: still recovered.
+	code, _, body = post(t, base+"/generate", `{"prompt":"吉祥","stream":true}`)
+	evs, datas := sseEvents(t, body)
+	if code != 200 || len(evs) == 0 || evs[len(evs)-1] != "error" {
+		t.Fatalf("stream panic: status %d events %v", code, evs)
+	}
+	checkError(t, []byte(datas[len(datas)-1]), codeInternal)
 	if code, _, _ := post(t, base+"/generate", `{"prompt":"平安"}`); code != 200 {
 		t.Errorf("after a panic: %d", code)
 	}
