@@ -33,11 +33,14 @@ import (
 //	            const int *incy)
 //	void openblas_set_num_threads(int)
 //
-// blasint is 32-bit in Debian's libopenblas0 (the 64-bit-index variant ships
-// as libopenblas64 and is not searched for).
+// Integer arguments are stored in int64 slots: Debian's libopenblas0 reads
+// them as 32-bit (little-endian: the low half of the slot), an ILP64 build
+// (libopenblas64, or a custom build under the same name) as 64-bit, and both
+// see the right value. A self-test product at load time guards against any
+// other ABI surprise.
 var (
 	blasOnce    sync.Once
-	blasOK      bool
+	blasOK      bool // set once in loadBLAS, under blasMu
 	blasLibPath string
 	fnSgemm     uintptr
 	fnSgemv     uintptr
@@ -45,15 +48,16 @@ var (
 
 	// blasMu guards blasArgs, the memory the scalar arguments are passed
 	// through (package-level, so it never moves and nothing is allocated per
-	// call). It also serialises OpenBLAS calls, which is no loss: each one
-	// already uses all the threads.
+	// call), and the variables above while loadBLAS sets them. It also
+	// serialises OpenBLAS calls, which is no loss: each one already uses all
+	// the threads.
 	blasMu   sync.Mutex
 	blasArgs struct {
-		charN, charT byte
-		m, n, k      int32
-		lda, ldb     int32
-		ldc, inc     int32
-		alpha, beta  float32
+		charN, charT  byte
+		m, n, k       int64
+		lda, ldb, ldc int64
+		inc           int64
+		alpha, beta   float32
 	}
 )
 
@@ -90,17 +94,19 @@ func blasCandidates() []string {
 }
 
 func loadBLAS() {
+	blasMu.Lock()
+	defer blasMu.Unlock()
 	for _, path := range blasCandidates() {
 		h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 		if err != nil {
 			continue
 		}
-		// Check every symbol before registering, since RegisterLibFunc
-		// panics on a missing one (e.g. a reference BLAS without the
-		// openblas_ extension).
+		// A library without all three symbols (a reference BLAS lacks
+		// openblas_set_num_threads) is skipped.
+		var syms [3]uintptr
 		ok := true
-		for _, s := range []string{"sgemm_", "sgemv_", "openblas_set_num_threads"} {
-			if _, err := purego.Dlsym(h, s); err != nil {
+		for i, name := range []string{"sgemm_", "sgemv_", "openblas_set_num_threads"} {
+			if syms[i], err = purego.Dlsym(h, name); err != nil || syms[i] == 0 {
 				ok = false
 			}
 		}
@@ -108,15 +114,42 @@ func loadBLAS() {
 			purego.Dlclose(h)
 			continue
 		}
-		fnSgemm, _ = purego.Dlsym(h, "sgemm_")
-		fnSgemv, _ = purego.Dlsym(h, "sgemv_")
-		fnSetThr, _ = purego.Dlsym(h, "openblas_set_num_threads")
+		fnSgemm, fnSgemv, fnSetThr = syms[0], syms[1], syms[2]
 		blasArgs.charN, blasArgs.charT = 'N', 'T'
+		purego.SyscallN(fnSetThr, uintptr(Threads()))
+		if !blasSelfTest() {
+			purego.Dlclose(h)
+			continue
+		}
 		blasLibPath = path
 		blasOK = true
-		purego.SyscallN(fnSetThr, uintptr(Threads()))
 		return
 	}
+}
+
+// blasSelfTest checks one small sgemm and one sgemv against plain Go (called
+// with blasMu held). A library that computes something else (wrong integer
+// width, wrong argument convention) is not used.
+func blasSelfTest() bool {
+	const m, n, k = 3, 5, 7
+	x, w := make([]float32, m*k), make([]float32, n*k)
+	for i := range x {
+		x[i] = float32(i%5) - 2
+	}
+	for i := range w {
+		w[i] = float32(i%3) - 1
+	}
+	for _, mm := range []int{m, 1} {
+		want, got := make([]float32, mm*n), make([]float32, mm*n)
+		gemmRef(mm, n, k, x, w, want, false)
+		blasCall(mm, n, k, x, w, got, false)
+		for i := range want {
+			if got[i] != want[i] { // small integers: exact in float32
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // blasAvailable loads OpenBLAS on first use and reports whether it loaded.
@@ -164,14 +197,19 @@ func gemmBLAS(m, n, k int, x, w, y []float32, acc bool) {
 	}
 	blasMu.Lock()
 	defer blasMu.Unlock()
+	blasCall(m, n, k, x, w, y, acc)
+}
+
+// blasCall makes the OpenBLAS call for gemmBLAS; blasMu must be held.
+func blasCall(m, n, k int, x, w, y []float32, acc bool) {
 	a := &blasArgs
-	a.m, a.n, a.k = int32(m), int32(n), int32(k)
-	a.lda, a.ldb, a.ldc, a.inc = int32(k), int32(k), int32(n), 1
+	a.m, a.n, a.k = int64(m), int64(n), int64(k)
+	a.lda, a.ldb, a.ldc, a.inc = int64(k), int64(k), int64(n), 1
 	a.alpha, a.beta = 1, 0
 	if acc {
 		a.beta = 1
 	}
-	p := func(v *int32) uintptr { return uintptr(unsafe.Pointer(v)) }
+	p := func(v *int64) uintptr { return uintptr(unsafe.Pointer(v)) }
 	if m == 1 {
 		// sgemv_('T', k, n, 1, w, k, x, 1, beta, y, 1): the column-major
 		// k×n matrix is wᵀ, transposed back to w.
