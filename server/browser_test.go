@@ -2,10 +2,12 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -137,10 +139,18 @@ func TestBrowserPage(t *testing.T) {
 	if err != nil || !layout {
 		t.Errorf("上联 not on the right in vertical text (err %v)", err)
 	}
-	// PNG export draws a real image.
-	pngLen, err := chromedp.Run(step, chromedp.Evaluate[int](`window.chunlian.drawPNG(window.chunlian.current()).toDataURL("image/png").length`))
-	if err != nil || pngLen < 5000 {
-		t.Errorf("PNG export: %d bytes of data URL (err %v)", pngLen, err)
+	// PNG export draws a real image (saved as an artifact too).
+	dataURL, err := chromedp.Run(step, chromedp.Evaluate[string](`window.chunlian.drawPNG(window.chunlian.current()).toDataURL("image/png")`))
+	const prefix = "data:image/png;base64,"
+	png, derr := base64.StdEncoding.DecodeString(strings.TrimPrefix(dataURL, prefix))
+	if err != nil || derr != nil || !strings.HasPrefix(dataURL, prefix) || len(png) < 4000 || string(png[1:4]) != "PNG" {
+		t.Errorf("PNG export: %d bytes (err %v, %v)", len(png), err, derr)
+	} else {
+		path := filepath.Join(dir, "browser-export.png")
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("exported PNG: %s", path)
 	}
 	// Picking another candidate shows it.
 	picked, err := chromedp.Run(step, chromedp.Evaluate[bool](`(() => {
