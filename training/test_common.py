@@ -1,0 +1,63 @@
+"""Tests for training/common.py (pure Python): python3 training/test_common.py"""
+import math
+import unittest
+
+import common as C
+
+
+class TestBleu(unittest.TestCase):
+    def test_cases(self):
+        # (hyps, refs, key, expected) with expected values worked out by hand.
+        cases = [
+            (["abcd"], ["abcd"], "bleu4", 1.0),
+            (["abcd"], ["abce"], "p1", 3 / 4),
+            (["abcd"], ["abce"], "p2", 2 / 3),
+            (["abcd"], ["abce"], "bleu4", 0.0),  # p4 = 0, no smoothing
+            (["abcd"], ["abce"], "bleu2", math.sqrt(3 / 4 * 2 / 3)),
+            (["aaaa"], ["abca"], "p1", 2 / 4),  # clipping
+            (["ab"], ["abcd"], "bp", math.exp(1 - 4 / 2)),  # brevity penalty
+            (["abcd", "xy"], ["abcd", "xz"], "p1", 5 / 6),  # corpus-level sums
+            (["abcd", "xy"], ["abcd", "xz"], "p2", 3 / 4),
+        ]
+        for hyps, refs, key, want in cases:
+            got = C.corpus_bleu(hyps, refs)[key]
+            self.assertAlmostEqual(got, want, places=12, msg=f"{hyps} {refs} {key}")
+
+
+class TestRules(unittest.TestCase):
+    PZ = {"雪": "仄", "春": "平", "年": "平", "福": "仄", "来": "平", "去": "仄"}
+
+    def test_cases(self):
+        cases = [
+            ("瑞雪兆丰年", "春风迎新来", None, {"equal_length": True, "tone_up_ze_low_ping": False}),
+            ("冬去", "春来", None, {"tone_up_ze_low_ping": True, "no_same_char_same_pos": True}),
+            ("冬去", "冬来", None, {"no_same_char_same_pos": False}),
+            ("天天好，去", "年年新，来", None, {"mirrored_punctuation": True, "mirrored_repetition": True}),
+            ("天天好，去", "年月新，来", None, {"mirrored_repetition": False}),
+            ("天天好，去", "年年新！来", None, {"mirrored_punctuation": False}),
+            ("天天好去", "年年新来了", None, {"equal_length": False, "mirrored_punctuation": False}),
+            ("平安是福", "吉祥如意", "平安", {"keyword_present": True}),
+            ("平和是福", "吉安如意", "平安", {"keyword_present": False}),
+        ]
+        for up, low, kw, want in cases:
+            got = C.rule_checks(up, low, self.PZ, kw)
+            for k, v in want.items():
+                self.assertEqual(got[k], v, msg=f"{up}/{low} {k}")
+
+
+class TestLayout(unittest.TestCase):
+    def test_ids(self):
+        v = C.Vocab(list("平安春福"))
+        a, b = C.NUM_SPECIAL, C.NUM_SPECIAL + 1
+        self.assertEqual(C.prompt_ids(v, "keyword", 7, keyword="平安"), [C.BOS, C.KW, a, b, C.len_id(7), C.UP])
+        self.assertEqual(C.full_ids(v, "lower", "春", "福", banner="平安春福"),
+                         [C.BOS, C.LOW, C.len_id(1), C.UP, a + 2, C.SEP, a + 3, C.BAN, a, b, a + 2, a + 3, C.EOS])
+        self.assertEqual(v.ids("春x"), [a + 2, C.UNK])
+        self.assertEqual(C.SPECIALS[C.len_id(32)], "<len_32>")
+        self.assertEqual(C.NUM_SPECIAL, 42)
+        m = C.meta_json()
+        self.assertEqual(set(m["special_tokens"]), {"pad", "unk", "bos", "eos", "keyword", "acrostic", "lower", "up", "sep", "banner"})
+
+
+if __name__ == "__main__":
+    unittest.main()

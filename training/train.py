@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""Train the chunlian couplet model (transformers' LlamaForCausalLM) on one
+GPU and export the Hugging Face model directory the Go side loads.
+
+    python3 training/train.py --data .carry/chunlian --out weights/chunlian-base --seed 1234 --minutes 7
+    python3 training/train.py ... --steps N      # exact step count (the report says which N was used)
+
+Input: the folder written by training/prep.py. Output dir: config.json,
+model.safetensors (bf16), tokenizer.json, tokenizer_config.json,
+generation_config.json, chunlian.json, banner_candidates.txt (copied from
+--candidates if given), plus curve.csv and train.json (not shipped).
+
+Examples and batching. Every couplet pair becomes one sequence per epoch in a
+mode drawn at random (lower 50 %, keyword 30 % if the pair has a dictionary
+word, else lower; acrostic 20 %), laid out as in model/meta.go. Real 横批
+triples (x--triple-repeat per epoch) and a sample of pseudo-triples end
+`<ban> B1..B4 <eos>`; all other pairs end `L1..LN <eos>`. Sequences with the
+same length form batches of equal length, so there is no padding and no
+attention mask (plain causal attention). The loss covers every token after
+<up> (upper line, <sep>, lower line, banner, <eos>); the prompt itself
+(<bos>, mode, keyword/heads, <len_N>, <up>) is not a target.
+"""
+import argparse
+import contextlib
+import csv
+import gzip
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common as C  # noqa: E402
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+def amp(dev):
+    """bf16 autocast on the GPU, nothing elsewhere."""
+    if dev.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------- data
+
+class Group:
+    """All examples of one line length N from one source, as arrays.
+    U, L: int32 [n, N] character ids; K: int32 [n, 6, 2] keyword ids (first
+    kn[i] rows valid); kn: int32 [n]; B: int32 [n, 4] banner ids or None."""
+
+    def __init__(self, U, L, K, kn, B=None):
+        self.U, self.L, self.K, self.kn, self.B = U, L, K, kn, B
+
+
+def read_rows(path):
+    op = gzip.open if path.endswith(".gz") else open
+    with op(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n").split("\t") for line in f]
+
+
+def to_groups(v, rows, with_banner):
+    """rows: [upper, lower, (banner,) kws] -> {N: Group}."""
+    by_n = {}
+    for r in rows:
+        by_n.setdefault(len(r[0]), []).append(r)
+    out = {}
+    for n, rs in by_n.items():
+        m = len(rs)
+        U = np.array([v.ids(r[0]) for r in rs], dtype=np.int32).reshape(m, n)
+        L = np.array([v.ids(r[1]) for r in rs], dtype=np.int32).reshape(m, n)
+        K = np.zeros((m, 6, 2), dtype=np.int32)
+        kn = np.zeros(m, dtype=np.int32)
+        B = np.zeros((m, 4), dtype=np.int32) if with_banner else None
+        for i, r in enumerate(rs):
+            kws = (r[3] if with_banner else r[2]).split() if len(r) > (3 if with_banner else 2) else []
+            kws = [w for w in kws if len(w) == 2][:6]
+            kn[i] = len(kws)
+            for j, w in enumerate(kws):
+                K[i, j] = v.ids(w)
+            if with_banner:
+                B[i] = v.ids(r[2])
+        out[n] = Group(U, L, K, kn, B)
+    return out
+
+
+def subset(g, idx):
+    return Group(g.U[idx], g.L[idx], g.K[idx], g.kn[idx], None if g.B is None else g.B[idx])
+
+
+def sequences(g, n, mode, rng):
+    """Token arrays [m, T] for group g in one mode ('lower', 'keyword',
+    'acrostic'); returns (ids, first target position)."""
+    m = g.U.shape[0]
+    col = lambda t: np.full((m, 1), t, dtype=np.int32)  # noqa: E731
+    parts = [col(C.BOS)]
+    if mode == "lower":
+        parts.append(col(C.LOW))
+    elif mode == "keyword":
+        pick = (rng.random(m) * np.maximum(g.kn, 1)).astype(np.int64)
+        parts += [col(C.KW), g.K[np.arange(m), pick]]
+    else:
+        parts += [col(C.ACR), g.U[:, :1], g.L[:, :1]]
+    parts += [col(C.len_id(n)), col(C.UP)]
+    first_target = sum(p.shape[1] for p in parts)  # position of U1
+    parts += [g.U, col(C.SEP), g.L]
+    if g.B is not None:
+        parts += [col(C.BAN), g.B]
+    parts.append(col(C.EOS))
+    return np.concatenate(parts, axis=1), first_target
+
+
+class Data:
+    def __init__(self, folder, v, args, rng):
+        t0 = time.time()
+        self.v, self.args = v, args
+        rows = read_rows(os.path.join(folder, "pairs_train.tsv.gz"))
+        if args.smoke:
+            rows = rows[:20000]
+        self.pairs = to_groups(v, rows, False)
+        self.n_pairs = len(rows)
+        self.val = to_groups(v, read_rows(os.path.join(folder, "pairs_val.tsv.gz")), False)
+        self.triples = to_groups(v, read_rows(os.path.join(folder, "triples_train.tsv")), True)
+        prow = read_rows(os.path.join(folder, "pseudo_train.tsv.gz"))
+        self.pseudo = to_groups(v, prow, True)
+        self.n_pseudo = len(prow)
+        log(f"data: {self.n_pairs} pairs, {len(prow)} pseudo-triples, "
+            f"{sum(g.U.shape[0] for g in self.triples.values())} triples, loaded in {time.time() - t0:.1f}s")
+
+    def epoch(self, rng):
+        """One epoch as a shuffled list of (ids int32 [b, T], first_target)."""
+        a = self.args
+        seqs = {}  # T -> list of (array, first_target)
+
+        def add(g, n):
+            m = g.U.shape[0]
+            r = rng.random(m)
+            mode = np.where(r < 0.5, 0, np.where(r < 0.8, 1, 2))
+            mode[(mode == 1) & (g.kn == 0)] = 0
+            for k, name in enumerate(("lower", "keyword", "acrostic")):
+                idx = np.nonzero(mode == k)[0]
+                if len(idx):
+                    ids, ft = sequences(subset(g, idx), n, name, rng)
+                    seqs.setdefault((ids.shape[1], ft), []).append(ids)
+
+        for n, g in self.pairs.items():
+            add(g, n)
+        for n, g in self.triples.items():
+            for _ in range(a.triple_repeat):
+                add(g, n)
+        keep = a.pseudo_per_epoch / max(self.n_pseudo, 1)
+        for n, g in self.pseudo.items():
+            idx = np.nonzero(rng.random(g.U.shape[0]) < keep)[0]
+            if len(idx):
+                add(subset(g, idx), n)
+        batches = []
+        for (T, ft), arrs in seqs.items():
+            x = np.concatenate(arrs)
+            x = x[rng.permutation(len(x))]
+            b = max(1, a.batch_tokens // T)
+            for i in range(0, len(x), b):
+                batches.append((x[i:i + b], ft))
+        order = rng.permutation(len(batches))
+        return [batches[i] for i in order]
+
+
+# ---------------------------------------------------------------- model
+
+def make_config(vocab_size, args):
+    from transformers import LlamaConfig
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=args.d, intermediate_size=args.ffn,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.heads, head_dim=args.d // args.heads,
+        max_position_embeddings=128, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+        bos_token_id=C.BOS, eos_token_id=C.EOS, pad_token_id=C.PAD,
+        initializer_range=0.02,
+    )
+
+
+def loss_on(model, x, ft):
+    """Mean cross-entropy of the tokens at positions >= ft (x: int64 [b, T])
+    and the number of such tokens."""
+    logits = model(input_ids=x).logits  # [b, T, V]
+    tgt = x[:, ft:]
+    lg = logits[:, ft - 1:-1].float()
+    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1)), tgt.numel()
+
+
+@torch.no_grad()
+def validate(model, val, dev):
+    """Lower-mode validation: (mean NLL over U..eos, mean NLL over the lower
+    line + <eos> only)."""
+    model.eval()
+    tot_all = n_all = tot_low = n_low = 0.0
+    for n, g in sorted(val.items()):
+        ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
+        x = torch.from_numpy(ids).long().to(dev)
+        with amp(dev):
+            logits = model(input_ids=x).logits
+        lp = F.log_softmax(logits[:, ft - 1:-1].float(), -1)
+        nll = -lp.gather(-1, x[:, ft:, None])[..., 0]  # [b, T-ft]
+        tot_all += nll.sum().item()
+        n_all += nll.numel()
+        low = nll[:, n + 1:]  # lower line + <eos> (skip U and <sep>)
+        tot_low += low.sum().item()
+        n_low += low.numel()
+    model.train()
+    return tot_all / n_all, tot_low / n_low
+
+
+# ---------------------------------------------------------------- export
+
+def build_tokenizer(v):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
+    tok = Tokenizer(models.WordLevel(vocab=dict(v.stoi), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in C.SPECIALS])
+    return tok
+
+
+def export(model, v, out, args):
+    from transformers import GenerationConfig
+    os.makedirs(out, exist_ok=True)
+    m = model.to(torch.bfloat16)
+    m.save_pretrained(out, safe_serialization=True)
+    model.to(torch.float32)
+    tok = build_tokenizer(v)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+                   "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 128,
+                   "clean_up_tokenization_spaces": False}, f, indent=1)
+    GenerationConfig(bos_token_id=C.BOS, eos_token_id=C.EOS, pad_token_id=C.PAD, do_sample=False,
+                     max_new_tokens=80).save_pretrained(out)
+    with open(os.path.join(out, "chunlian.json"), "w", encoding="utf-8") as f:
+        json.dump(C.meta_json(), f, ensure_ascii=False, indent=1)
+    if args.candidates and os.path.exists(args.candidates):
+        shutil.copy(args.candidates, os.path.join(out, "banner_candidates.txt"))
+    # Self-checks of the contract: the tokenizer file loads and encodes a
+    # keyword prompt to the ids the training used.
+    from tokenizers import Tokenizer
+    t2 = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    probe = "<bos><kw>平安<len_7><up>"
+    got = t2.encode(probe).ids
+    want = C.prompt_ids(v, "keyword", 7, keyword="平安")
+    assert got == want, (got, want)
+    assert t2.get_vocab_size() == len(v), (t2.get_vocab_size(), len(v))
+
+
+# ---------------------------------------------------------------- main
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=".carry/chunlian")
+    ap.add_argument("--out", default="weights/chunlian-base")
+    ap.add_argument("--candidates", default="weights/chunlian-base/banner_candidates.txt")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--minutes", type=float, default=7.0, help="training time budget (sets --steps after 60 steps)")
+    ap.add_argument("--steps", type=int, default=0, help="exact number of optimizer steps (overrides --minutes)")
+    ap.add_argument("--d", type=int, default=384)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--ffn", type=int, default=1024)
+    ap.add_argument("--batch-tokens", type=int, default=65536)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--wd", type=float, default=0.1)
+    ap.add_argument("--triple-repeat", type=int, default=20)
+    ap.add_argument("--pseudo-per-epoch", type=int, default=20000)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
+    return ap.parse_args(argv)
+
+
+def train(args):
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    chars = json.load(open(os.path.join(args.data, "vocab.json"), encoding="utf-8"))["chars"]
+    v = C.Vocab(chars)
+    data = Data(args.data, v, args, rng)
+
+    from transformers import LlamaForCausalLM
+    cfg = make_config(len(v), args)
+    model = LlamaForCausalLM(cfg).to(dev)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: vocab {len(v)}, d {args.d}, layers {args.layers}, heads {args.heads}, ffn {args.ffn}, "
+        f"{n_params / 1e6:.2f}M params")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    extra = {"fused": True} if dev.type == "cuda" else {}
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **extra)
+
+    total = args.steps if args.steps > 0 else None
+    budget = args.minutes * 60
+
+    def lr_at(step):
+        if step < args.warmup:
+            return args.lr * (step + 1) / args.warmup
+        T = total or 10 ** 9
+        p = min(1.0, (step - args.warmup) / max(1, T - args.warmup))
+        return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+
+    os.makedirs(args.out, exist_ok=True)
+    curve = open(os.path.join(args.out, "curve.csv"), "w", newline="")
+    cw = csv.writer(curve)
+    cw.writerow(["step", "epoch", "tokens", "seconds", "lr", "train_loss", "val_loss", "val_lower_nll"])
+    step, epoch, tokens = 0, 0, 0
+    t_start = time.time()
+    t_mark = None
+    run_loss, run_n = 0.0, 0
+    best = (float("inf"), None, -1)
+    done = False
+    model.train()
+    while not done:
+        batches = data.epoch(rng)
+        epoch += 1
+        log(f"epoch {epoch}: {len(batches)} batches")
+        for ids, ft in batches:
+            x = torch.from_numpy(ids).to(dev, non_blocking=True).long()
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            with amp(dev):
+                loss, ntok = loss_on(model, x, ft)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            tokens += x.numel()
+            run_loss += loss.detach()
+            run_n += 1
+            if step == 20:
+                torch.cuda.synchronize() if dev.type == "cuda" else None
+                t_mark = (time.time(), tokens)
+            if args.steps <= 0 and (step == 120 or (step > 120 and step % args.eval_every == 0)):
+                # Time budget -> step count: the mean time per step since
+                # step 20 (epoch building and validation included) sets the
+                # remaining steps; re-estimated at every validation so that
+                # the cosine schedule ends when the budget does.
+                torch.cuda.synchronize() if dev.type == "cuda" else None
+                dt = (time.time() - t_mark[0]) / (step - 20)
+                total = max(step + 1, int((budget - (time.time() - t_start)) / dt) + step)
+                if step == 120:
+                    log(f"step time {dt * 1e3:.1f} ms -> total steps {total}")
+            last = total is not None and step >= total
+            if step % args.eval_every == 0 or last or (args.smoke and step % 10 == 0):
+                vl, vlow = validate(model, data.val, dev)
+                tl = float(run_loss / run_n) if run_n else float("nan")
+                run_loss, run_n = 0.0, 0
+                el = time.time() - t_start
+                cw.writerow([step, epoch, tokens, f"{el:.1f}", f"{lr_at(step):.3e}", f"{tl:.4f}", f"{vl:.4f}", f"{vlow:.4f}"])
+                curve.flush()
+                log(f"step {step}/{total} ep {epoch} tok {tokens / 1e6:.1f}M lr {lr_at(step):.2e} "
+                    f"train {tl:.4f} val {vl:.4f} val_lower {vlow:.4f} (ppl {math.exp(vlow):.2f}) "
+                    f"{tokens / el / 1e6:.2f}M tok/s {el:.0f}s")
+                if vlow < best[0]:
+                    best = (vlow, {k: t.detach().clone() for k, t in model.state_dict().items()}, step)
+            if last:
+                done = True
+                break
+    wall = time.time() - t_start
+    curve.close()
+    if best[1] is not None and best[2] != step:
+        log(f"restoring best validation checkpoint from step {best[2]} (val_lower {best[0]:.4f})")
+        model.load_state_dict(best[1])
+    model = model.float()
+    export(model, v, args.out, args)
+    info = {"steps": step, "epochs_started": epoch, "tokens_seen": tokens, "train_seconds": round(wall, 1),
+            "params": n_params, "best_step": best[2], "val_lower_nll": best[0],
+            "val_lower_ppl": math.exp(best[0]), "args": vars(args),
+            "weights_bytes": os.path.getsize(os.path.join(args.out, "model.safetensors")),
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}
+    import transformers
+    info["transformers"] = transformers.__version__
+    with open(os.path.join(args.out, "train.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    log("train done:", json.dumps({k: info[k] for k in ("steps", "tokens_seen", "train_seconds", "val_lower_ppl", "weights_bytes")}))
+    return info
+
+
+if __name__ == "__main__":
+    train(parse())
