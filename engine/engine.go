@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,7 @@ type Paged struct {
 	wake   []*request
 	batch  forward.Batch
 	logits []float32 // [len(batch.LogitRows), vocab]
+	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
@@ -526,6 +528,7 @@ func (e *Paged) step() {
 
 	now := time.Now()
 	V := e.vocab
+	lse := e.rowsLogSumExp(logits, rows)
 	for k := range e.sched {
 		en := &e.sched[k]
 		s := en.s
@@ -534,14 +537,15 @@ func (e *Paged) step() {
 		}
 		r := s.r
 		for p := en.plpFrom; p < en.plpTo; p++ {
-			row := logits[(en.rowStart+p-en.plpFrom)*V:][:V]
-			r.plp[p] = sampler.LogProb(row, r.req.Prompt[p+1])
+			row := en.rowStart + p - en.plpFrom
+			r.plp[p] = float32(float64(logits[row*V+int(r.req.Prompt[p+1])]) - lse[row])
 			r.plpDone = p + 1
 		}
 		s.numComputed += en.n
 		e.mgr.CacheBlocks(s.id, s.tokens, s.numComputed)
 		if en.sample {
-			e.onComputed(s, logits[(en.rowStart+en.plpTo-en.plpFrom)*V:][:V], now)
+			row := en.rowStart + en.plpTo - en.plpFrom
+			e.onComputed(s, logits[row*V:][:V], lse[row], now)
 		}
 	}
 	e.compact()
@@ -552,6 +556,38 @@ func (e *Paged) step() {
 	}
 	clear(e.children)
 	e.children = e.children[:0]
+}
+
+// rowsLogSumExp returns lse[i] = LogSumExp of logits row i for the step's
+// rows (raw log-probs need it for every sampled token and scored prompt
+// token). The rows are independent and read-only here, so up to GOMAXPROCS
+// goroutines split them: the backend's threads are idle between forward
+// passes, and this is most of the sampling cost on a big vocabulary.
+func (e *Paged) rowsLogSumExp(logits []float32, rows int) []float64 {
+	if cap(e.lse) < rows {
+		e.lse = make([]float64, rows)
+	}
+	lse := e.lse[:rows]
+	V := e.vocab
+	workers := min(runtime.GOMAXPROCS(0), rows/2)
+	if workers <= 1 {
+		for i := range lse {
+			lse[i] = sampler.LogSumExp(logits[i*V : (i+1)*V])
+		}
+		return lse
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < rows; i += workers {
+				lse[i] = sampler.LogSumExp(logits[i*V : (i+1)*V])
+			}
+		}()
+	}
+	wg.Wait()
+	return lse
 }
 
 // buildBatch lays the scheduled entries out as one flat forward.Batch.
@@ -601,10 +637,10 @@ func (e *Paged) failAll(err error) {
 // onComputed handles a sequence whose every known token is now in the cache:
 // the first time for a request, the prompt is done and the samples fork;
 // then each sample draws its next token from row.
-func (e *Paged) onComputed(s *sequence, row []float32, now time.Time) {
+func (e *Paged) onComputed(s *sequence, row []float32, lse float64, now time.Time) {
 	r := s.r
 	if r.forked {
-		e.sampleNext(s, row, now)
+		e.sampleNext(s, row, lse, now)
 		return
 	}
 	r.forked = true
@@ -629,14 +665,14 @@ func (e *Paged) onComputed(s *sequence, row []float32, now time.Time) {
 		if r.complete {
 			return
 		}
-		e.sampleNext(c, row, now)
+		e.sampleNext(c, row, lse, now)
 	}
 }
 
 // sampleNext draws one token for s, streams it and checks the stop rules.
-func (e *Paged) sampleNext(s *sequence, row []float32, now time.Time) {
+func (e *Paged) sampleNext(s *sequence, row []float32, lse float64, now time.Time) {
 	r := s.r
-	tok, lp, err := s.samp.Sample(row, r.req.Prompt, s.generated(), s.proc)
+	tok, lp, err := s.samp.SampleLSE(row, lse, r.req.Prompt, s.generated(), s.proc)
 	if err != nil {
 		if errors.Is(err, sampler.ErrDeadEnd) {
 			e.finish(s, FinishDeadEnd)

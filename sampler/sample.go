@@ -121,11 +121,6 @@ func LogProb(row []float32, tok int32) float32 {
 	return float32(float64(row[tok]) - LogSumExp(row))
 }
 
-// logProb is LogProb with the sampler's own scratch.
-func (s *Sampler) logProb(row []float32, tok int32) float32 {
-	return float32(float64(row[tok]) - logSumExp(row, s.lse[:len(row)]))
-}
-
 // Sample picks the next token from one row of raw model logits. prompt and
 // generated are the sequence's tokens so far (repetition penalty looks at
 // both; the processor sees only generated). row is not modified. The order
@@ -133,6 +128,18 @@ func (s *Sampler) logProb(row []float32, tok int32) float32 {
 // temperature → top-k → top-p → min-p → draw. It returns the token and its
 // raw log-probability log softmax(row)[token].
 func (s *Sampler) Sample(row []float32, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
+	return s.sample(row, math.NaN(), prompt, generated, proc)
+}
+
+// SampleLSE is Sample with lse = LogSumExp(row) already known (the engine
+// computes it for all rows of a step in parallel, and once for the n
+// samples that share a row).
+func (s *Sampler) SampleLSE(row []float32, lse float64, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
+	return s.sample(row, lse, prompt, generated, proc)
+}
+
+// sample implements Sample; lse is NaN when not known yet.
+func (s *Sampler) sample(row []float32, lse float64, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
 	V := len(row)
 	if V == 0 {
 		return 0, 0, fmt.Errorf("sampler: empty logits row")
@@ -182,7 +189,10 @@ func (s *Sampler) Sample(row []float32, prompt, generated []int32, proc LogitsPr
 	} else {
 		tok = s.draw(w)
 	}
-	return tok, s.logProb(row, tok), nil
+	if lse != lse {
+		lse = logSumExp(row, s.lse[:V])
+	}
+	return tok, float32(float64(row[tok]) - lse), nil
 }
 
 // penalize applies the HF repetition penalty (positive logits divided,

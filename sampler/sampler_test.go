@@ -325,3 +325,20 @@ func TestExpNeg(t *testing.T) {
 		t.Errorf("edge values %v %v %v", expNeg(0), expNeg(-100), expNeg(float32(math.Inf(-1))))
 	}
 }
+
+func TestSampleLSEMatchesSample(t *testing.T) {
+	row := make([]float32, 500)
+	for i := range row {
+		row[i] = float32(math.Cos(float64(i) * 0.3))
+	}
+	for _, p := range []Params{{}, {Temperature: 1, TopP: 0.9, Seed: 5}} {
+		a, b := New(p, 0), New(p, 0)
+		for i := 0; i < 20; i++ {
+			ta, la, _ := a.Sample(row, nil, nil, nil)
+			tb, lb, _ := b.SampleLSE(row, LogSumExp(row), nil, nil, nil)
+			if ta != tb || math.Abs(float64(la-lb)) > 1e-6 {
+				t.Fatalf("%+v step %d: Sample %d %v, SampleLSE %d %v", p, i, ta, la, tb, lb)
+			}
+		}
+	}
+}
