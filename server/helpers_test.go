@@ -69,7 +69,7 @@ func quietLogger() *slog.Logger {
 // newRealStack builds the stack, attaches it to a new Server, warms it up
 // and (unless noServer) serves it with httptest. Everything is closed at
 // test cleanup.
-func newRealStack(t *testing.T, o stackOpts) *realStack {
+func newRealStack(t testing.TB, o stackOpts) *realStack {
 	t.Helper()
 	m := testModel()
 	cpu, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16, Threads: 1})

@@ -17,7 +17,7 @@ import (
 	"chunlian/engine"
 )
 
-func newHTTPTest(t *testing.T, srv *Server) string {
+func newHTTPTest(t testing.TB, srv *Server) string {
 	t.Helper()
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
@@ -236,8 +236,12 @@ func TestGracefulDrain(t *testing.T) {
 	if err := <-served; err != nil {
 		t.Errorf("Serve returned %v, want nil", err)
 	}
-	// Generation requests that reach a draining server's handler are refused.
-	code, _, body := post(t, newHTTPTest(t, rs.srv)+"/generate", `{"prompt":"平安"}`)
+	// Requests that reach a draining server's handler: /ready 503, generation refused.
+	h := newHTTPTest(t, rs.srv)
+	if code, _, body := get(t, h+"/ready"); code != 503 || !strings.Contains(string(body), "draining") {
+		t.Errorf("/ready while draining: %d %s", code, body)
+	}
+	code, _, body := post(t, h+"/generate", `{"prompt":"平安"}`)
 	if code != 503 {
 		t.Errorf("draining server accepted a request: %d", code)
 	}

@@ -1,0 +1,58 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"chunlian/couplet"
+)
+
+// BenchmarkHTTPOverhead measures the HTTP layer alone (middleware, JSON
+// decode/validate/encode, stats, metrics) around a generator that answers at
+// once, over real loopback connections with parallel clients. It bounds what
+// the service can add per couplet at high QPS.
+func BenchmarkHTTPOverhead(b *testing.B) {
+	srv, err := New(Config{Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Attach(Backend{Generator: fakeGen{func(context.Context, couplet.Request) ([]couplet.Couplet, error) {
+		return []couplet.Couplet{fakeCouplet}, nil
+	}}})
+	if err := srv.Warmup(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	ts := newHTTPTest(b, srv)
+	benchPost(b, ts+"/generate", `{"prompt":"平安","seed":3}`)
+}
+
+// BenchmarkGenerateRandomModel is one couplet per op through HTTP on the
+// real stack (random test model, CPU backend), parallel clients.
+func BenchmarkGenerateRandomModel(b *testing.B) {
+	rs := newRealStack(b, stackOpts{})
+	benchPost(b, rs.base+"/generate", `{"prompt":"平安"}`)
+}
+
+func benchPost(b *testing.B, url, body string) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			res, err := client.Post(url, "application/json", strings.NewReader(body))
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode != 200 {
+				b.Errorf("status %d", res.StatusCode)
+				return
+			}
+		}
+	})
+}
