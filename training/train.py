@@ -150,6 +150,8 @@ class Data:
                 idx = np.nonzero(mode == k)[0]
                 if len(idx):
                     ids, ft = sequences(subset(g, idx), n, name, rng)
+                    if name == "lower" and a.lower_targets == "lower":
+                        ft += n + 1  # the upper line is given in lower mode: targets start at L1
                     seqs.setdefault((ids.shape[1], ft), []).append(ids)
 
         for n, g in self.pairs.items():
@@ -284,6 +286,9 @@ def parse(argv=None):
     ap.add_argument("--pseudo-per-epoch", type=int, default=20000)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
+    ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
+    ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
+                    help="lower-mode loss from U1 (upper) or from L1 (lower; the upper line is the given prompt)")
     return ap.parse_args(argv)
 
 
@@ -300,8 +305,13 @@ def train(args):
     data = Data(args.data, v, args, rng)
 
     from transformers import LlamaForCausalLM
-    cfg = make_config(len(v), args)
-    model = LlamaForCausalLM(cfg).to(dev)
+    if args.init:
+        model = LlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32).to(dev)
+        assert model.config.vocab_size == len(v), (model.config.vocab_size, len(v))
+        assert (model.config.hidden_size, model.config.num_hidden_layers) == (args.d, args.layers)
+        log(f"initialised from {args.init}")
+    else:
+        model = LlamaForCausalLM(make_config(len(v), args)).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: vocab {len(v)}, d {args.d}, layers {args.layers}, heads {args.heads}, ffn {args.ffn}, "
         f"{n_params / 1e6:.2f}M params")
