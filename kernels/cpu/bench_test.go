@@ -21,15 +21,16 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// Model shapes (d=512, ffn=1408, vocab≈6000) as (N, K) of y = x·Wᵀ.
+// The shipped model's shapes (weights/chunlian-base: d=384, ffn=1024,
+// vocab 6294, 6 heads of 64) as (N, K) of y = x·Wᵀ.
 var benchNK = []struct {
 	name string
 	n, k int
 }{
-	{"qkvo", 512, 512},
-	{"gateup", 1408, 512},
-	{"down", 512, 1408},
-	{"lmhead", 6000, 512},
+	{"qkvo", 384, 384},
+	{"gateup", 1024, 384},
+	{"down", 384, 1024},
+	{"lmhead", 6294, 384},
 }
 
 var benchM = []int{1, 8, 32, 128, 512}
@@ -66,14 +67,14 @@ func BenchmarkGemm(b *testing.B) {
 }
 
 func BenchmarkRMSNorm(b *testing.B) {
-	for _, rows := range []int{1, 64, 512} {
-		b.Run(fmt.Sprintf("rows=%d/d=512", rows), func(b *testing.B) {
+	for _, rows := range []int{1, 64, 384} {
+		b.Run(fmt.Sprintf("rows=%d/d=384", rows), func(b *testing.B) {
 			r := rand.New(rand.NewPCG(1, 2))
-			x, w := randSlice(r, rows*512), randSlice(r, 512)
+			x, w := randSlice(r, rows*384), randSlice(r, 384)
 			out := make([]float32, len(x))
 			b.SetBytes(int64(4 * len(x)))
 			for b.Loop() {
-				RMSNorm(out, x, w, rows, 512, 1e-5)
+				RMSNorm(out, x, w, rows, 384, 1e-5)
 			}
 		})
 	}
@@ -149,12 +150,12 @@ func BenchmarkSoftmax(b *testing.B) {
 	}
 }
 
-// BenchmarkLayer runs the kernel sequence of one decoder layer (d=512,
-// ffn=1408, 8 heads of 64) without attention, so GEMMs alternate with
+// BenchmarkLayer runs the kernel sequence of one decoder layer (the shipped
+// model: d=384, ffn=1024, 6 heads of 64) without attention, so GEMMs alternate with
 // pool-run elementwise kernels as in the real forward pass; this is where
 // OpenBLAS's spinning worker threads and the Go pool compete for cores.
 func BenchmarkLayer(b *testing.B) {
-	const d, F, H, hd = 512, 1408, 8, 64
+	const d, F, H, hd = 384, 1024, 6, 64
 	r := rand.New(rand.NewPCG(1, 2))
 	wq, wk, wv, wo := randSlice(r, d*d), randSlice(r, d*d), randSlice(r, d*d), randSlice(r, d*d)
 	wg, wu, wd := randSlice(r, F*d), randSlice(r, F*d), randSlice(r, d*F)
