@@ -67,7 +67,7 @@ func BenchmarkGemm(b *testing.B) {
 }
 
 func BenchmarkRMSNorm(b *testing.B) {
-	for _, rows := range []int{1, 64, 384} {
+	for _, rows := range []int{1, 64, 512} {
 		b.Run(fmt.Sprintf("rows=%d/d=384", rows), func(b *testing.B) {
 			r := rand.New(rand.NewPCG(1, 2))
 			x, w := randSlice(r, rows*384), randSlice(r, 384)
