@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"unsafe"
 
 	"github.com/nlpodyssey/safetensors"
 )
@@ -260,16 +261,33 @@ func parseWeights(buf []byte, c Config) (*Weights, error) {
 }
 
 // toFloat32 converts little-endian F32/F16/BF16 data to a fresh []float32.
+// On little-endian machines with aligned data (the usual case: safetensors
+// pads its header to 8 bytes and offsets are multiples of the element size)
+// the source is read in place as []uint16/[]uint32, which is several times
+// faster than decoding byte by byte; loading the shipped model is dominated
+// by this loop.
 func toFloat32(dt safetensors.DType, data []byte) ([]float32, error) {
 	switch dt {
 	case safetensors.F32:
 		out := make([]float32, len(data)/4)
+		if src, ok := asUint32(data); ok {
+			for i, u := range src {
+				out[i] = math.Float32frombits(u)
+			}
+			return out, nil
+		}
 		for i := range out {
 			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
 		}
 		return out, nil
 	case safetensors.BF16:
 		out := make([]float32, len(data)/2)
+		if src, ok := asUint16(data); ok {
+			for i, u := range src {
+				out[i] = math.Float32frombits(uint32(u) << 16)
+			}
+			return out, nil
+		}
 		for i := range out {
 			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(data[2*i:])) << 16)
 		}
@@ -282,6 +300,30 @@ func toFloat32(dt safetensors.DType, data []byte) ([]float32, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("dtype %s not supported (want F32, F16 or BF16)", dt)
+}
+
+// littleEndian reports whether the machine stores integers little-endian,
+// i.e. whether file bytes can be reinterpreted in place.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
+
+// asUint16 views data as []uint16 without copying when that reads the same
+// values as little-endian decoding (LE machine, 2-byte aligned).
+func asUint16(data []byte) ([]uint16, bool) {
+	if !littleEndian || len(data) < 2 || uintptr(unsafe.Pointer(&data[0]))%2 != 0 {
+		return nil, false
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(&data[0])), len(data)/2), true
+}
+
+// asUint32 is asUint16 for 4-byte values.
+func asUint32(data []byte) ([]uint32, bool) {
+	if !littleEndian || len(data) < 4 || uintptr(unsafe.Pointer(&data[0]))%4 != 0 {
+		return nil, false
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&data[0])), len(data)/4), true
 }
 
 // halfToFloat32 converts an IEEE 754 binary16 value exactly.

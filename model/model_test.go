@@ -242,15 +242,39 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 }
 
-func TestDefaultNotBuilt(t *testing.T) {
+func TestDefault(t *testing.T) {
 	m, err := Default()
+	if errors.Is(err, ErrNoDefault) {
+		t.Skip("default model not embedded")
+	}
 	if err != nil {
-		if !errors.Is(err, ErrNoDefault) {
-			t.Fatalf("Default: %v", err)
-		}
-		t.Skip("default model not embedded yet")
+		t.Fatal(err)
 	}
 	if err := m.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	again, _ := Default()
+	if again != m {
+		t.Error("Default should load once and share the model")
+	}
+	if m.Name != "chunlian-base" {
+		t.Errorf("Name = %q", m.Name)
+	}
+	ids, err := m.Tok.Encode("<bos><kw>平安<len_7><up>")
+	if err != nil || len(ids) != 6 || ids[0] != m.Special("bos") || ids[5] != m.Special("up") {
+		t.Errorf("Encode prompt = %v, %v", ids, err)
+	}
+	if got := m.Tok.Decode(ids); got != "平安" {
+		t.Errorf("Decode = %q", got)
+	}
+}
+
+// BenchmarkLoadDefault measures loading the embedded model (parse +
+// bf16→float32), i.e. the start-up cost of `chunlian serve`.
+func BenchmarkLoadDefault(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		if _, err := loadDefaultUncached(); err != nil {
+			b.Skip(err)
+		}
 	}
 }
