@@ -11,7 +11,7 @@ import (
 // benchModel is the trained model when present, else a random model of a
 // similar shape (d 512, 8 layers, vocab 6000).
 func benchModel(b *testing.B) *model.Model {
-	if m, err := model.Default(); err == nil {
+	if m, err := trainedModel(); err == nil {
 		return m
 	}
 	c := model.TestConfig()

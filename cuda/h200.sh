@@ -1,7 +1,6 @@
 #!/bin/bash
 # H200 runs for package cuda (issue 7). Build on the dev machine first:
-#   CGO_ENABLED=0 go test -c -o .carry/cuda/cuda.test ./cuda/
-#   CGO_ENABLED=0 go build -o .carry/cuda/chunlian ./cmd/chunlian
+#   bash cuda/build_device.sh     # → .carry/cuda/{cuda.test,chunlian}
 # then, through the device tool, with carry [".carry/cuda"]:
 #   bash cuda/h200.sh smoke   # ~3 min: GPU tests, kernel benchmarks, short HTTP + HF smoke
 #   bash cuda/h200.sh full    # ~8 min: the whole benchmark, side by side
@@ -15,7 +14,7 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 BIN=.carry/cuda
 export CHUNLIAN_CUDA_LIB_DIR=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib
 export PYTHONUNBUFFERED=1
-SF="--backend cuda --max-num-seqs 1024 --max-num-batched-tokens 8192 --max-queue 8192 --kv-cache-memory 8GiB"
+SF="--model weights/chunlian-base --backend cuda --max-num-seqs 1024 --max-num-batched-tokens 8192 --max-queue 8192 --kv-cache-memory 8GiB"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu --format=csv | tee "$OUT/gpu.txt"
 nproc

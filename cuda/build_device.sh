@@ -1,0 +1,16 @@
+#!/bin/bash
+# Builds the GPU machine's binaries into .carry/cuda/ (CGO_ENABLED=0,
+# stripped) from a copy of the tree whose embedded model file is a stub:
+# the device tool moves at most 64 MiB (tree + carried files) and the
+# tracked weights already travel, so the binaries load them with
+# --model weights/chunlian-base instead of embedding a second copy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+tar --exclude=./.git --exclude=./.carry --exclude=./.whl --exclude=./.gl -cf - . | tar -xf - -C "$T"
+: > "$T/weights/chunlian-base/model.safetensors"
+mkdir -p .carry/cuda
+(cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/cuda.test" ./cuda/ &&
+	CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/chunlian" ./cmd/chunlian)
+ls -la .carry/cuda
