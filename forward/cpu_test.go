@@ -615,3 +615,44 @@ func BenchmarkPrefill(b *testing.B) {
 		})
 	}
 }
+
+// TestBackendsShareModel runs two backends on one model from two
+// goroutines (as the engine and the naive baseline do in one process): the
+// model must be read-only and each backend's state its own (run with -race).
+func TestBackendsShareModel(t *testing.T) {
+	m := model.NewRandom(model.TestConfig(), 31)
+	toks := randomTokens(newRNG(31), 20, m.Config.VocabSize)
+	ref := refForward(m, toks)
+	errs := make(chan error, 2)
+	for g := 0; g < 2; g++ {
+		go func() {
+			c, err := NewCPU(m, CPUOptions{BlockSize: 4, KVCacheBytes: 8 * 4 * KVBytesPerToken(m.Config)})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			for rep := 0; rep < 3; rep++ {
+				s := &seqState{tokens: toks}
+				fl := newFreeList(c.NumBlocks(), newRNG(uint64(g*10+rep)))
+				var b Batch
+				b.LogitRows = []int{addStep(&b, s, len(toks), 4, fl)}
+				logits := make([]float32, m.Config.VocabSize)
+				if err := c.Forward(&b, logits); err != nil {
+					errs <- err
+					return
+				}
+				if d := maxAbsDiff(logits, ref[len(toks)-1]); d > 1e-4 {
+					errs <- fmt.Errorf("goroutine %d rep %d: max |Δ| = %g", g, rep, d)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
