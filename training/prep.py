@@ -11,7 +11,7 @@ weights/chunlian-base/banner_candidates.txt.
 Everything is deterministic for a given --seed.
 
 Output files (all UTF-8, TAB-separated, one example a line):
-  pairs_train.tsv.gz  upper  lower  kws     (kws: space-separated 2-char words)
+  pairs_train.tsv.xz  upper  lower  kws     (kws: space-separated 2-char words)
   pairs_val.tsv.gz    upper  lower  kws     (held out from train+extra for the loss curve)
   triples_train.tsv   upper  lower  banner  kws   (real 横批 triples, order fixed)
   triples_eval.tsv    upper  lower  banner        (held-out real triples: banner ranking eval)
@@ -27,6 +27,7 @@ import collections
 import glob
 import gzip
 import json
+import lzma
 import os
 import random
 import shutil
@@ -200,7 +201,9 @@ def main():
         return keywords_of(u, l, words, rng, 6)
 
     nokw = 0
-    with gzip.open(os.path.join(args.out, "pairs_train.tsv.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
+    # xz, not gzip: 23.5 MB instead of 33.6 MB, so that the carried data and
+    # the shipped model fit the device tool's 64 MiB together.
+    with lzma.open(os.path.join(args.out, "pairs_train.tsv.xz"), "wt", encoding="utf-8", preset=6) as f:
         for u, l in train:
             k = kw(u, l)
             nokw += not k

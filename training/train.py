@@ -25,6 +25,7 @@ import contextlib
 import csv
 import gzip
 import json
+import lzma
 import math
 import os
 import random
@@ -63,7 +64,7 @@ class Group:
 
 
 def read_rows(path):
-    op = gzip.open if path.endswith(".gz") else open
+    op = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else open
     with op(path, "rt", encoding="utf-8") as f:
         return [line.rstrip("\n").split("\t") for line in f]
 
@@ -123,7 +124,8 @@ class Data:
     def __init__(self, folder, v, args, rng):
         t0 = time.time()
         self.v, self.args = v, args
-        rows = read_rows(os.path.join(folder, "pairs_train.tsv.gz"))
+        xz = os.path.join(folder, "pairs_train.tsv.xz")  # xz keeps the carried tree under 64 MiB
+        rows = read_rows(xz if os.path.exists(xz) else os.path.join(folder, "pairs_train.tsv.gz"))
         if args.smoke:
             rows = rows[:20000]
         self.pairs = to_groups(v, rows, False)
