@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path"
 	"sort"
 	"sync"
 
 	"chunlian/engine"
 	"chunlian/model"
 	"chunlian/sampler"
+	"chunlian/weights"
 )
 
 // Generator writes couplets with a model on an engine. It is safe for
@@ -67,10 +69,16 @@ const SharedBannersPath = "../shared/data/spring/banners.txt"
 
 // DefaultBannerSources are the retrieval lists New reads unless
 // WithBannerSources is given: the shared corpus' 横批 (if present at run
-// time). The shipped model's idiom list is added by the caller (see
-// ModelBannerSource) because only the caller knows where the model came from.
+// time) and the 4-character idioms shipped with the embedded model
+// (weights/chunlian-base/banner_candidates.txt, MIT). Candidates are
+// filtered by the model's vocabulary, so the list suits any model; a model
+// loaded from another directory can add its own list with
+// WithBannerSources(append(DefaultBannerSources(), …)...).
 func DefaultBannerSources() []BannerSource {
-	return []BannerSource{{Path: SharedBannersPath, Prior: 1}}
+	return []BannerSource{
+		{Path: SharedBannersPath, Prior: 1},
+		{FS: weights.FS, Path: path.Join(weights.DefaultDir, BannerCandidatesFile)},
+	}
 }
 
 // BannerCandidatesFile is the 4-character idiom list shipped in a model dir.
