@@ -85,7 +85,9 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	if m == nil || m.Weights == nil {
 		return nil, errors.New("forward: nil model")
 	}
-	if err := m.Config.Validate(); err != nil {
+	// Shapes must match the config before any kernel indexes the weights
+	// (Validate also checks the tokenizer and chunlian.json).
+	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
 	if o.BlockSize == 0 {

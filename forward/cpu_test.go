@@ -430,6 +430,14 @@ func TestNewCPUOptions(t *testing.T) {
 		{CPUOptions{BlockSize: -1}, 0, 0, true},
 		{CPUOptions{KVCacheBytes: -1}, 0, 0, true},
 	}
+	broken := model.NewRandom(cfg, 1)
+	broken.Weights.Layers[1].WUp = broken.Weights.Layers[1].WUp[:10]
+	if c, err := NewCPU(broken, CPUOptions{}); err == nil || !strings.Contains(err.Error(), "up_proj") {
+		t.Errorf("NewCPU on a model with a short up_proj: %v", err)
+		if c != nil {
+			c.Close()
+		}
+	}
 	for _, tc := range cases {
 		c, err := NewCPU(m, tc.o)
 		if tc.wantErr {
