@@ -34,17 +34,20 @@ smoke)
 		--batch-repeats 1 --json "$OUT/hf_smoke.json" 2>&1 | tail -12
 	;;
 full)
-	timeout 120 python3 bench/hf_baseline.py --model weights/chunlian-base --seq-requests 50 --batches 128,1024 \
+	timeout 150 python3 bench/hf_baseline.py --model weights/chunlian-base --seq-requests 50 --batches 128,1024 \
 		--batch-repeats 5 --json "$OUT/hf.json" > "$OUT/hf.log" 2>&1
-	timeout 60 $BIN/cuda.test -test.run XXX -test.bench . -test.benchtime 100x > "$OUT/cuda_bench.log" 2>&1
-	timeout 170 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,10,100,1000 --duration 10s \
+	timeout 120 $BIN/cuda.test -test.run XXX -test.bench EngineLines -test.benchtime 3x > "$OUT/engine_lines.log" 2>&1
+	timeout 60 $BIN/cuda.test -test.run XXX -test.bench 'DecodeStep|Prefill' -test.benchtime 100x > "$OUT/cuda_bench.log" 2>&1
+	timeout 60 $BIN/cuda.test -test.run XXX -test.bench Couplets -test.benchtime 3s \
+		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
+	timeout 200 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,10,100,1000 --duration 10s \
 		--warmup 2s --server-log-dir "$OUT" --quiet --json "$OUT/engine.json" --out "$OUT/engine.md" > "$OUT/engine.log" 2>&1
-	timeout 100 $BIN/chunlian bench --spawn naive --server-flags "$SF" --concurrency 1,10,100 --duration 10s \
+	timeout 120 $BIN/chunlian bench --spawn naive --server-flags "$SF" --concurrency 1,10,100 --duration 10s \
 		--warmup 2s --server-log-dir "$OUT" --quiet --json "$OUT/naive.json" --out "$OUT/naive.md" > "$OUT/naive.log" 2>&1
-	grep -E "Benchmark" "$OUT/cuda_bench.log"
-	tail -12 "$OUT/hf.log"
-	cat "$OUT/engine.md" | head -40
-	cat "$OUT/naive.md" | head -25
+	cp "$BIN/cuda.test" "$OUT/" # symbols for the profile
+	grep -hE "^Benchmark" "$OUT/engine_lines.log" "$OUT/cuda_bench.log" "$OUT/couplets.log"
+	tail -9 "$OUT/hf.log"
+	grep -E "^\| engine|^\| naive" "$OUT/engine.md" "$OUT/naive.md"
 	;;
 esac
 kill $DMON 2>/dev/null
