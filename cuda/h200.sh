@@ -34,6 +34,8 @@ smoke)
 		--batch-repeats 1 --json "$OUT/hf_smoke.json" 2>&1 | tail -12
 	;;
 full)
+	timeout 60 $BIN/cuda.test -test.run 'TestDefaultModel|TestNVML|TestEngineGreedy' -test.v > "$OUT/cuda_test2.log" 2>&1
+	grep -E "^(--- |ok|FAIL|PASS)|worst|{Name" "$OUT/cuda_test2.log" | cut -c1-160
 	timeout 150 python3 bench/hf_baseline.py --model weights/chunlian-base --seq-requests 50 --batches 128,1024 \
 		--batch-repeats 5 --json "$OUT/hf.json" > "$OUT/hf.log" 2>&1
 	timeout 120 $BIN/cuda.test -test.run XXX -test.bench EngineLines -test.benchtime 3x > "$OUT/engine_lines.log" 2>&1
