@@ -92,7 +92,9 @@ func checkGemm(m, n, k int, x, w, y []float32) {
 }
 
 // Gemm computes y[m,n] = x[m,k] · w[n,k]ᵀ, overwriting y. All row-major; w is
-// in the Hugging Face [out,in] layout.
+// in the Hugging Face [out,in] layout. y must not overlap x or w; only the
+// first m·k, n·k and m·n elements are used. Safe for concurrent use (parallel
+// calls take turns on the worker pool).
 func Gemm(m, n, k int, x, w, y []float32) {
 	checkGemm(m, n, k, x, w, y)
 	if m == 0 || n == 0 {
