@@ -195,6 +195,10 @@ func TestBrowserPage(t *testing.T) {
 		chromedp.WithPollingTimeout(20*time.Second))); err != nil {
 		t.Errorf("dashboard tiles did not show the request: %v", err)
 	}
+	fits, err := chromedp.Run(step, chromedp.Evaluate[bool](`document.documentElement.scrollWidth <= document.documentElement.clientWidth`))
+	if err != nil || !fits {
+		t.Errorf("dashboard overflows horizontally (err %v)", err)
+	}
 	charts, err := chromedp.Run(step, chromedp.Evaluate[int](`document.querySelectorAll(".uplot canvas").length`))
 	if err != nil || charts != 5 {
 		t.Errorf("dashboard has %d chart canvases, want 5 (err %v)", charts, err)

@@ -98,11 +98,11 @@ func (s *Server) withRequestLog(next http.Handler) http.Handler {
 		path := routeLabel(r.URL.Path)
 		s.metrics.observeHTTP(path, sw.status, d)
 		lvl := slog.LevelInfo
-		if path == "/health" || path == "/ready" || path == "/metrics" || path == "/api/stats" || path == "static" {
-			lvl = slog.LevelDebug // polled endpoints would drown the log
-		}
-		if sw.status >= 500 {
-			lvl = slog.LevelWarn
+		switch {
+		case path == "/health" || path == "/ready" || path == "/metrics" || path == "/api/stats" || path == "static":
+			lvl = slog.LevelDebug // polled endpoints (503 from /ready is normal) would drown the log
+		case sw.status >= 500 && sw.status != http.StatusServiceUnavailable:
+			lvl = slog.LevelWarn // 503 is load shedding, not a fault
 		}
 		s.log.LogAttrs(r.Context(), lvl, "http",
 			slog.String("request_id", id),

@@ -193,8 +193,11 @@
   window.chunlian = { drawPNG, current: () => couplets[current] };
 
   // Pre-fill from ?prompt=… for links; otherwise leave empty.
+  // A link like /?prompt=平安 (optionally &mode=acrostic&length=5) fills the
+  // form and generates at once, so couplets can be shared as links.
   const q = new URLSearchParams(location.search);
-  if (q.get("prompt")) prompt.value = q.get("prompt");
   if (q.get("mode")) mode.value = q.get("mode");
-  refresh();
+  if (q.get("length")) length.value = q.get("length");
+  if (q.get("prompt")) prompt.value = q.get("prompt");
+  if (refresh() && q.get("prompt")) run(requestBody(q.get("seed") ? parseInt(q.get("seed"), 10) : undefined));
 })();

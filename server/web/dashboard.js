@@ -12,13 +12,14 @@
       width: width(id), height: 200,
       scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
       axes: [{}, { label: yLabel, size: 56 }],
-      series: [{}].concat(series.map((s) => Object.assign({ width: 2, spanGaps: true }, s))),
+      series: [{}].concat(series.map((s) => Object.assign({ width: 2, spanGaps: true, points: { size: 4 } }, s))),
       legend: { live: true },
     };
     charts[id] = new uPlot(opts, [[]].concat(series.map(() => [])), $(id));
   }
   make("c-qps", [{ label: "ok req/s", stroke: "#c8102e", fill: "rgba(200,16,46,.08)" }, { label: "errors/s", stroke: "#555" }], "req/s");
-  make("c-lat", [{ label: "p50", stroke: "#2b7a2b" }, { label: "p90", stroke: "#d08c00" }, { label: "p99", stroke: "#c8102e" }], "ms");
+  // Latency has no value in seconds without requests: show gaps, not lines across them.
+  make("c-lat", [{ label: "p50", stroke: "#2b7a2b", spanGaps: false }, { label: "p90", stroke: "#d08c00", spanGaps: false }, { label: "p99", stroke: "#c8102e", spanGaps: false }], "ms");
   make("c-req", [{ label: "running", stroke: "#1f5fbf" }, { label: "waiting", stroke: "#c8102e" }], "requests");
   make("c-kv", [{ label: "KV cache %", stroke: "#7b2fbf", fill: "rgba(123,47,191,.08)" }, { label: "GPU util %", stroke: "#2b7a2b" }, { label: "GPU mem %", stroke: "#d08c00" }], "%");
   make("c-tok", [{ label: "tokens/s", stroke: "#1f5fbf", fill: "rgba(31,95,191,.08)" }], "tokens/s");
@@ -56,7 +57,14 @@
       $("status").classList.add("bad");
     }
   }
-  window.addEventListener("resize", () => Object.entries(charts).forEach(([id, c]) => c.setSize({ width: width(id), height: 200 })));
+  // Follow the grid's column width (window resizes, and the scrollbar that
+  // appears once the charts are drawn).
+  const fit = () => Object.entries(charts).forEach(([id, c]) => {
+    const w = width(id);
+    if (Math.abs(c.width - w) > 1) c.setSize({ width: w, height: 200 });
+  });
+  if (window.ResizeObserver) new ResizeObserver(fit).observe(document.querySelector(".charts"));
+  window.addEventListener("resize", fit);
   tick();
   setInterval(tick, 1000);
 })();
