@@ -177,3 +177,18 @@ func BenchmarkGenerateConstrainedNoRetrieval(b *testing.B) {
 func BenchmarkGenerateConstrained(b *testing.B) {
 	benchGenerate(b, testModel, false, WithBanners("五福临门", "万象更新", "吉星高照", "春回大地", "国泰民安", "福满人间"))
 }
+
+// The same on the shipped model (skipped when it is not embedded).
+func defaultModel(b *testing.B) *model.Model {
+	m, err := model.Default()
+	if err != nil {
+		b.Skipf("default model not available: %v", err)
+	}
+	return m
+}
+
+func BenchmarkDefaultUnconstrained(b *testing.B) { benchGenerate(b, defaultModel(b), true) }
+func BenchmarkDefaultConstrainedNoRetrieval(b *testing.B) {
+	benchGenerate(b, defaultModel(b), false, WithBannerSources(), WithBannerTopK(0))
+}
+func BenchmarkDefaultConstrained(b *testing.B) { benchGenerate(b, defaultModel(b), false) }

@@ -59,7 +59,7 @@ func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n
 func WithOversample(k int) Option { return func(o *options) { o.oversample = k } }
 
 // WithBannerTopK sets how many retrieved 横批 are scored per couplet besides
-// the model's own (default 12; 0 = model banner only).
+// the model's own (default 8; 0 = model banner only).
 func WithBannerTopK(k int) Option { return func(o *options) { o.bannerTopK = k } }
 
 // SharedBannersPath is the run-time location of the corpus' 横批 list
@@ -104,7 +104,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: 2, bannerTopK: 12, bannerSrcs: DefaultBannerSources(), concurrency: 16}
+	o := options{maxAttempts: 4, oversample: 2, bannerTopK: 8, bannerSrcs: DefaultBannerSources(), concurrency: 16}
 	for _, f := range opts {
 		f(&o)
 	}
