@@ -203,8 +203,13 @@ func (s *Server) Warmup(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
 		Handler:           s.handler,
+		// Bounded reads keep slow clients from pinning goroutines; there is
+		// no WriteTimeout because streams legitimately last long (generation
+		// time is bounded by --request-timeout instead).
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	tickCtx, stopTick := context.WithCancel(context.Background())
