@@ -51,11 +51,18 @@ type CPU struct {
 	numBlocks int
 	kc, vc    [][]float32 // per layer: [numBlocks, blockSize, nKVHeads, headDim]
 	closed    bool
+	// Per layer, the stacked projection matrices (model.Layer.Fused: views
+	// of the model's weights when it was packed at load time, so no extra
+	// memory): one GEMM computes q, k and v, another gate and up.
+	wqkv [][]float32 // [H·hd + 2·G·hd, d]
+	wgu  [][]float32 // [2·F, d]
 
 	// Scratch, grown on demand and reused across steps (no per-step
 	// garbage in steady state). T = len(batch.Tokens), R = len(LogitRows).
 	x     []float32 // [T, d] residual stream
 	xn    []float32 // [T, d] normalised input of a sublayer
+	qkv   []float32 // [T, H·hd + 2·G·hd] fused projection output
+	gu    []float32 // [T, 2·F] fused gate|up projection output
 	q     []float32 // [T, nHeads·headDim]
 	k     []float32 // [T, nKVHeads·headDim]
 	v     []float32 // [T, nKVHeads·headDim]
@@ -112,6 +119,10 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 		return nil, fmt.Errorf("forward: KVCacheBytes %d is less than one block (%d bytes)", o.KVCacheBytes, perToken*int64(o.BlockSize))
 	}
 	c := &CPU{m: m, cfg: cfg, blockSize: o.BlockSize, numBlocks: numBlocks}
+	for i := range m.Weights.Layers {
+		qkv, gu := m.Weights.Layers[i].Fused()
+		c.wqkv, c.wgu = append(c.wqkv, qkv), append(c.wgu, gu)
+	}
 	n := numBlocks * o.BlockSize * cfg.KVDim()
 	for range cfg.NumLayers {
 		c.kc = append(c.kc, make([]float32, n))
@@ -265,6 +276,8 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	qd, kvd := cfg.QDim(), cfg.KVDim()
 	eps := float32(cfg.RMSNormEps)
 	c.x, c.xn = grow(c.x, T*d), grow(c.xn, T*d)
+	W := qd + 2*kvd
+	c.qkv, c.gu = grow(c.qkv, T*W), grow(c.gu, T*2*F)
 	c.q, c.att = grow(c.q, T*qd), grow(c.att, T*qd)
 	c.k, c.v = grow(c.k, T*kvd), grow(c.v, T*kvd)
 	c.gate, c.up = grow(c.gate, T*F), grow(c.up, T*F)
@@ -279,27 +292,39 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	for l := range w.Layers {
 		L := &w.Layers[l]
 		// Attention sublayer.
-		cpu.RMSNorm(c.xn, c.x, L.AttnNorm, T, d, eps) //               xn: [T,d]
-		cpu.Gemm(T, qd, d, c.xn, L.Wq, c.q)           //               q: [T,H·hd]
-		cpu.Gemm(T, kvd, d, c.xn, L.Wk, c.k)          //               k: [T,G·hd]
-		cpu.Gemm(T, kvd, d, c.xn, L.Wv, c.v)          //               v: [T,G·hd]
+		// xn[T,d] = RMSNorm(x); qkv[T,(H+2G)·hd] = xn·Wqkvᵀ, split into
+		// q[T,H·hd], k[T,G·hd], v[T,G·hd].
+		cpu.RMSNorm(c.xn, c.x, L.AttnNorm, T, d, eps)
+		cpu.Gemm(T, W, d, c.xn, c.wqkv[l], c.qkv)
+		for t := 0; t < T; t++ {
+			row := c.qkv[t*W : (t+1)*W]
+			copy(c.q[t*qd:(t+1)*qd], row[:qd])
+			copy(c.k[t*kvd:(t+1)*kvd], row[qd:qd+kvd])
+			copy(c.v[t*kvd:(t+1)*kvd], row[qd+kvd:])
+		}
 		cpu.RoPE(c.q, b.Positions, T, cfg.NumHeads, cfg.HeadDim, cfg.RopeTheta)
 		cpu.RoPE(c.k, b.Positions, T, cfg.NumKVHeads, cfg.HeadDim, cfg.RopeTheta)
 		// Write this step's K/V into their slots before attention, so a
 		// token sees itself and the earlier tokens of its own chunk.
-		kc, vc := c.kc[l], c.vc[l] //                 [numBlocks·blockSize, G·hd]
+		// kc, vc: [numBlocks·blockSize slots, G·hd].
+		kc, vc := c.kc[l], c.vc[l]
 		for t, slot := range b.SlotMapping {
 			copy(kc[int(slot)*kvd:(int(slot)+1)*kvd], c.k[t*kvd:(t+1)*kvd])
 			copy(vc[int(slot)*kvd:(int(slot)+1)*kvd], c.v[t*kvd:(t+1)*kvd])
 		}
-		c.attention(b, l)                       //                                            att: [T,H·hd]
-		cpu.GemmAcc(T, d, qd, c.att, L.Wo, c.x) //                      x += att·Woᵀ
+		c.attention(b, l)                       // att[T,H·hd]
+		cpu.GemmAcc(T, d, qd, c.att, L.Wo, c.x) // x[T,d] += att·Woᵀ
 		// MLP sublayer (SwiGLU).
-		cpu.RMSNorm(c.xn, c.x, L.MLPNorm, T, d, eps) //                xn: [T,d]
-		cpu.Gemm(T, F, d, c.xn, L.WGate, c.gate)     //               gate: [T,F]
-		cpu.Gemm(T, F, d, c.xn, L.WUp, c.up)         //               up: [T,F]
-		cpu.SiLUMul(c.gate, c.gate, c.up)            //               gate = silu(gate)·up
-		cpu.GemmAcc(T, d, F, c.gate, L.WDown, c.x)   //               x += gate·Wdownᵀ
+		// xn[T,d] = RMSNorm(x); gu[T,2F] = xn·[Wgate;Wup]ᵀ, split into
+		// gate[T,F], up[T,F].
+		cpu.RMSNorm(c.xn, c.x, L.MLPNorm, T, d, eps)
+		cpu.Gemm(T, 2*F, d, c.xn, c.wgu[l], c.gu)
+		for t := 0; t < T; t++ {
+			copy(c.gate[t*F:(t+1)*F], c.gu[t*2*F:t*2*F+F])
+			copy(c.up[t*F:(t+1)*F], c.gu[t*2*F+F:(t+1)*2*F])
+		}
+		cpu.SiLUMul(c.gate, c.gate, c.up)          // gate = silu(gate)·up
+		cpu.GemmAcc(T, d, F, c.gate, L.WDown, c.x) // x[T,d] += gate·Wdownᵀ
 	}
 	// Final norm and LM head only for the rows that will be sampled.
 	R := len(b.LogitRows)

@@ -498,17 +498,14 @@ func kernelCalls(c *CPU, b *Batch, logits []float32) {
 	cfg := c.cfg
 	T, d, F, V := len(b.Tokens), cfg.HiddenSize, cfg.IntermediateSize, cfg.VocabSize
 	qd, kvd, eps := cfg.QDim(), cfg.KVDim(), float32(cfg.RMSNormEps)
-	for _, L := range c.m.Weights.Layers {
+	for l, L := range c.m.Weights.Layers {
 		cpu.RMSNorm(c.xn, c.x, L.AttnNorm, T, d, eps)
-		cpu.Gemm(T, qd, d, c.xn, L.Wq, c.q)
-		cpu.Gemm(T, kvd, d, c.xn, L.Wk, c.k)
-		cpu.Gemm(T, kvd, d, c.xn, L.Wv, c.v)
+		cpu.Gemm(T, qd+2*kvd, d, c.xn, c.wqkv[l], c.qkv)
 		cpu.RoPE(c.q, b.Positions, T, cfg.NumHeads, cfg.HeadDim, cfg.RopeTheta)
 		cpu.RoPE(c.k, b.Positions, T, cfg.NumKVHeads, cfg.HeadDim, cfg.RopeTheta)
 		cpu.GemmAcc(T, d, qd, c.att, L.Wo, c.x)
 		cpu.RMSNorm(c.xn, c.x, L.MLPNorm, T, d, eps)
-		cpu.Gemm(T, F, d, c.xn, L.WGate, c.gate)
-		cpu.Gemm(T, F, d, c.xn, L.WUp, c.up)
+		cpu.Gemm(T, 2*F, d, c.xn, c.wgu[l], c.gu)
 		cpu.SiLUMul(c.gate, c.gate, c.up)
 		cpu.GemmAcc(T, d, F, c.gate, L.WDown, c.x)
 	}

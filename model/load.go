@@ -257,6 +257,7 @@ func parseWeights(buf []byte, c Config) (*Weights, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	packLayers(w)
 	return w, nil
 }
 

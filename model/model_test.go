@@ -278,3 +278,36 @@ func BenchmarkLoadDefault(b *testing.B) {
 		}
 	}
 }
+
+func TestFused(t *testing.T) {
+	m := NewRandom(TestConfig(), 2)
+	l := &m.Weights.Layers[1]
+	want := func(parts ...[]float32) []float32 {
+		var out []float32
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	qkv, gu := l.Fused()
+	if !reflect.DeepEqual(qkv, want(l.Wq, l.Wk, l.Wv)) || !reflect.DeepEqual(gu, want(l.WGate, l.WUp)) {
+		t.Fatal("fused matrices are not the stacked ones")
+	}
+	if &qkv[0] != &l.Wq[0] || &gu[0] != &l.WGate[0] {
+		t.Error("a packed layer should give views, not copies")
+	}
+	// An unpacked layer (separately allocated matrices) gets copies.
+	u := Layer{Wq: append([]float32(nil), l.Wq...), Wk: append([]float32(nil), l.Wk...), Wv: append([]float32(nil), l.Wv...),
+		WGate: append([]float32(nil), l.WGate...), WUp: append([]float32(nil), l.WUp...)}
+	qkv2, gu2 := u.Fused()
+	if !reflect.DeepEqual(qkv2, qkv) || !reflect.DeepEqual(gu2, gu) || &qkv2[0] == &u.Wq[0] {
+		t.Error("unpacked layer: wrong fused copy")
+	}
+	// Adjacent in memory but in the wrong order is not a view.
+	arena := want(l.Wk, l.Wq, l.Wv)
+	nk := len(l.Wk)
+	sw := Layer{Wk: arena[:nk], Wq: arena[nk : nk+len(l.Wq)], Wv: arena[nk+len(l.Wq):], WGate: l.WGate, WUp: l.WUp}
+	if q3, _ := sw.Fused(); !reflect.DeepEqual(q3, qkv) {
+		t.Error("swapped layout gave a wrong fused matrix")
+	}
+}

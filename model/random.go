@@ -160,6 +160,7 @@ func NewRandom(cfg Config, seed int64) *Model {
 			WDown:    normal(d*ffn, sf),
 		})
 	}
+	packLayers(w)
 	w.FinalNorm = norm(d)
 	if cfg.TieWordEmbeddings {
 		w.LMHead = w.Embed
