@@ -355,6 +355,17 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 			}
 		}
 	}
+	var short []string
+	for _, tr := range r.Targets {
+		for _, l := range tr.Levels {
+			if l.Sent == 0 && !l.Partial {
+				short = append(short, fmt.Sprintf("%s %s", tr.Name, l.Level))
+			}
+		}
+	}
+	if len(short) > 0 {
+		fmt.Fprintf(w, "\nNo request was sent inside the window at %s: every user was still waiting for a warm-up request when it closed. Use a longer --duration, or --requests N.\n", strings.Join(short, ", "))
+	}
 	for _, tr := range r.Targets {
 		if tr.Error != "" {
 			fmt.Fprintf(w, "\n%s could not be measured:\n\n```\n%s\n```\n", tr.Name, strings.TrimRight(tr.Error, "\n"))

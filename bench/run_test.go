@@ -282,6 +282,16 @@ func synthReport() *Report {
 	return rep
 }
 
+func TestMarkdownWarnsEmptyLevel(t *testing.T) {
+	rep := synthReport()
+	rep.Targets[1].Levels = append(rep.Targets[1].Levels, LevelResult{Level: Level{Shape: "closed", Concurrency: 50}})
+	var b bytes.Buffer
+	rep.WriteMarkdown(&b)
+	if !strings.Contains(b.String(), "No request was sent inside the window at naive 50 users") {
+		t.Errorf("no warning for a level without requests:\n%s", b.String())
+	}
+}
+
 func TestSeedTable(t *testing.T) {
 	var b bytes.Buffer
 	synthReport().WriteSeedTable(&b)
