@@ -88,3 +88,43 @@ func TestRealModelMatchesNaive(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultModelMatchesNaive repeats the check on the shipped model (its
+// logits are peaked, unlike the random model's), skipping when the binary
+// was built without it.
+func TestDefaultModelMatchesNaive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping the shipped-model run")
+	}
+	m, err := model.Default()
+	if err != nil {
+		t.Skipf("default model not available: %v", err)
+	}
+	mk := func() *forward.CPU {
+		b, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16, KVCacheBytes: 2048 * forward.KVBytesPerToken(m.Config)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+	var reqs []*Request
+	for i, p := range randomPrompts(2, 4, m.Config.VocabSize, 12) {
+		reqs = append(reqs, &Request{Prompt: p, Params: sampler.Params{MaxTokens: 8, N: 1 + i%2}})
+	}
+	want := runConcurrent(t, NewNaive(mk()), reqs)
+	e, err := New(mk(), Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := runConcurrent(t, e, reqs)
+	for i := range reqs {
+		for j, c := range got[i].Completions {
+			w := want[i].Completions[j]
+			if !slices.Equal(c.Tokens, w.Tokens) {
+				t.Errorf("request %d sample %d: engine %v, naive %v", i, j, c.Tokens, w.Tokens)
+			}
+		}
+	}
+	checkDrained(t, e)
+}
