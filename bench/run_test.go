@@ -275,7 +275,7 @@ func synthReport() *Report {
 	cpu := 1.5
 	rep := &Report{Spawned: true, Machine: Machine{Cores: 2}, Options: Options{Modes: []string{"keyword"}, N: 1}}
 	rep.Targets = []TargetResult{
-		{Name: "engine", Levels: []LevelResult{lvl(1, 100, 90, 150, 10), lvl(10, 300, 280, 500, 40), lvl(20, 600, 550, 900, 50), {Level: Level{Shape: "open", Rate: 5}, Completed: 5, ReqPerSec: 5, CoupletsPerSec: 5, Latency: Summary{N: 5, P50: 80, P99: 120}}}},
+		{Name: "engine", Levels: []LevelResult{lvl(1, 100, 90, 150, 10), lvl(10, 300, 280, 500, 40), lvl(20, 600, 550, 900, 50), {Level: Level{Shape: "open", Rate: 5}, Sent: 5, Completed: 5, ReqPerSec: 5, CoupletsPerSec: 5, Latency: Summary{N: 5, P50: 80, P99: 120}}}},
 		{Name: "naive", Levels: []LevelResult{lvl(1, 400, 390, 500, 2.5), lvl(10, 4000, 3900, 4200, 2.5), lvl(20, 8000, 7900, 9000, 2.5)}},
 	}
 	rep.Targets[0].Levels[2].CPUCores = &cpu
@@ -287,7 +287,7 @@ func TestMarkdownWarnsEmptyLevel(t *testing.T) {
 	rep.Targets[1].Levels = append(rep.Targets[1].Levels, LevelResult{Level: Level{Shape: "closed", Concurrency: 50}})
 	var b bytes.Buffer
 	rep.WriteMarkdown(&b)
-	if !strings.Contains(b.String(), "No request was sent inside the window at naive 50 users") {
+	if !strings.Contains(b.String(), "No request was sent inside the window at naive 50 users:") {
 		t.Errorf("no warning for a level without requests:\n%s", b.String())
 	}
 }
