@@ -30,7 +30,12 @@ var _ Engine = (*Paged)(nil)
 // runs on callers' goroutines and only touches the submit channel, the
 // request's done channel (closed by the loop after it wrote res/err, which
 // publishes them) and the atomic queue counter. Stats reads a snapshot under
-// statsMu that the loop rewrites after every step.
+// statsMu that the loop rewrites after every step. The only other goroutines
+// are rowsLogSumExp's short-lived helpers, which read one step's logits
+// while the loop waits for them.
+//
+// Events: every generated token is sent as Event{Index, Token}; each sample
+// ends with one Event{Index, Done: true, Token: -1, Finish}.
 type Paged struct {
 	cfg       Config
 	b         forward.Backend
