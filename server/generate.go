@@ -27,6 +27,9 @@ const (
 	maxPromptRune = 64
 )
 
+// bodyReadTimeout bounds reading a request body (a variable for tests).
+var bodyReadTimeout = 30 * time.Second
+
 // generateRequest is the body of POST /generate. Pointers distinguish "not
 // given" from zero.
 type generateRequest struct {
@@ -72,7 +75,18 @@ func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, strict 
 			return errf(http.StatusUnsupportedMediaType, codeUnsupportedType, "请求体须为 JSON（Content-Type: application/json）", "the body must be JSON (Content-Type: application/json), got %q", ct)
 		}
 	}
+	// Bound the body read in time too (a trickling client must not pin a
+	// goroutine), then lift the deadline so the generation is not cut.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err == nil {
+		_ = rc.SetReadDeadline(time.Time{})
+	} else {
+		// Keep the expired deadline (net/http would otherwise block trying
+		// to drain the rest of the body for keep-alive) and drop the conn.
+		w.Header().Set("Connection", "close")
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

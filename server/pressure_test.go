@@ -454,3 +454,62 @@ func TestRequestIDAndLogs(t *testing.T) {
 		t.Errorf("access log lacks the request id: %s", buf.String())
 	}
 }
+
+// The body read is bounded in time, but the deadline is lifted once the
+// body is in: a generation longer than bodyReadTimeout still succeeds, and a
+// client that stalls mid-body is cut off.
+func TestBodyReadDeadline(t *testing.T) {
+	old := bodyReadTimeout
+	bodyReadTimeout = 100 * time.Millisecond
+	defer func() { bodyReadTimeout = old }()
+	slow := make(chan struct{})
+	srv, err := New(Config{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Attach(Backend{Generator: fakeGen{func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error) {
+		if req.Seed == 2 {
+			select { // outlive the body deadline several times
+			case <-time.After(4 * bodyReadTimeout):
+			case <-ctx.Done():
+				close(slow)
+				return nil, ctx.Err()
+			}
+		}
+		return []couplet.Couplet{fakeCouplet}, nil
+	}}})
+	if err := srv.Warmup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go srv.Serve(ctx, ln)
+	base := "http://" + ln.Addr().String()
+	if code, _, body := post(t, base+"/generate", `{"prompt":"平安","seed":2}`); code != 200 {
+		t.Fatalf("long generation after the body deadline: %d %s", code, body)
+	}
+	select {
+	case <-slow:
+		t.Fatal("the generation's context was cancelled by the read deadline")
+	default:
+	}
+	// A client that sends half a body and stalls gets an error, not a hang.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := io.ReadAll(c)
+	if err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("stalled client: %v", err)
+	}
+	if !strings.Contains(string(resp), "400") {
+		t.Errorf("stalled client got %q, want a 400", resp)
+	}
+}

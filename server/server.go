@@ -202,12 +202,13 @@ func (s *Server) Warmup(ctx context.Context) error {
 // after logging it; a listener failure is returned as an error.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
-		Handler:           s.handler,
-		// Bounded reads keep slow clients from pinning goroutines; there is
-		// no WriteTimeout because streams legitimately last long (generation
-		// time is bounded by --request-timeout instead).
+		Handler: s.handler,
+		// No ReadTimeout: net/http keeps that deadline on the connection while
+		// the handler runs and cancels the request context when it passes,
+		// which would cut long generations; readJSON bounds the body read
+		// itself. No WriteTimeout either: streams legitimately last long
+		// (generation time is bounded by --request-timeout).
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
