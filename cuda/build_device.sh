@@ -11,6 +11,9 @@ trap 'rm -rf "$T"' EXIT
 tar --exclude=./.git --exclude=./.carry --exclude=./.whl --exclude=./.gl -cf - . | tar -xf - -C "$T"
 : > "$T/weights/chunlian-base/model.safetensors"
 mkdir -p .carry/cuda
+# GOEXPERIMENT=simd: the host-side kernels (sampler softmax/log-sum-exp,
+# see kernels/cpu) use AVX2/AVX-512 instead of plain Go.
+export GOEXPERIMENT=simd
 (cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/cuda.test" ./cuda/ &&
 	CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/chunlian" ./cmd/chunlian)
 ls -la .carry/cuda

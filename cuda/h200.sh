@@ -51,6 +51,20 @@ full)
 	tail -9 "$OUT/hf.log"
 	grep -E "^\| engine|^\| naive" "$OUT/engine.md" "$OUT/naive.md"
 	;;
+host)
+	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
+	# build_device.sh): engine lines, couplet pipeline profile, HTTP.
+	timeout 90 $BIN/cuda.test -test.run XXX -test.bench EngineLines -test.benchtime 3x > "$OUT/engine_lines.log" 2>&1
+	timeout 40 $BIN/cuda.test -test.run XXX -test.bench Couplets -test.benchtime 3s \
+		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
+	timeout 150 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,10,100,1000 --duration 10s \
+		--warmup 2s --server-log-dir "$OUT" --quiet --json "$OUT/engine.json" --out "$OUT/engine.md" > "$OUT/engine.log" 2>&1
+	timeout 50 $BIN/chunlian bench --spawn naive --server-flags "$SF" --concurrency 1,10 --duration 10s \
+		--warmup 2s --server-log-dir "$OUT" --quiet --json "$OUT/naive.json" --out "$OUT/naive.md" > "$OUT/naive.log" 2>&1
+	cp "$BIN/cuda.test" "$OUT/"
+	grep -hE "^Benchmark" "$OUT/engine_lines.log" "$OUT/couplets.log"
+	grep -E "^\| engine|^\| naive" "$OUT/engine.md" "$OUT/naive.md"
+	;;
 esac
 kill $DMON 2>/dev/null
 tail -5 "$OUT/dmon.txt"
