@@ -4,6 +4,7 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
+	"strings"
 )
 
 // web holds the page, the dashboard and the vendored uPlot; everything is
@@ -38,7 +39,13 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("/metrics", methods(s.metrics.Handler().ServeHTTP, http.MethodGet))
 	mux.HandleFunc("/api/stats", methods(s.handleStats, http.MethodGet))
 	mux.HandleFunc("/dashboard", methods(page("dashboard.html"), http.MethodGet))
-	mux.Handle("/static/", methods(files.ServeHTTP, http.MethodGet))
+	mux.Handle("/static/", methods(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/") { // no directory listings
+			writeError(w, errf(http.StatusNotFound, codeNotFound, "找不到 %s", "%s not found", r.URL.Path, r.URL.Path))
+			return
+		}
+		files.ServeHTTP(w, r)
+	}, http.MethodGet))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			writeError(w, errf(http.StatusNotFound, codeNotFound, "找不到 %s", "%s not found", r.URL.Path, r.URL.Path))

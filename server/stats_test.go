@@ -235,6 +235,9 @@ func TestWebAssetsOffline(t *testing.T) {
 			t.Errorf("%s: status %d type %q, contains %q: %v", tc.path, code, hdr.Get("Content-Type"), tc.want, strings.Contains(string(body), tc.want))
 		}
 	}
+	if code, _, _ := get(t, base+"/static/vendor/"); code != 404 {
+		t.Errorf("directory listing: %d", code)
+	}
 	ext := regexp.MustCompile(`(?i)(src|href)\s*=\s*["']?(https?:)?//`)
 	for _, p := range []string{"web/index.html", "web/dashboard.html"} {
 		b, err := web.ReadFile(p)
