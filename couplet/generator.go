@@ -3,10 +3,10 @@ package couplet
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"path"
+	"slices"
 	"sort"
 	"sync"
 
@@ -33,7 +33,6 @@ type options struct {
 	bannerTopK   int
 	bannerSrcs   []BannerSource
 	extraBanners []string
-	concurrency  int
 }
 
 // Option configures a Generator.
@@ -104,7 +103,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: 2, bannerTopK: 8, bannerSrcs: DefaultBannerSources(), concurrency: 16}
+	o := options{maxAttempts: 4, oversample: 2, bannerTopK: 8, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -413,82 +412,82 @@ func (g *Generator) rawText(ids []int32) string {
 }
 
 // chooseBanners scores, for each chosen couplet, its own banner and the
-// top retrieved ones by log P(<ban> B <eos> | prompt, couplet), and keeps
-// the best. Scoring requests run concurrently (bounded) so the engine
-// batches them.
+// top retrieved ones by log P(B1..B4 <eos> | prompt, couplet, <ban>), and
+// keeps the best. One engine request per couplet does it: the prompt is the
+// couplet's whole context up to <ban>, and sample i of N = #candidates is
+// forced (by a processor) through candidate i's four characters and <eos>;
+// the raw log-probs the engine reports for those forced tokens are the
+// score. The N samples share the prompt's KV blocks and decode as one batch,
+// which is far cheaper than scoring N full prompts. Couplets are scored
+// concurrently so the engine batches them too.
 func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate) error {
 	sp := g.t.sp
-	type job struct {
-		cd    *candidate
-		ids   []int32
-		score float64
-		err   error
-	}
-	var jobs []*job
-	for _, cd := range chosen {
-		jobs = append(jobs, &job{cd: cd, ids: cd.bannerIDs})
-		for _, b := range topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerTopK) {
-			if b.text == cd.c.Banner {
-				continue
-			}
-			jobs = append(jobs, &job{cd: cd, ids: b.ids[:]})
-		}
-	}
-	sem := make(chan struct{}, g.o.concurrency)
+	errs := make([]error, len(chosen)) // [len(chosen)], slot i written by goroutine i only
 	var wg sync.WaitGroup
-	for _, j := range jobs {
-		// prompt + (upper if generated) + <sep> + lower + <ban> B1..B4 <eos>
+	for ci, cd := range chosen {
+		cands := [][]int32{cd.bannerIDs}
+		for _, b := range topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerTopK) {
+			if b.text != cd.c.Banner {
+				cands = append(cands, b.ids[:])
+			}
+		}
+		// prompt + (upper <sep> if generated) + lower + <ban>
 		full := append([]int32(nil), prompt...)
 		if p.mode != ModeLower {
-			full = append(full, j.cd.upperIDs...)
+			full = append(full, cd.upperIDs...)
 			full = append(full, sp.Sep)
 		}
-		full = append(full, j.cd.lowerIDs...)
+		full = append(full, cd.lowerIDs...)
 		full = append(full, sp.Banner)
-		full = append(full, j.ids...)
-		full = append(full, sp.EOS)
+		seqs := make([][]int32, len(cands)) // [N][5]: B1..B4 <eos>
+		for i, c := range cands {
+			seqs[i] = append(append([]int32(nil), c...), sp.EOS)
+		}
+		req := &engine.Request{
+			Prompt: full,
+			Params: sampler.Params{Temperature: 0, MaxTokens: 5, StopTokens: []int32{sp.EOS}, N: len(seqs), Seed: 1},
+			NewProcessor: func(i int) sampler.LogitsProcessor {
+				return sampler.LogitsProcessorFunc(func(gen []int32, l []float32) error {
+					if len(gen) >= len(seqs[i]) {
+						return sampler.ErrDeadEnd
+					}
+					return force(l, seqs[i][len(gen)])
+				})
+			},
+		}
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
-			res, err := g.e.Generate(ctx, &engine.Request{Prompt: full, PromptLogProbs: true, Params: sampler.Params{MaxTokens: 0, N: 1}})
+			res, err := g.e.Generate(ctx, req)
 			if err != nil {
-				j.err = err
+				errs[ci] = err
 				return
 			}
-			if len(res.PromptLogProbs) != len(full)-1 {
-				j.err = fmt.Errorf("couplet: engine returned %d prompt log-probs for %d tokens", len(res.PromptLogProbs), len(full))
-				return
+			best, bestScore := -1, math.Inf(-1)
+			for _, comp := range res.Completions {
+				if comp.Index < 0 || comp.Index >= len(seqs) || len(comp.LogProbs) != 5 || !slices.Equal(comp.Tokens, seqs[comp.Index]) {
+					continue
+				}
+				s := 0.0
+				for _, v := range comp.LogProbs {
+					s += float64(v)
+				}
+				if s > bestScore {
+					best, bestScore = comp.Index, s
+				}
 			}
-			s := 0.0
-			for _, v := range res.PromptLogProbs[len(full)-6:] { // B1..B4 <eos> given <ban>
-				s += float64(v)
+			if best >= 0 {
+				cd.c.Banner = g.t.text(cands[best])
+				cd.c.Score += bannerWeight * bestScore / 5
 			}
-			j.score = s
 		}()
 	}
 	wg.Wait()
-	best := map[*candidate]*job{}
-	for _, j := range jobs {
-		if j.err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			// Scoring is an improvement, not a requirement: on engine
-			// pressure keep whatever scored (at worst the model's banner).
-			continue
-		}
-		if b := best[j.cd]; b == nil || j.score > b.score {
-			best[j.cd] = j
-		}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	for _, cd := range chosen {
-		if b := best[cd]; b != nil {
-			cd.c.Banner = g.t.text(b.ids)
-			cd.c.Score += bannerWeight * b.score / 5
-		}
-	}
+	// Scoring is an improvement, not a requirement: on other engine errors
+	// (queue full, closed) a couplet keeps the banner it wrote itself.
 	return nil
 }
 
