@@ -192,3 +192,6 @@ func BenchmarkDefaultConstrainedNoRetrieval(b *testing.B) {
 	benchGenerate(b, defaultModel(b), false, WithBannerSources(), WithBannerTopK(0))
 }
 func BenchmarkDefaultConstrained(b *testing.B) { benchGenerate(b, defaultModel(b), false) }
+func BenchmarkDefaultConstrainedOneSample(b *testing.B) {
+	benchGenerate(b, defaultModel(b), false, WithBannerSources(), WithBannerTopK(0), WithOversample(1))
+}
