@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -100,23 +101,63 @@ func mean(d []time.Duration) time.Duration {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
-// readTestUppers returns up to limit 上联s of a upper<TAB>lower file.
-func readTestUppers(path string, limit int) ([]string, error) {
+// readTestPairs returns up to limit (上联, 下联) pairs of an upper<TAB>lower
+// file, in file order.
+func readTestPairs(path string, limit int) (uppers, lowers []string, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
-	var out []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() && len(out) < limit {
-		u, _, ok := strings.Cut(sc.Text(), "\t")
+	for sc.Scan() && len(uppers) < limit {
+		u, l, ok := strings.Cut(sc.Text(), "\t")
 		if ok && u != "" {
-			out = append(out, u)
+			uppers = append(uppers, u)
+			lowers = append(lowers, l)
 		}
 	}
-	return out, sc.Err()
+	return uppers, lowers, sc.Err()
+}
+
+// bleu is corpus BLEU over characters (as in docs/EVAL.md's Python side):
+// clipped n-gram precisions p_1..p_maxN summed over the corpus, uniform
+// weights, no smoothing, brevity penalty exp(1 − r/c) when c < r.
+func bleu(hyps, refs []string, maxN int) float64 {
+	match := make([]float64, maxN+1)
+	total := make([]float64, maxN+1)
+	var c, r float64
+	for i := range hyps {
+		h, ref := []rune(hyps[i]), []rune(refs[i])
+		c += float64(len(h))
+		r += float64(len(ref))
+		for n := 1; n <= maxN; n++ {
+			counts := map[string]int{}
+			for j := 0; j+n <= len(ref); j++ {
+				counts[string(ref[j:j+n])]++
+			}
+			for j := 0; j+n <= len(h); j++ {
+				total[n]++
+				if k := string(h[j : j+n]); counts[k] > 0 {
+					counts[k]--
+					match[n]++
+				}
+			}
+		}
+	}
+	logSum := 0.0
+	for n := 1; n <= maxN; n++ {
+		if match[n] == 0 || total[n] == 0 {
+			return 0
+		}
+		logSum += math.Log(match[n]/total[n]) / float64(maxN)
+	}
+	bp := 1.0
+	if c < r && c > 0 {
+		bp = math.Exp(1 - r/c)
+	}
+	return bp * math.Exp(logSum)
 }
 
 func runEval(args []string, stdout io.Writer) error {
@@ -127,6 +168,7 @@ func runEval(args []string, stdout io.Writer) error {
 	length := fs.Int("length", couplet.DefaultLength, "line length in keyword mode")
 	seed := fs.Uint64("seed", 1, "base seed (request i uses seed+i)")
 	samples := fs.Int("samples", 8, "sample couplets to print")
+	bleuLimit := fs.Int("bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
 	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
 	var sc stackConfig
 	sc.register(fs)
@@ -193,7 +235,9 @@ func runEval(args []string, stdout io.Writer) error {
 	}
 
 	// Lower mode on test.tsv 上联s.
-	uppers, terr := readTestUppers(*testPath, *limit)
+	uppers, lowers, terr := readTestPairs(*testPath, max(*limit, *bleuLimit))
+	bleuU, bleuL := uppers[:min(len(uppers), *bleuLimit)], lowers[:min(len(lowers), *bleuLimit)]
+	uppers = uppers[:min(len(uppers), *limit)]
 	testNote := ""
 	if terr != nil {
 		testNote = fmt.Sprintf("test set skipped: %v", terr)
@@ -219,6 +263,42 @@ func runEval(args []string, stdout io.Writer) error {
 		}
 	}
 
+	// Greedy lower-mode BLEU, constraints off vs on, same pairs. Pairs the
+	// model cannot take (unknown characters, too long) are skipped in both.
+	type bleuRow struct {
+		name       string
+		n          int
+		b4, b2     float64
+		meanLatent time.Duration
+	}
+	var bleuRows []bleuRow
+	if terr == nil && len(bleuU) > 0 {
+		for _, v := range []variant{variants[0], variants[1]} {
+			var hyps, refs []string
+			var lat []time.Duration
+			for i, u := range bleuU {
+				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, TopK: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+				if v.g.Validate(req) != nil {
+					continue
+				}
+				t0 := time.Now()
+				cs, err := v.g.Generate(ctx, req)
+				lat = append(lat, time.Since(t0))
+				hyp := ""
+				if err == nil && len(cs) > 0 {
+					hyp = cs[0].Lower
+				}
+				hyps = append(hyps, hyp)
+				refs = append(refs, bleuL[i])
+			}
+			name := "unconstrained"
+			if !v.raw {
+				name = "constrained"
+			}
+			bleuRows = append(bleuRows, bleuRow{name, len(hyps), bleu(hyps, refs, 4), bleu(hyps, refs, 2), mean(lat)})
+		}
+	}
+
 	w := stdout
 	fmt.Fprintln(w, "## Constrained decoding (Go engine)")
 	fmt.Fprintln(w)
@@ -239,6 +319,15 @@ func runEval(args []string, stdout io.Writer) error {
 	if len(rows) >= 3 && rows[0].n > 0 {
 		fmt.Fprintf(w, "Cost of the constraints (keyword mode, mean latency per couplet): %s ms unconstrained → %s ms constrained (2 ranked samples, model 横批) → %s ms with 横批 retrieval + ranking (%d retrieval candidates loaded).\n\n",
 			ms(mean(rows[0].lat)), ms(mean(rows[1].lat)), ms(mean(rows[2].lat)), full.NumBanners())
+	}
+	if len(bleuRows) > 0 {
+		fmt.Fprintf(w, "Greedy 下联 (top-k 1) in lower mode on the first %d test.tsv pairs (pairs with characters unknown to the model skipped), corpus BLEU over characters, uniform weights, no smoothing, brevity penalty. Unconstrained output is the text up to the first special token, so it may be shorter or longer than the 上联.\n\n", len(bleuU))
+		fmt.Fprintln(w, "| greedy lower mode | pairs | BLEU-4 | BLEU-2 | mean latency (ms) |")
+		fmt.Fprintln(w, "|---|---|---|---|---|")
+		for _, b := range bleuRows {
+			fmt.Fprintf(w, "| %s | %d | %.4f | %.4f | %s |\n", b.name, b.n, b.b4, b.b2, ms(b.meanLatent))
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w, "Rule definitions (`couplet.Check`): rule 1 = same length, punctuation at the same positions, only Chinese characters elsewhere; rule 2 = 上联 ends on 仄 and 下联 on 平 (modern tones, primary reading via go-pinyin) — in lower mode only the 下联's 平 ending is counted, since the 上联 is given; rule 3 = no identical character at the same position and mirrored repetition; rule 4 = 横批 of exactly four Chinese characters. \"failed\" counts requests that returned an error (constrained: every attempt dead-ended).")
 	for _, s := range rows {

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+
+	"chunlian/couplet"
+)
+
+func TestBLEU(t *testing.T) {
+	for _, c := range []struct {
+		hyps, refs []string
+		n          int
+		want       float64
+	}{
+		{[]string{"ab"}, []string{"ab"}, 2, 1},
+		{[]string{"ac"}, []string{"ab"}, 2, 0},                      // no bigram match, no smoothing
+		{[]string{"abc"}, []string{"abcd"}, 2, math.Exp(1 - 4.0/3)}, // brevity penalty only
+		{[]string{"aa"}, []string{"ab"}, 1, 0.5},                    // clipped counts
+		{[]string{"ab", "cd"}, []string{"ab", "ce"}, 1, 0.75},       // corpus-level sums
+	} {
+		if got := bleu(c.hyps, c.refs, c.n); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("bleu(%v, %v, %d) = %v, want %v", c.hyps, c.refs, c.n, got, c.want)
+		}
+	}
+}
+
+// TestGenerateCommand runs `chunlian generate --json` on the random test
+// model and checks each line is a well-formed couplet with the keyword.
+func TestGenerateCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := runGenerate([]string{"--random-model", "--json", "--n", "2", "--seed", "5", "--length", "5", "平安"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d JSON lines, want 2:\n%s", len(lines), out.String())
+	}
+	for _, l := range lines {
+		var j jsonCouplet
+		if err := json.Unmarshal([]byte(l), &j); err != nil {
+			t.Fatal(err)
+		}
+		c := couplet.Couplet{Upper: j.Upper, Lower: j.Lower, Banner: j.Banner}
+		if !couplet.Check(j.Upper, j.Lower, j.Banner).OK() || !couplet.ContainsKeyword(c, "平安") || j.Keyword != "平安" || len([]rune(j.Upper)) != 5 {
+			t.Errorf("bad line %s", l)
+		}
+	}
+	out.Reset()
+	if err := runGenerate([]string{"--random-model", "--seed", "5", "--mode", "acrostic", "春福"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := couplet.ParseText(strings.TrimSpace(out.String())); err != nil {
+		t.Errorf("text output %q: %v", out.String(), err)
+	}
+	if err := runGenerate([]string{"--random-model", "平"}, &out); err == nil {
+		t.Error("one-character keyword accepted")
+	}
+}
+
+// TestEvalCommand runs a tiny eval on the random test model.
+func TestEvalCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := runEval([]string{"--random-model", "--words", "3", "--limit", "3", "--bleu-limit", "3", "--test", "testdata-absent.tsv"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{"## Constrained decoding (Go engine)", "| keyword (3 words) · constrained + 横批 ranking | 3 | 100.0% | 100.0% | 100.0% | 100.0% | 100.0% | 100.0% |", "test set skipped"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("eval output lacks %q:\n%s", want, s)
+		}
+	}
+}
