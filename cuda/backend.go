@@ -38,6 +38,10 @@ type Options struct {
 	Precision string
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
+	// RowLogSumExp makes Forward also compute log Σ exp of every logits
+	// row on the GPU (see LogSumExp), sparing the host a pass over the
+	// vocabulary per row when it needs log-probabilities.
+	RowLogSumExp bool
 	// MaxBatchTokens is the initial size of the activation buffers in
 	// tokens (default 8192); they grow on demand when a batch is larger.
 	MaxBatchTokens int
@@ -122,9 +126,11 @@ type Backend struct {
 
 	// Activation scratch, sized for capT tokens (rows of logits too).
 	capT                  int
-	x, h, qkv, attn       uintptr // [T,d], [T,d], [T,qkvDim], [T,nH*hd]
-	gu, act, xs, logitBuf uintptr // [T,2ffn], [T,ffn], [T,d], [T,V]
-	meta                  uintptr // int32 step metadata, capMeta entries
+	x, h, qkv, attn       uintptr   // [T,d], [T,d], [T,qkvDim], [T,nH*hd]
+	gu, act, xs, logitBuf uintptr   // [T,2ffn], [T,ffn], [T,d], [T,V]
+	lseBuf                uintptr   // [T] row log-sum-exp (Options.RowLogSumExp)
+	lseHost               []float32 // [R] of the last Forward
+	meta                  uintptr   // int32 step metadata, capMeta entries
 	capMeta               int
 	hostMeta              []int32 // host copy, reused
 
@@ -478,7 +484,7 @@ func (b *Backend) growScratch(n int) error {
 		elems int64
 	}{
 		{&b.x, dm}, {&b.h, dm}, {&b.qkv, int64(b.qkvDim)}, {&b.attn, int64(c.NumHeads * b.hd)},
-		{&b.gu, 2 * ffn}, {&b.act, ffn}, {&b.xs, dm}, {&b.logitBuf, V},
+		{&b.gu, 2 * ffn}, {&b.act, ffn}, {&b.xs, dm}, {&b.logitBuf, V}, {&b.lseBuf, 1},
 	} {
 		b.free(*x.p)
 		var err error
@@ -587,6 +593,18 @@ func (b *Backend) gemm(y, x, w uintptr, M, N, K int, accumulate bool) error {
 		uintptr(unsafe.Pointer(b.one)), w, cudaR32F, uintptr(K), x, cudaR32F, uintptr(K),
 		uintptr(unsafe.Pointer(beta)), y, cudaR32F, uintptr(N), b.computeType, uintptr(uint32(0xffffffff)))
 	return bl.err(fmt.Sprintf("gemmEx(M=%d,N=%d,K=%d)", M, N, K), r)
+}
+
+// LogSumExp returns, for each logits row of the last Forward, log Σ exp of
+// the row, computed on the GPU (nil unless Options.RowLogSumExp). A
+// row's log-probability of token t is logits[t] − LogSumExp()[row]. The
+// slice is reused by the next Forward; call it from the goroutine that
+// called Forward.
+func (b *Backend) LogSumExp() []float32 {
+	if !b.opt.RowLogSumExp {
+		return nil
+	}
+	return b.lseHost
 }
 
 // NumBlocks implements forward.Backend.
@@ -733,6 +751,14 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 		b.pin(logits)
 		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), b.logitBuf, uintptr(R*b.cfg.VocabSize*4), b.stream)
 	}
+	b.lseHost = b.lseHost[:0]
+	if errs == nil && R > 0 && b.opt.RowLogSumExp {
+		if cap(b.lseHost) < R {
+			b.lseHost = make([]float32, R, 2*R)
+		}
+		b.lseHost = b.lseHost[:R]
+		errs = d.call("cuMemcpyDtoHAsync(lse)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&b.lseHost[0])), b.lseBuf, uintptr(R*4), b.stream)
+	}
 	if err := b.sync(); err != nil {
 		return errors.Join(errs, err)
 	}
@@ -777,6 +803,9 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			b.launch("rmsnorm", R, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), f32(eps)),
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, dm, false),
 		)
+		if errs == nil && b.opt.RowLogSumExp {
+			errs = b.launch("row_lse", R, 1, 256, u(b.lseBuf), u(b.logitBuf), i32(c.VocabSize))
+		}
 	}
 	return errs
 }

@@ -192,6 +192,32 @@ func compareLogits(got, ref []float32, V int) (worst float64, argmaxDiff int) {
 	return worst, argmaxDiff
 }
 
+// checkLSE compares the GPU's row log-sum-exp with a float64 one computed
+// from the same (GPU) logits rows.
+func checkLSE(t *testing.T, label string, lse, logits []float32, V int) {
+	t.Helper()
+	R := len(logits) / V
+	if len(lse) != R {
+		t.Errorf("%s: LogSumExp has %d rows, want %d", label, len(lse), R)
+		return
+	}
+	for r := 0; r < R; r++ {
+		row := logits[r*V : (r+1)*V]
+		m := math.Inf(-1)
+		for _, v := range row {
+			m = math.Max(m, float64(v))
+		}
+		s := 0.0
+		for _, v := range row {
+			s += math.Exp(float64(v) - m)
+		}
+		want := m + math.Log(s)
+		if d := math.Abs(float64(lse[r]) - want); !(d <= 1e-4*math.Max(1, math.Abs(want))) {
+			t.Errorf("%s: row %d log-sum-exp %g, want %g", label, r, lse[r], want)
+		}
+	}
+}
+
 func argmax(x []float32) int {
 	best := 0
 	for i, v := range x {
@@ -204,7 +230,7 @@ func argmax(x []float32) int {
 
 func newPair(t *testing.T, m *model.Model, precision string, bs int, eager bool) (*Backend, *forward.CPU) {
 	t.Helper()
-	g, err := New(m, Options{Precision: precision, BlockSize: bs, KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager})
+	g, err := New(m, Options{Precision: precision, BlockSize: bs, KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager, RowLogSumExp: true})
 	if err != nil {
 		t.Fatalf("cuda.New: %v", err)
 	}
@@ -266,6 +292,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 					if err := c.Forward(b, ref); err != nil {
 						t.Fatalf("%s: cpu Forward: %v", label, err)
 					}
+					checkLSE(t, label, g.LogSumExp(), got, V)
 					worst, diff := compareLogits(got, ref, V)
 					t.Logf("%s: %d tokens, %d rows, worst rel |Δ| %.2e, argmax differs in %d", label, len(b.Tokens), R, worst, diff)
 					if worst > tol {

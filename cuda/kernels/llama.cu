@@ -195,3 +195,36 @@ extern "C" __global__ void copy_blocks(float* __restrict__ cache, const int* __r
     float* d = base + (i64)dst[p] * blockElems;
     for (int i = threadIdx.x; i < blockElems; i += blockDim.x) d[i] = s[i];
 }
+
+// block_max: maximum over the whole block (same shape rules as block_sum).
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP;
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = lane < (int)(blockDim.x / WARP) ? part[lane] : NEG_INF;
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+// row_lse: out[r] = log Σ_i exp(logits[r, i]) (max-shifted), so that the
+// host can turn a logit into a log-probability without touching the row.
+// logits [R, V]; out [R]. grid = R, block = 256.
+extern "C" __global__ void row_lse(float* __restrict__ out, const float* __restrict__ logits, int V) {
+    const float* row = logits + (i64)blockIdx.x * V;
+    float m = NEG_INF;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, row[i]);
+    m = block_max(m);
+    float s = 0.f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(row[i] - m);
+    s = block_sum(s);
+    if (threadIdx.x == 0) out[blockIdx.x] = m + logf(s);
+}
