@@ -1,0 +1,41 @@
+// Package cuda is a forward.Backend on an NVIDIA GPU, for CGO_ENABLED=0
+// binaries: the CUDA driver (libcuda.so.1), NVRTC (libnvrtc.so.13) and
+// cuBLAS (libcublas.so.13 + libcublasLt.so.13) are dlopened at run time
+// through github.com/ebitengine/purego, and NVML (libnvidia-ml.so.1) for
+// utilisation and memory readings.
+//
+// Library search, in order: Options.LibDir (the --cuda-lib-dir flag), the
+// directories in CHUNLIAN_CUDA_LIB_DIR, the dynamic loader's own search
+// (LD_LIBRARY_PATH, ld.so.cache, system dirs), then the pip wheels' folder
+// PipLibDir. Available reports false with an error naming every missing
+// library and the paths tried; that is what CPU-only machines see, and the
+// GPU tests skip on it.
+//
+// Threading: one worker goroutine per Backend, locked to its OS thread,
+// owns the CUDA context (the device's primary context), the stream, the
+// cuBLAS handle and all device memory, and makes every CUDA call; the
+// forward.Backend methods hand it closures over a channel (see Backend).
+//
+// Data on the device, all float32: the weights in Hugging Face [out, in]
+// layout with Q/K/V and gate/up rows stacked into one matrix each; a RoPE
+// cos/sin table; the paged KV cache as one allocation
+// [2·layers, numBlocks+1, blockSize, nKVHeads, headDim] (block numBlocks is
+// reserved for graph padding); activation buffers sized for the largest
+// batch seen. Each step copies one int32 metadata buffer in (tokens,
+// positions, slots, token→sequence, logits rows, block tables) and the
+// requested logits rows out (into the caller's buffer, page-locked once).
+//
+// Kernels (kernels/llama.cu, compiled by NVRTC at start for the device's
+// sm_XY with the head dimension as a macro): embedding gather, RMSNorm
+// (optionally gathering the sampled rows before the LM head), RoPE + paged
+// K/V store, paged attention (one warp per token and query head, online
+// softmax over keys 0..position through the block table: prefill, chunked
+// prefill and decode alike), SwiGLU, block copy for copy-on-write, and an
+// optional row log-sum-exp. GEMMs go through cublasGemmEx (TF32 tensor
+// cores with float32 accumulation by default, or strict float32); the
+// residual adds ride on the GEMMs (beta = 1). Steps of up to 8192 tokens
+// run as CUDA graphs captured per padded size (graph.go).
+//
+// Measured on an H200: docs/BENCHMARKS.md, section H200; bash cuda/h200.sh
+// reproduces it.
+package cuda
