@@ -78,20 +78,55 @@
     btnPNG.disabled = false;
   }
 
+  // run sends one request as an NDJSON stream: token events of sample 0 are
+  // drawn into the scrolls as the engine decodes them (a preview: ranking
+  // may pick another sample), then the "result" event replaces them.
   async function run(body) {
     busy = true; refresh(); stage.classList.add("busy"); showError("");
     const t0 = performance.now();
     try {
-      const headers = { "Content-Type": "application/json" };
+      const headers = { "Content-Type": "application/json", "Accept": "application/x-ndjson" };
       if (apikey.value) headers["Authorization"] = "Bearer " + apikey.value;
-      const res = await fetch("/generate", { method: "POST", headers, body: JSON.stringify(body) });
-      const rtt = performance.now() - t0;
-      let data = null;
-      try { data = await res.json(); } catch (e) { /* non-JSON error */ }
+      const res = await fetch("/generate", { method: "POST", headers, body: JSON.stringify(Object.assign({}, body, { stream: true })) });
       if (!res.ok) {
+        let data = null;
+        try { data = await res.json(); } catch (e) { /* non-JSON error */ }
         if (res.status === 401) keyRow.hidden = false;
-        const msg = data && data.error ? data.error.message + " [" + data.error.code + "]" : "HTTP " + res.status;
-        showError(msg);
+        showError(data && data.error ? data.error.message + " [" + data.error.code + "]" : "HTTP " + res.status);
+        return;
+      }
+      let data = null, failure = null, attempt = -1;
+      const preview = { upper: "", lower: "", banner: "" };
+      const onEvent = (ev) => {
+        if (ev.event === "token") {
+          const d = ev.data;
+          if (d.sample !== 0 || d.attempt < attempt) return;
+          if (d.attempt > attempt) { attempt = d.attempt; preview.upper = preview.lower = preview.banner = ""; }
+          preview[d.part] += d.text;
+          elUpper.textContent = preview.upper; elLower.textContent = preview.lower; elBanner.textContent = preview.banner;
+        } else if (ev.event === "result") {
+          data = ev.data;
+        } else if (ev.event === "error") {
+          failure = ev.data.error;
+        }
+      };
+      const reader = res.body.getReader(), dec = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, { stream: true });
+        let nl;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl).trim();
+          buf = buf.slice(nl + 1);
+          if (line) onEvent(JSON.parse(line));
+        }
+      }
+      const rtt = performance.now() - t0;
+      if (failure || !data) {
+        if (current >= 0) show(current); // put the last couplet back
+        showError(failure ? failure.message + " [" + failure.code + "]" : "响应不完整 · incomplete response");
         return;
       }
       last = body;
@@ -198,6 +233,7 @@
   const q = new URLSearchParams(location.search);
   if (q.get("mode")) mode.value = q.get("mode");
   if (q.get("length")) length.value = q.get("length");
+  if (q.get("n")) nSel.value = q.get("n");
   if (q.get("prompt")) prompt.value = q.get("prompt");
   if (refresh() && q.get("prompt")) run(requestBody(q.get("seed") ? parseInt(q.get("seed"), 10) : undefined));
 })();
