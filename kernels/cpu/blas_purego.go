@@ -190,7 +190,7 @@ func gemmBLAS(m, n, k int, x, w, y []float32, acc bool) {
 		// which also reads each weight row once for all M rows where a
 		// loop of sgemv calls would read it M times). With AVX-512 the Go
 		// kernel beats OpenBLAS 0.3.21's sgemm at every M ≥ 2 measured
-		// (M=8..512 at the model's shapes: +10-25%), so only M=1 (sgemv,
+		// (M=32..512 at d=512 shapes, best of 3 runs: +8-27%), so only M=1 (sgemv,
 		// 1.5-2× faster than the Go kernels) is left to OpenBLAS.
 		gemmSIMD(m, n, k, x, w, y, acc)
 		return

@@ -16,7 +16,7 @@
 //     token) goes to sgemv; larger M to sgemm, except that where the SIMD
 //     path is also compiled in, 2 ≤ M < 16 goes to the SIMD kernel (OpenBLAS
 //     sgemm is slow for a handful of rows), and on AVX-512 CPUs every M ≥ 2
-//     does (the AVX-512 kernel measured 10-25% faster than OpenBLAS 0.3.21
+//     does (the AVX-512 kernel measured 8-27% faster than OpenBLAS 0.3.21
 //     sgemm at the model's shapes).
 //   - "simd": pure Go with simd/archsimd, compiled only with
 //     GOEXPERIMENT=simd on amd64 and used only if the CPU reports AVX2 and
