@@ -146,10 +146,19 @@ func KVBytesPerToken(cfg model.Config) int64 {
 	return int64(2 * cfg.NumLayers * cfg.KVDim() * 4)
 }
 
-func (c *CPU) NumBlocks() int      { return c.numBlocks }
-func (c *CPU) BlockSize() int      { return c.blockSize }
-func (c *CPU) VocabSize() int      { return c.cfg.VocabSize }
+// NumBlocks is the number of KV blocks in the cache.
+func (c *CPU) NumBlocks() int { return c.numBlocks }
+
+// BlockSize is the number of tokens per KV block.
+func (c *CPU) BlockSize() int { return c.blockSize }
+
+// VocabSize is the width of one logits row.
+func (c *CPU) VocabSize() int { return c.cfg.VocabSize }
+
+// Model is the model the backend runs (shared, read-only).
 func (c *CPU) Model() *model.Model { return c.m }
+
+// KVCacheBytes is the memory the K and V caches take (all layers).
 func (c *CPU) KVCacheBytes() int64 { return int64(c.numBlocks*c.blockSize) * KVBytesPerToken(c.cfg) }
 
 // Close stops the attention workers and drops the cache. It must not race
