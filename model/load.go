@@ -133,7 +133,7 @@ func Load(dir string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := LoadFS(os.DirFS(abs), ".")
+	m, err := LoadFS(diskFS{FS: os.DirFS(abs), root: abs}, ".")
 	if err != nil {
 		return nil, err
 	}
@@ -171,16 +171,36 @@ func LoadFS(fsys fs.FS, dir string) (*Model, error) {
 	if err = json.Unmarshal(b, &m.Meta); err != nil {
 		return nil, fmt.Errorf("chunlian.json: %w", err)
 	}
-	if b, err = read("model.safetensors"); err != nil {
+	// The weights file is memory-mapped when it is on disk (Load): it is
+	// only read once, to convert to float32, so mapping avoids a transient
+	// heap copy of the whole file. parseWeights keeps no reference to it.
+	release := func() error { return nil }
+	if dfs, ok := fsys.(diskFS); ok {
+		b, release, err = mapFile(filepath.Join(dfs.root, filepath.FromSlash(path.Join(dir, "model.safetensors"))))
+		if err != nil {
+			return nil, fmt.Errorf("model dir %s: %w", dfs.root, err)
+		}
+	} else if b, err = read("model.safetensors"); err != nil {
 		return nil, err
 	}
-	if m.Weights, err = parseWeights(b, m.Config); err != nil {
+	m.Weights, err = parseWeights(b, m.Config)
+	if rerr := release(); err == nil && rerr != nil {
+		err = rerr
+	}
+	if err != nil {
 		return nil, fmt.Errorf("model.safetensors: %w", err)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// diskFS is the fs.FS Load uses: a directory on disk, whose root path lets
+// LoadFS memory-map the weights file.
+type diskFS struct {
+	fs.FS
+	root string
 }
 
 // parseWeights converts the safetensors file's tensors to float32, checking
