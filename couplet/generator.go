@@ -197,6 +197,11 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	seen := map[string]bool{}
 	for attempt := 0; attempt < g.o.maxAttempts && len(cands) < p.n; attempt++ {
 		m := (p.n - len(cands)) * g.o.oversample
+		if p.topK == 1 && p.mode != ModeKeyword {
+			// Greedy samples of one prompt are identical (keyword mode
+			// still differs by keyword placement): oversampling is waste.
+			m = p.n - len(cands)
+		}
 		m = min(m, 32)
 		res, err := g.e.Generate(ctx, g.engineRequest(p, prompt, attempt, m, true))
 		if err != nil {

@@ -302,8 +302,8 @@ func runEval(args []string, stdout io.Writer) error {
 	w := stdout
 	fmt.Fprintln(w, "## Constrained decoding (Go engine)")
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d` (one request at a time, N = 1, temperature %.1f, top-p %.2f; the constrained run draws 2 samples per couplet and ranks them).\n\n",
-		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, couplet.DefaultTemperature, couplet.DefaultTopP)
+	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d --bleu-limit %d` (one request at a time, N = 1, temperature %.1f, top-p %.2f; the constrained run draws 2 samples per couplet and ranks them; in keyword mode one lets the model place the keyword, the other puts it first).\n\n",
+		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, *bleuLimit, couplet.DefaultTemperature, couplet.DefaultTopP)
 	fmt.Fprintln(w, "| set · decoding | couplets | rule 1 form | rule 2 仄起平收 | rule 3 same-char/mirror | rule 4 横批 | all rules | keyword present | failed | latency mean / p50 / p90 (ms) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range rows {
