@@ -436,6 +436,9 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 				cands = append(cands, b.ids[:])
 			}
 		}
+		if len(cands) == 1 {
+			continue // nothing to choose between (no retrieval)
+		}
 		// prompt + (upper <sep> if generated) + lower + <ban>
 		full := append([]int32(nil), prompt...)
 		if p.mode != ModeLower {
