@@ -304,10 +304,10 @@ func (g *Generator) streamer(p *plan, attempt, m int) func(engine.Event) {
 		default:
 			part = PartBanner
 		}
-		if ev.Token < 0 || int(ev.Token) >= len(g.t.rune_) || g.t.rune_[ev.Token] == 0 {
+		if ev.Token < 0 || int(ev.Token) >= len(g.t.char) || g.t.char[ev.Token] == 0 {
 			return
 		}
-		p.onToken(TokenEvent{Attempt: attempt, Sample: ev.Index, Part: part, Text: string(g.t.rune_[ev.Token])})
+		p.onToken(TokenEvent{Attempt: attempt, Sample: ev.Index, Part: part, Text: string(g.t.char[ev.Token])})
 	}
 }
 

@@ -95,7 +95,7 @@ func force(logits []float32, id int32) error {
 
 // allowHan leaves only Chinese-character ids for which ok returns true.
 func (c *constraint) allowHan(logits []float32, ok func(id int32) bool) error {
-	any := false
+	alive := false
 	for i := range logits {
 		id := int32(i)
 		if i >= len(c.t.class) || c.t.class[i] != classHan || (ok != nil && !ok(id)) {
@@ -103,10 +103,10 @@ func (c *constraint) allowHan(logits []float32, ok func(id int32) bool) error {
 			continue
 		}
 		if !math.IsInf(float64(logits[i]), -1) && !math.IsNaN(float64(logits[i])) {
-			any = true
+			alive = true
 		}
 	}
-	if !any {
+	if !alive {
 		return sampler.ErrDeadEnd
 	}
 	return nil

@@ -38,7 +38,7 @@ type tables struct {
 	sp    Specials
 	class []tokClass // [vocab] class of each id
 	tone  []Tone     // [vocab] 平仄 of each Han id (ToneUnknown otherwise)
-	rune_ []rune     // [vocab] the character of a Han/punct id, 0 otherwise
+	char  []rune     // [vocab] the character of a Han/punct id, 0 otherwise
 	han   []int32    // ids of all Han tokens, ascending
 	// maxChars is the longest Length whose Layout fits in sp.MaxLine tokens.
 	maxChars int
@@ -52,7 +52,7 @@ func newTables(v Vocab, sp Specials) (*tables, error) {
 	if sp.LengthToken == nil || sp.MaxLine <= 0 {
 		return nil, fmt.Errorf("couplet: model has no length tokens")
 	}
-	t := &tables{vocab: v, sp: sp, class: make([]tokClass, n), tone: make([]Tone, n), rune_: make([]rune, n)}
+	t := &tables{vocab: v, sp: sp, class: make([]tokClass, n), tone: make([]Tone, n), char: make([]rune, n)}
 	for _, id := range []int32{sp.BOS, sp.EOS, sp.Keyword, sp.Acrostic, sp.Lower, sp.Up, sp.Sep, sp.Banner} {
 		if id < 0 || int(id) >= n {
 			return nil, fmt.Errorf("couplet: special token id %d out of vocabulary range [0,%d)", id, n)
@@ -69,10 +69,10 @@ func newTables(v Vocab, sp Specials) (*tables, error) {
 		}
 		switch {
 		case IsHan(r):
-			t.class[id], t.rune_[id], t.tone[id] = classHan, r, CharTone(r)
+			t.class[id], t.char[id], t.tone[id] = classHan, r, CharTone(r)
 			t.han = append(t.han, id)
 		case IsPunct(r):
-			t.class[id], t.rune_[id] = classPunct, r
+			t.class[id], t.char[id] = classPunct, r
 		}
 	}
 	sort.Slice(t.han, func(i, j int) bool { return t.han[i] < t.han[j] })
@@ -116,8 +116,8 @@ func (t *tables) charID(r rune) (int32, bool) {
 func (t *tables) text(ids []int32) string {
 	rs := make([]rune, 0, len(ids))
 	for _, id := range ids {
-		if id >= 0 && int(id) < len(t.rune_) && t.rune_[id] != 0 {
-			rs = append(rs, t.rune_[id])
+		if id >= 0 && int(id) < len(t.char) && t.char[id] != 0 {
+			rs = append(rs, t.char[id])
 		}
 	}
 	return string(rs)
