@@ -12,12 +12,37 @@ import (
 
 	"chunlian/forward"
 	"chunlian/kvcache"
+	"chunlian/model"
 	"chunlian/sampler"
 )
 
-// ErrTooLong rejects a request whose prompt plus MaxTokens could not fit in
-// the whole KV cache even if it ran alone.
-var ErrTooLong = errors.New("engine: prompt + max_tokens exceed the KV cache")
+// ErrTooLong rejects a request whose prompt plus MaxTokens exceeds the
+// model's context (max_position_embeddings, when the backend exposes its
+// model) or could not fit in the whole KV cache even if it ran alone.
+// Returned errors wrap it with the numbers.
+var ErrTooLong = errors.New("engine: prompt + max_tokens too long")
+
+// maxModelLen is the model's max_position_embeddings when the backend
+// exposes its model (forward.CPU does), else 0 (no limit known).
+func maxModelLen(b forward.Backend) int {
+	if mb, ok := b.(interface{ Model() *model.Model }); ok && mb.Model() != nil {
+		return mb.Model().Config.MaxPositions
+	}
+	return 0
+}
+
+// checkLength applies ErrTooLong for a backend with cacheTokens slots and a
+// model context of maxLen positions (0 = unknown).
+func checkLength(req *Request, cacheTokens, maxLen int) error {
+	n := len(req.Prompt) + req.Params.MaxTokens
+	if maxLen > 0 && n > maxLen {
+		return fmt.Errorf("%w: %d prompt + %d new tokens exceed the model's %d positions", ErrTooLong, len(req.Prompt), req.Params.MaxTokens, maxLen)
+	}
+	if n > cacheTokens {
+		return fmt.Errorf("%w: %d prompt + %d new tokens exceed the KV cache's %d slots", ErrTooLong, len(req.Prompt), req.Params.MaxTokens, cacheTokens)
+	}
+	return nil
+}
 
 var _ Engine = (*Paged)(nil)
 
@@ -41,6 +66,7 @@ type Paged struct {
 	b         forward.Backend
 	vocab     int
 	numBlocks int
+	maxLen    int // model context in positions; 0 = unknown
 
 	submit    chan *request // Generate → loop; capacity MaxQueue
 	quit      chan struct{} // closed by Close
@@ -151,6 +177,7 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 		b:         b,
 		vocab:     b.VocabSize(),
 		numBlocks: b.NumBlocks(),
+		maxLen:    maxModelLen(b),
 		submit:    make(chan *request, cfg.MaxQueue),
 		quit:      make(chan struct{}),
 		stopped:   make(chan struct{}),
@@ -170,9 +197,8 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	bs := e.cfg.BlockSize
-	if (len(req.Prompt)+req.Params.MaxTokens+bs-1)/bs > e.numBlocks {
-		return nil, ErrTooLong
+	if err := checkLength(req, e.numBlocks*e.cfg.BlockSize, e.maxLen); err != nil {
+		return nil, err
 	}
 	select {
 	case <-e.quit:

@@ -78,8 +78,8 @@ func (e *Naive) Generate(ctx context.Context, req *Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Prompt)+req.Params.MaxTokens > e.b.NumBlocks()*e.b.BlockSize() {
-		return nil, ErrTooLong
+	if err := checkLength(req, e.b.NumBlocks()*e.b.BlockSize(), maxModelLen(e.b)); err != nil {
+		return nil, err
 	}
 	select {
 	case <-e.closed:

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -127,4 +129,30 @@ func TestDefaultModelMatchesNaive(t *testing.T) {
 		}
 	}
 	checkDrained(t, e)
+}
+
+func TestModelContextLimit(t *testing.T) {
+	b, m := newRandomCPU(t, 4, 4096)
+	max := m.Config.MaxPositions
+	e, err := New(b, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer checkDrained(t, e)
+	for _, eng := range []Engine{e, NewNaive(b)} {
+		cases := []struct{ prompt, maxTokens int }{
+			{4, max - 3},
+			{max + 1, 0},
+		}
+		for _, tc := range cases {
+			req := &Request{Prompt: make([]int32, tc.prompt), Params: sampler.Params{MaxTokens: tc.maxTokens}}
+			if _, err := eng.Generate(context.Background(), req); !errors.Is(err, ErrTooLong) {
+				t.Errorf("%T prompt %d + %d (model %d): %v, want ErrTooLong", eng, tc.prompt, tc.maxTokens, max, err)
+			}
+		}
+		// Exactly the model's length is fine (not run: the check is the point).
+		if err := checkLength(&Request{Prompt: make([]int32, 4), Params: sampler.Params{MaxTokens: max - 4}}, 4096, max); err != nil {
+			t.Errorf("request of exactly the model's length rejected: %v", err)
+		}
+	}
 }
