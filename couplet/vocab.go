@@ -103,7 +103,7 @@ func newTables(v Vocab, sp Specials) (*tables, error) {
 	return t, nil
 }
 
-// id returns the id of a single-character token of class Han or punct.
+// charID returns the id of a single-character token of class Han or punct.
 func (t *tables) charID(r rune) (int32, bool) {
 	id, ok := t.vocab.ID(string(r))
 	if !ok || int(id) >= len(t.class) || t.class[id] == classOther {
