@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"chunlian/cuda"
 	"chunlian/forward"
@@ -51,7 +52,13 @@ func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
 func autoBackendIsCUDA(cfg stackConfig) bool {
 	ok, err := cuda.Available(cfg.CUDA.LibDir)
 	if !ok {
-		fmt.Fprintf(os.Stderr, "chunlian: --backend auto: using cpu (%v)\n", firstLine(err))
+		// On a machine without a GPU this is the normal case: one short line,
+		// not the whole search path (--backend cuda prints that in full).
+		reason := firstLine(err)
+		if i := strings.Index(reason, " (tried"); i > 0 {
+			reason = reason[:i]
+		}
+		fmt.Fprintf(os.Stderr, "chunlian: --backend auto: using cpu (%s)\n", reason)
 	}
 	return ok
 }
