@@ -1,0 +1,177 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+)
+
+// bf16 GEMM for small M (decode). Batch-1 decode is memory-bound: every
+// token streams every weight matrix once, and a bf16 copy of the weights is
+// half the bytes of the float32 one. bf16 → float32 is exact (the bf16 bit
+// pattern is the top half of the float32's), so GemmBF16 computes the same
+// products as Gemm on the widened weights; only the summation order (and so
+// the last bits of the result) can differ.
+//
+// The kernels are dot-product form like the float32 ones: y[i,j] =
+// <x row i, w row j>, both contiguous in k. Work is split over the worker
+// pool by weight rows (columns of y), so each weight byte crosses the
+// memory bus once per call; tiny products run inline.
+
+// bf16Kernel computes y[i0:i1, j0:j1] (row stride n) = x·wᵀ (+ y if acc)
+// over all of k. x is [m,k] float32, w is [n,k] bf16 bits.
+type bf16Kernel func(i0, i1, j0, j1, n, k int, x []float32, w []uint16, y []float32, acc bool)
+
+// HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: the
+// binary was built with GOEXPERIMENT=simd on amd64, the CPU has AVX2 and FMA,
+// and CHUNLIAN_GEMM does not force the plain-Go path. When false, GemmBF16
+// still works (plain Go) but is slower than Gemm on float32 weights, so
+// callers should prefer Gemm.
+func HasFastBF16() bool {
+	return bf16SIMDAvailable() && Path() != "go"
+}
+
+func checkGemmBF16(m, n, k int, x []float32, w []uint16, y []float32) {
+	if m < 0 || n < 0 || k < 0 || len(x) < m*k || len(w) < n*k || len(y) < m*n {
+		panic(fmt.Sprintf("cpu.GemmBF16: bad shapes m=%d n=%d k=%d len(x)=%d len(w)=%d len(y)=%d",
+			m, n, k, len(x), len(w), len(y)))
+	}
+}
+
+// GemmBF16 computes y[m,n] = x[m,k] · w[n,k]ᵀ, overwriting y, where w holds
+// bf16 bit patterns (the top 16 bits of a float32) in the Hugging Face
+// [out,in] layout. Meant for small m (about 1-8 rows); for large m Gemm on
+// float32 weights is faster (this kernel re-widens each weight for every
+// pair of x rows). y must not overlap x; only the first m·k, n·k and m·n
+// elements are used. Safe for concurrent use, like Gemm.
+func GemmBF16(m, n, k int, x []float32, w []uint16, y []float32) {
+	checkGemmBF16(m, n, k, x, w, y)
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 {
+		clear(y[:m*n])
+		return
+	}
+	runGemmBF16(m, n, k, x, w, y, false, bf16Impl())
+}
+
+// GemmBF16Acc computes y[m,n] += x[m,k] · w[n,k]ᵀ (see GemmBF16).
+func GemmBF16Acc(m, n, k int, x []float32, w []uint16, y []float32) {
+	checkGemmBF16(m, n, k, x, w, y)
+	if m == 0 || n == 0 || k == 0 {
+		return
+	}
+	runGemmBF16(m, n, k, x, w, y, true, bf16Impl())
+}
+
+func bf16Impl() bf16Kernel {
+	if HasFastBF16() {
+		return gemmBF16SIMDRect
+	}
+	return gemmBF16GoRect
+}
+
+// BF16Bits returns the bf16 bit pattern nearest to f (round to nearest,
+// ties to even; NaN stays NaN).
+func BF16Bits(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 { // NaN: keep it quiet and non-zero
+		return uint16(u>>16) | 0x40
+	}
+	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
+}
+
+// BF16ToFloat32 widens a bf16 bit pattern (exact).
+func BF16ToFloat32(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+// gemmBF16Ref is the obviously-correct reference (float64 accumulation).
+func gemmBF16Ref(m, n, k int, x []float32, w []uint16, y []float32, acc bool) {
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			var s float64
+			for p := 0; p < k; p++ {
+				s += float64(x[i*k+p]) * float64(BF16ToFloat32(w[j*k+p]))
+			}
+			if acc {
+				s += float64(y[i*n+j])
+			}
+			y[i*n+j] = float32(s)
+		}
+	}
+}
+
+// gemmBF16GoRect is the plain-Go kernel: one x row against 4 weight rows
+// at a time (4 independent sums, each weight widened once per x row).
+func gemmBF16GoRect(i0, i1, j0, j1, n, k int, x []float32, w []uint16, y []float32, acc bool) {
+	for i := i0; i < i1; i++ {
+		xr := x[i*k : i*k+k]
+		yr := y[i*n : i*n+n]
+		j := j0
+		for ; j+4 <= j1; j += 4 {
+			w0, w1 := w[j*k:j*k+k], w[(j+1)*k:(j+1)*k+k]
+			w2, w3 := w[(j+2)*k:(j+2)*k+k], w[(j+3)*k:(j+3)*k+k]
+			var s0, s1, s2, s3 float32
+			for p, a := range xr {
+				s0 += a * BF16ToFloat32(w0[p])
+				s1 += a * BF16ToFloat32(w1[p])
+				s2 += a * BF16ToFloat32(w2[p])
+				s3 += a * BF16ToFloat32(w3[p])
+			}
+			if acc {
+				s0, s1, s2, s3 = s0+yr[j], s1+yr[j+1], s2+yr[j+2], s3+yr[j+3]
+			}
+			yr[j], yr[j+1], yr[j+2], yr[j+3] = s0, s1, s2, s3
+		}
+		for ; j < j1; j++ {
+			wr := w[j*k : j*k+k]
+			var s float32
+			for p, a := range xr {
+				s += a * BF16ToFloat32(wr[p])
+			}
+			if acc {
+				s += yr[j]
+			}
+			yr[j] = s
+		}
+	}
+}
+
+// bf16Job is one parallel bf16 GEMM; the single instance theBF16Job is
+// guarded by poolMu (see pool.go). Parts split the weight rows [0,n) on
+// multiples of 4 (the microkernel width).
+type bf16Job struct {
+	m, n, k int
+	x       []float32 // [m,k]
+	w       []uint16  // [n,k]
+	y       []float32 // [m,n]
+	acc     bool
+	kern    bf16Kernel
+}
+
+var theBF16Job bf16Job
+
+func (g *bf16Job) run(p, np int) {
+	j0, j1 := split(g.n, np, p, 4)
+	if j0 < j1 {
+		g.kern(0, g.m, j0, j1, g.n, g.k, g.x, g.w, g.y, g.acc)
+	}
+}
+
+// runGemmBF16 runs kern over the whole product, split by weight rows over
+// the pool when the product is big enough to pay for the hand-off (the same
+// 64k-flop cut as gemmParts) and each part gets ≥ 16 rows.
+func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, kern bf16Kernel) {
+	parts := min(Threads(), max(1, n/16))
+	if 2*m*n*k < 1<<16 {
+		parts = 1
+	}
+	if parts <= 1 {
+		kern(0, m, 0, n, n, k, x, w, y, acc)
+		return
+	}
+	poolMu.Lock()
+	theBF16Job = bf16Job{m, n, k, x, w, y, acc, kern}
+	runParts(&theBF16Job, parts)
+	theBF16Job = bf16Job{} // do not keep the caller's buffers alive
+	poolMu.Unlock()
+}

@@ -1,0 +1,194 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// bf16Case is one bf16 kernel under test: the SIMD kernel per microkernel
+// variant where compiled in, and the plain-Go one always.
+type bf16Case struct {
+	name string
+	kern bf16Kernel
+	set  func() (restore func())
+}
+
+func bf16Cases() []bf16Case {
+	cs := []bf16Case{{"go", gemmBF16GoRect, func() func() { return func() {} }}}
+	if bf16SIMDAvailable() {
+		for _, v := range simdVariants() {
+			cs = append(cs, bf16Case{"simd-" + v, gemmBF16SIMDRect, func() func() { return setSIMDVariant(v) }})
+		}
+	}
+	return cs
+}
+
+func randBF16(r *rand.Rand, n int) []uint16 {
+	w := make([]uint16, n)
+	for i := range w {
+		w[i] = BF16Bits(float32(r.NormFloat64()))
+	}
+	return w
+}
+
+// TestGemmBF16 compares every kernel, overwrite and accumulate, against the
+// float64 reference over odd shapes: M=1..9 (both microkernel row paths and
+// leftovers), N and K not multiples of 4/8/16, K=0, and sizes large enough
+// to split over the pool. Tolerance is relative to Σ|x·w|, the scale of the
+// float32 rounding error of any summation order.
+func TestGemmBF16(t *testing.T) {
+	ns := []int{1, 3, 4, 5, 17, 33, 100, 131}
+	ks := []int{0, 1, 7, 8, 15, 16, 17, 31, 33, 100, 384, 1031}
+	for _, c := range bf16Cases() {
+		t.Run(c.name, func(t *testing.T) {
+			defer c.set()()
+			r := rand.New(rand.NewPCG(3, 4))
+			for m := 1; m <= 9; m++ {
+				for _, n := range ns {
+					for _, k := range ks {
+						for _, acc := range []bool{false, true} {
+							checkBF16Case(t, c.kern, r, m, n, k, acc)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func checkBF16Case(t *testing.T, kern bf16Kernel, r *rand.Rand, m, n, k int, acc bool) {
+	t.Helper()
+	x := randSlice(r, m*k)
+	w := randBF16(r, n*k)
+	y0 := randSlice(r, m*n)
+	want := append([]float32(nil), y0...)
+	gemmBF16Ref(m, n, k, x, w, want, acc)
+	got := append([]float32(nil), y0...)
+	if k == 0 && !acc { // the exported entry point handles k=0
+		GemmBF16(m, n, k, x, w, got)
+	} else if m*n > 0 && k > 0 {
+		runGemmBF16(m, n, k, x, w, got, acc, kern)
+	}
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			var scale float64
+			for p := 0; p < k; p++ {
+				scale += math.Abs(float64(x[i*k+p]) * float64(BF16ToFloat32(w[j*k+p])))
+			}
+			if acc {
+				scale += math.Abs(float64(y0[i*n+j]))
+			}
+			tol := 1e-6*scale + 1e-30
+			if d := math.Abs(float64(got[i*n+j] - want[i*n+j])); d > tol {
+				t.Fatalf("m=%d n=%d k=%d acc=%v: y[%d,%d]=%g, want %g (|Δ|=%g > %g)",
+					m, n, k, acc, i, j, got[i*n+j], want[i*n+j], d, tol)
+			}
+		}
+	}
+}
+
+// TestGemmBF16Exported checks the public entry points (path choice, k=0,
+// accumulate) and that GemmBF16 on bf16 weights matches Gemm on the same
+// weights widened to float32.
+func TestGemmBF16Exported(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, s := range []struct{ m, n, k int }{{1, 384, 384}, {3, 1031, 77}, {8, 6294, 384}, {2, 5, 0}, {0, 4, 4}, {4, 0, 4}} {
+		t.Run(fmt.Sprintf("%dx%dx%d", s.m, s.n, s.k), func(t *testing.T) {
+			x := randSlice(r, s.m*s.k)
+			w := randBF16(r, s.n*s.k)
+			wf := make([]float32, len(w))
+			for i, b := range w {
+				wf[i] = BF16ToFloat32(b)
+			}
+			y := randSlice(r, s.m*s.n)
+			yf := append([]float32(nil), y...)
+			GemmBF16Acc(s.m, s.n, s.k, x, w, y)
+			GemmAcc(s.m, s.n, s.k, x, wf, yf)
+			if d := maxDiff32(y, yf); d > 1e-3 {
+				t.Fatalf("GemmBF16Acc vs GemmAcc: max |Δ| %g", d)
+			}
+			GemmBF16(s.m, s.n, s.k, x, w, y)
+			Gemm(s.m, s.n, s.k, x, wf, yf)
+			if d := maxDiff32(y, yf); d > 1e-3 {
+				t.Fatalf("GemmBF16 vs Gemm: max |Δ| %g", d)
+			}
+		})
+	}
+}
+
+func maxDiff32(a, b []float32) float64 {
+	var d float64
+	for i := range a {
+		d = max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}
+
+func TestGemmBF16BadShapes(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic for a short w")
+		}
+	}()
+	GemmBF16(2, 3, 4, make([]float32, 8), make([]uint16, 11), make([]float32, 6))
+}
+
+func TestBF16Bits(t *testing.T) {
+	for _, c := range []struct {
+		f    float32
+		want uint16
+	}{
+		{0, 0}, {1, 0x3f80}, {-2, 0xc000},
+		{math.Float32frombits(0x3f808000), 0x3f80}, // tie → even
+		{math.Float32frombits(0x3f818000), 0x3f82}, // tie → even (up)
+		{math.Float32frombits(0x3f808001), 0x3f81}, // above the tie
+		{float32(math.Inf(1)), 0x7f80},
+	} {
+		if got := BF16Bits(c.f); got != c.want {
+			t.Errorf("BF16Bits(%g)=%#x, want %#x", c.f, got, c.want)
+		}
+	}
+	if nan := BF16ToFloat32(BF16Bits(float32(math.NaN()))); nan == nan {
+		t.Error("NaN did not stay NaN")
+	}
+}
+
+// BenchmarkGemmBF16 compares, in one run, GemmBF16 on bf16 weights with
+// Gemm on the same weights in float32 at the model's shapes and small M.
+// GB/s counts the weight bytes only (the traffic that matters at small M).
+// go test -run '^$' -bench GemmBF16 -benchtime=200ms ./kernels/cpu
+func BenchmarkGemmBF16(b *testing.B) {
+	for _, nk := range benchNK {
+		for _, m := range []int{1, 2, 4, 8, 16} {
+			r := rand.New(rand.NewPCG(1, 2))
+			x := randSlice(r, m*nk.k)
+			w := randBF16(r, nk.n*nk.k)
+			wf := make([]float32, len(w))
+			for i, v := range w {
+				wf[i] = BF16ToFloat32(v)
+			}
+			y := make([]float32, m*nk.n)
+			report := func(b *testing.B, wbytes int) {
+				s := b.Elapsed().Seconds()
+				b.ReportMetric(2*float64(m*nk.n*nk.k)*float64(b.N)/s/1e9, "GFLOP/s")
+				b.ReportMetric(float64(wbytes)*float64(b.N)/s/1e9, "GB/s")
+			}
+			b.Run(fmt.Sprintf("bf16/%s/M=%d", nk.name, m), func(b *testing.B) {
+				GemmBF16(m, nk.n, nk.k, x, w, y)
+				for b.Loop() {
+					GemmBF16(m, nk.n, nk.k, x, w, y)
+				}
+				report(b, 2*len(w))
+			})
+			b.Run(fmt.Sprintf("fp32/%s/M=%d", nk.name, m), func(b *testing.B) {
+				Gemm(m, nk.n, nk.k, x, wf, y)
+				for b.Loop() {
+					Gemm(m, nk.n, nk.k, x, wf, y)
+				}
+				report(b, 4*len(wf))
+			})
+		}
+	}
+}
