@@ -90,6 +90,24 @@ func (m *Model) Validate() error {
 			check(p+"up_proj", l.WUp, ffn, d)
 			check(p+"down_proj", l.WDown, d, ffn)
 		}
+		if b := w.BF16; b != nil {
+			check16 := func(name string, got []uint16, rows, cols int) {
+				if len(got) != rows*cols {
+					errs = append(errs, fmt.Errorf("bf16 %s: %d values, want [%d,%d]", name, len(got), rows, cols))
+				}
+			}
+			check16("lm_head", b.LMHead, v, d)
+			if len(b.Layers) != len(w.Layers) {
+				errs = append(errs, fmt.Errorf("bf16: %d layers, want %d", len(b.Layers), len(w.Layers)))
+			}
+			for i, l := range b.Layers {
+				p := fmt.Sprintf("layer %d ", i)
+				check16(p+"qkv", l.QKV, q+2*kv, d)
+				check16(p+"gate_up", l.GateUp, 2*ffn, d)
+				check16(p+"o_proj", l.Wo, d, q)
+				check16(p+"down_proj", l.WDown, d, ffn)
+			}
+		}
 	}
 	if m.Tok == nil {
 		errs = append(errs, errors.New("no tokenizer"))
@@ -278,6 +296,7 @@ func parseWeights(buf []byte, c Config) (*Weights, error) {
 		return nil, err
 	}
 	packLayers(w)
+	w.BuildBF16() // bf16 files: keep bf16 copies for memory-bound small-batch GEMMs
 	return w, nil
 }
 

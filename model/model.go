@@ -42,4 +42,7 @@ type Weights struct {
 	Layers    []Layer
 	FinalNorm []float32 // [d]
 	LMHead    []float32 // [vocab, d]; the same slice as Embed when tied
+	// BF16 holds bf16 copies of the matrices when they are all exactly
+	// bf16 values (the file stored bf16; see BuildBF16), else nil.
+	BF16 *BF16Weights
 }
