@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -28,7 +29,20 @@ type CPUOptions struct {
 	// Threads, when > 0, sets the kernel thread count (cpu.SetThreads, a
 	// process-wide setting) and the attention worker count.
 	Threads int
+	// BF16MaxRows is the largest GEMM row count (tokens of the step, or
+	// logit rows for the LM head) that runs on the model's bf16 weight
+	// copies (model.Weights.BF16) instead of the float32 ones; 0 means
+	// DefaultBF16MaxRows, negative never. The bf16 path is used only where
+	// the model has bf16 copies and cpu.HasFastBF16() is true, and not at
+	// all when the environment sets CHUNLIAN_BF16=0 (for A/B runs).
+	BF16MaxRows int
 }
+
+// DefaultBF16MaxRows is the default CPUOptions.BF16MaxRows. Up to a few
+// rows a GEMM is memory-bound and the bf16 weights (half the bytes) win;
+// beyond that the widening costs more than the bytes saved and the float32
+// kernels are faster (docs/BENCHMARKS.md, "bf16 weights at small batch").
+const DefaultBF16MaxRows = 4
 
 // CPU is the float32 CPU backend. The KV cache of layer l is two slices,
 // kc[l] and vc[l], each laid out as
@@ -56,6 +70,11 @@ type CPU struct {
 	// memory): one GEMM computes q, k and v, another gate and up.
 	wqkv [][]float32 // [H·hd + 2·G·hd, d]
 	wgu  [][]float32 // [2·F, d]
+	// bf16 is the model's bf16 copy of the same matrices when the bf16
+	// path is enabled (see CPUOptions.BF16MaxRows), else nil; GEMMs with
+	// at most bf16Max rows use it.
+	bf16    *model.BF16Weights
+	bf16Max int
 
 	// Scratch, grown on demand and reused across steps (no per-step
 	// garbage in steady state). T = len(batch.Tokens), R = len(LogitRows).
@@ -119,6 +138,13 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 		return nil, fmt.Errorf("forward: KVCacheBytes %d is less than one block (%d bytes)", o.KVCacheBytes, perToken*int64(o.BlockSize))
 	}
 	c := &CPU{m: m, cfg: cfg, blockSize: o.BlockSize, numBlocks: numBlocks}
+	c.bf16Max = o.BF16MaxRows
+	if c.bf16Max == 0 {
+		c.bf16Max = DefaultBF16MaxRows
+	}
+	if c.bf16Max > 0 && m.Weights.BF16 != nil && cpu.HasFastBF16() && os.Getenv("CHUNLIAN_BF16") != "0" {
+		c.bf16 = m.Weights.BF16
+	}
 	for i := range m.Weights.Layers {
 		qkv, gu := m.Weights.Layers[i].Fused()
 		c.wqkv, c.wgu = append(c.wqkv, qkv), append(c.wgu, gu)
@@ -139,6 +165,26 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 		go c.worker(w, ch)
 	}
 	return c, nil
+}
+
+// UsesBF16 reports whether GEMMs of up to BF16MaxRows rows run on the
+// model's bf16 weights.
+func (c *CPU) UsesBF16() bool { return c.bf16 != nil }
+
+// gemm computes y[m,n] = x[m,k]·wᵀ (+ y if acc) with w the float32 matrix
+// w32 [n,k] or, for m ≤ bf16Max when the bf16 path is on, its exact bf16
+// copy w16 (nil selects w32 always).
+func (c *CPU) gemm(m, n, k int, x, w32 []float32, w16 []uint16, y []float32, acc bool) {
+	switch {
+	case c.bf16 != nil && w16 != nil && m <= c.bf16Max && acc:
+		cpu.GemmBF16Acc(m, n, k, x, w16, y)
+	case c.bf16 != nil && w16 != nil && m <= c.bf16Max:
+		cpu.GemmBF16(m, n, k, x, w16, y)
+	case acc:
+		cpu.GemmAcc(m, n, k, x, w32, y)
+	default:
+		cpu.Gemm(m, n, k, x, w32, y)
+	}
 }
 
 // KVBytesPerToken is the cache memory one token costs: K and V, every layer.
@@ -300,11 +346,15 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	}
 	for l := range w.Layers {
 		L := &w.Layers[l]
+		var B model.BF16Layer // zero (nil views) when the bf16 path is off
+		if c.bf16 != nil {
+			B = c.bf16.Layers[l]
+		}
 		// Attention sublayer.
 		// xn[T,d] = RMSNorm(x); qkv[T,(H+2G)·hd] = xn·Wqkvᵀ, split into
 		// q[T,H·hd], k[T,G·hd], v[T,G·hd].
 		cpu.RMSNorm(c.xn, c.x, L.AttnNorm, T, d, eps)
-		cpu.Gemm(T, W, d, c.xn, c.wqkv[l], c.qkv)
+		c.gemm(T, W, d, c.xn, c.wqkv[l], B.QKV, c.qkv, false)
 		for t := 0; t < T; t++ {
 			row := c.qkv[t*W : (t+1)*W]
 			copy(c.q[t*qd:(t+1)*qd], row[:qd])
@@ -321,19 +371,19 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 			copy(kc[int(slot)*kvd:(int(slot)+1)*kvd], c.k[t*kvd:(t+1)*kvd])
 			copy(vc[int(slot)*kvd:(int(slot)+1)*kvd], c.v[t*kvd:(t+1)*kvd])
 		}
-		c.attention(b, l)                       // att[T,H·hd]
-		cpu.GemmAcc(T, d, qd, c.att, L.Wo, c.x) // x[T,d] += att·Woᵀ
+		c.attention(b, l)                              // att[T,H·hd]
+		c.gemm(T, d, qd, c.att, L.Wo, B.Wo, c.x, true) // x[T,d] += att·Woᵀ
 		// MLP sublayer (SwiGLU).
 		// xn[T,d] = RMSNorm(x); gu[T,2F] = xn·[Wgate;Wup]ᵀ, split into
 		// gate[T,F], up[T,F].
 		cpu.RMSNorm(c.xn, c.x, L.MLPNorm, T, d, eps)
-		cpu.Gemm(T, 2*F, d, c.xn, c.wgu[l], c.gu)
+		c.gemm(T, 2*F, d, c.xn, c.wgu[l], B.GateUp, c.gu, false)
 		for t := 0; t < T; t++ {
 			copy(c.gate[t*F:(t+1)*F], c.gu[t*2*F:t*2*F+F])
 			copy(c.up[t*F:(t+1)*F], c.gu[t*2*F+F:(t+1)*2*F])
 		}
-		cpu.SiLUMul(c.gate, c.gate, c.up)          // gate = silu(gate)·up
-		cpu.GemmAcc(T, d, F, c.gate, L.WDown, c.x) // x[T,d] += gate·Wdownᵀ
+		cpu.SiLUMul(c.gate, c.gate, c.up)                    // gate = silu(gate)·up
+		c.gemm(T, d, F, c.gate, L.WDown, B.WDown, c.x, true) // x[T,d] += gate·Wdownᵀ
 	}
 	// Final norm and LM head only for the rows that will be sampled.
 	R := len(b.LogitRows)
@@ -345,7 +395,11 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 		copy(c.rows[i*d:(i+1)*d], c.x[r*d:(r+1)*d])
 	}
 	cpu.RMSNorm(c.rows, c.rows, w.FinalNorm, R, d, eps)
-	cpu.Gemm(R, V, d, c.rows, w.LMHead, logits[:R*V]) //               logits: [R,V]
+	var head16 []uint16
+	if c.bf16 != nil {
+		head16 = c.bf16.LMHead
+	}
+	c.gemm(R, V, d, c.rows, w.LMHead, head16, logits[:R*V], false) // logits: [R,V]
 	return nil
 }
 
