@@ -10,11 +10,12 @@ import (
 	"time"
 )
 
-// collector gathers the counted samples of one level. Workers add under mu;
-// runLevel reads only after every worker has returned.
+// collector gathers the samples of one level. Workers add under mu; runLevel
+// reads only after every worker has returned.
 type collector struct {
 	mu      sync.Mutex
-	samples []sample
+	samples []sample // counted requests (sent inside the window)
+	early   []sample // completed requests sent before the window (warm-up)
 	// Live counters for the progress display (atomics: read by the ticker).
 	done, failed, rejected atomic.Int64
 	dropped                atomic.Int64 // open loop: arrivals not sent (in-flight cap)
@@ -37,14 +38,40 @@ func (c *collector) add(s sample) {
 	c.mu.Unlock()
 }
 
-// Counting rule, the same for both shapes: a level runs a warm-up of
-// o.Warmup, then a window [t0, tEnd) with tEnd = t0 + o.Duration. A request
-// is counted iff it was sent inside the window (and, with o.Requests > 0, is
-// among the first o.Requests sent there). No request is sent at or after
-// tEnd, and every counted request is awaited (bounded by o.Timeout). The
-// level's elapsed time runs from t0 to the last counted completion, so
-// throughput = completed / elapsed: in steady state the requests still in
-// flight at tEnd are balanced by the drain time they add.
+// addEarly keeps a completed warm-up request: it does not enter the level's
+// counts or latency, but its completion inside the window is throughput.
+func (c *collector) addEarly(s sample) {
+	if s.outcome != outcomeOK {
+		return
+	}
+	c.mu.Lock()
+	c.early = append(c.early, s)
+	c.mu.Unlock()
+}
+
+// record hands s to the collector as counted or early.
+func (c *collector) record(s sample, counted bool) {
+	if counted {
+		c.add(s)
+	} else {
+		c.addEarly(s)
+	}
+}
+
+// Counting rules, the same for both shapes. A level runs a warm-up of
+// o.Warmup, then a window that opens at t0 = start + o.Warmup. Sending stops
+// at tEnd = t0 + o.Duration, or (with o.Requests > 0) when the o.Requests-th
+// counted request has been sent; stop is the first moment a send was refused,
+// capped at tEnd.
+//
+//   - A request is *counted* iff it was sent in [t0, stop). Every counted
+//     request is awaited (bounded by o.Timeout); completed/failed/rejected
+//     and the latency, TTFT and TPOT statistics are over counted requests.
+//   - Throughput (req/s, couplets/s, tokens/s) is the number of successful
+//     completions of *any* request (warm-up ones included) inside
+//     [t0, stop], divided by stop − t0. In steady state this is the service
+//     rate; dividing counted completions by "t0 → last completion" instead
+//     would be biased low by a factor D/(D+latency).
 
 // runLevel measures one level. It returns early, with Partial set, when ctx
 // ends.
@@ -54,18 +81,31 @@ func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, sr
 	tEnd := t0.Add(o.Duration)
 	col := &collector{}
 	var issued atomic.Int64 // counted requests sent so far
+	var stopOnce sync.Once
+	stop := tEnd // written once under stopOnce, read after wg.Wait
 
 	// claim decides, just before a send at time now, whether to send at all
-	// and whether the request is counted.
+	// and whether the request is counted. The first refusal fixes stop.
 	claim := func(now time.Time) (send, counted bool) {
-		if !now.Before(tEnd) || ctx.Err() != nil {
+		refuse := func(at time.Time) (bool, bool) {
+			stopOnce.Do(func() {
+				if at.Before(tEnd) {
+					stop = at
+				}
+			})
 			return false, false
+		}
+		if ctx.Err() != nil {
+			return refuse(time.Now()) // now may be a future arrival time
+		}
+		if !now.Before(tEnd) {
+			return refuse(now)
 		}
 		if now.Before(t0) {
 			return true, false
 		}
 		if o.Requests > 0 && issued.Add(1) > int64(o.Requests) {
-			return false, false
+			return refuse(now)
 		}
 		return true, true
 	}
@@ -86,9 +126,7 @@ func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, sr
 						return
 					}
 					s := cl.do(ctx, src.next(), o.Timeout)
-					if counted {
-						col.add(s)
-					}
+					col.record(s, counted)
 					if s.outcome == outcomeRejected {
 						// A rejected user waits as the server asked (capped)
 						// instead of spinning on 503s.
@@ -129,36 +167,29 @@ func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, sr
 			go func() {
 				defer wg.Done()
 				defer inflight.Add(-1)
-				s := cl.do(ctx, p, o.Timeout)
-				if counted {
-					col.add(s)
-				}
+				col.record(cl.do(ctx, p, o.Timeout), counted)
 			}()
 		}
 	}
 	wg.Wait()
-	end := time.Now()
 	mres := mon.stop()
 	stopProg()
 
-	res := summarizeLevel(lv, col.samples, t0, end)
+	res := summarizeLevel(lv, col.samples, col.early, t0, stop)
 	res.Dropped = int(col.dropped.Load())
 	res.Partial = ctx.Err() != nil
 	mres.apply(&res)
 	return res
 }
 
-// summarizeLevel turns the counted samples into a LevelResult. end is when
-// the level stopped (used for elapsed when nothing completed).
-func summarizeLevel(lv Level, samples []sample, t0, end time.Time) LevelResult {
+// summarizeLevel turns a level's samples into a LevelResult: counted are the
+// requests sent in [t0, stop), early the completed warm-up requests; see the
+// counting rules above.
+func summarizeLevel(lv Level, counted, early []sample, t0, stop time.Time) LevelResult {
 	res := LevelResult{Level: lv, Errors: map[string]int{}}
 	var lat, ttft, tpot []time.Duration
-	last := t0
-	for _, s := range samples {
+	for _, s := range counted {
 		res.Sent++
-		if e := s.start.Add(s.latency); e.After(last) {
-			last = e
-		}
 		switch s.outcome {
 		case outcomeOK:
 			res.Completed++
@@ -178,17 +209,22 @@ func summarizeLevel(lv Level, samples []sample, t0, end time.Time) LevelResult {
 			res.Rejected++
 		}
 	}
-	elapsed := last.Sub(t0)
-	if len(samples) == 0 || elapsed <= 0 {
-		elapsed = end.Sub(t0)
+	window := max(stop.Sub(t0), 0)
+	var done, couplets, tokens int // successful completions inside [t0, stop]
+	for _, group := range [][]sample{counted, early} {
+		for _, s := range group {
+			if end := s.start.Add(s.latency); s.outcome == outcomeOK && !end.Before(t0) && !end.After(stop) {
+				done++
+				couplets += s.couplets
+				tokens += s.tokens
+			}
+		}
 	}
-	if elapsed < 0 {
-		elapsed = 0
-	}
-	res.ElapsedS = elapsed.Seconds()
-	res.ReqPerSec = Rate(res.Completed, elapsed)
-	res.CoupletsPerSec = Rate(res.Couplets, elapsed)
-	res.TokensPerSec = Rate(res.OutputTokens, elapsed)
+	res.WindowS = window.Seconds()
+	res.CompletedInWindow = done
+	res.ReqPerSec = Rate(done, window)
+	res.CoupletsPerSec = Rate(couplets, window)
+	res.TokensPerSec = Rate(tokens, window)
 	res.Latency = Summarize(lat)
 	res.TTFT = Summarize(ttft)
 	res.TPOT = Summarize(tpot)

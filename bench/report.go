@@ -14,21 +14,26 @@ import (
 // separately.
 type LevelResult struct {
 	Level
-	ElapsedS       float64        `json:"elapsed_s"` // t0 → last counted completion
-	Sent           int            `json:"sent"`      // counted requests sent
-	Completed      int            `json:"completed"`
-	Failed         int            `json:"failed"`
-	Rejected       int            `json:"rejected"`          // HTTP 503, or a queue_full/overloaded error event in a stream
-	Dropped        int            `json:"dropped,omitempty"` // open loop: not sent, client in-flight cap
-	Errors         map[string]int `json:"errors,omitempty"`  // failure class → count
-	OutputTokens   int            `json:"output_tokens"`
-	Couplets       int            `json:"couplets"`
-	ReqPerSec      float64        `json:"req_per_s"`
-	CoupletsPerSec float64        `json:"couplets_per_s"`
-	TokensPerSec   float64        `json:"tokens_per_s"`
-	Latency        Summary        `json:"latency"`
-	TTFT           Summary        `json:"ttft"` // N = 0 without --stream
-	TPOT           Summary        `json:"tpot"` // time per output token after the first
+	// WindowS is the measured window [t0, stop] in seconds, and
+	// CompletedInWindow the successful completions of any request inside it:
+	// the throughput figures are CompletedInWindow (and its couplets and
+	// tokens) / WindowS. See the counting rules in load.go.
+	WindowS           float64        `json:"window_s"`
+	CompletedInWindow int            `json:"completed_in_window"`
+	Sent              int            `json:"sent"` // counted requests: sent inside the window
+	Completed         int            `json:"completed"`
+	Failed            int            `json:"failed"`
+	Rejected          int            `json:"rejected"`          // HTTP 503, or a queue_full/overloaded error event in a stream
+	Dropped           int            `json:"dropped,omitempty"` // open loop: not sent, client in-flight cap
+	Errors            map[string]int `json:"errors,omitempty"`  // failure class → count
+	OutputTokens      int            `json:"output_tokens"`     // of counted completed requests
+	Couplets          int            `json:"couplets"`          // of counted completed requests
+	ReqPerSec         float64        `json:"req_per_s"`
+	CoupletsPerSec    float64        `json:"couplets_per_s"`
+	TokensPerSec      float64        `json:"tokens_per_s"`
+	Latency           Summary        `json:"latency"`
+	TTFT              Summary        `json:"ttft"` // N = 0 without --stream
+	TPOT              Summary        `json:"tpot"` // time per output token after the first
 	// LatencyHistogram: cumulative buckets over DefaultBucketsMS, then +Inf.
 	LatencyHistogram []Bucket `json:"latency_histogram"`
 	// CPUCores is the server's CPU-seconds per wall-second over the window

@@ -59,6 +59,12 @@ func TestRunClosedLoopGenerate(t *testing.T) {
 		if l.Completed == 0 {
 			t.Errorf("level %v completed nothing", l.Level)
 		}
+		// Duration mode: the window is exactly --duration, and throughput is
+		// the completions inside it over the window.
+		if l.WindowS != 1 || l.CompletedInWindow == 0 || l.CompletedInWindow > l.Completed ||
+			l.ReqPerSec != float64(l.CompletedInWindow)/l.WindowS {
+			t.Errorf("level %v: window %gs, %d completed in window of %d, %g req/s", l.Level, l.WindowS, l.CompletedInWindow, l.Completed, l.ReqPerSec)
+		}
 		if l.Sent != l.Completed+l.Failed+l.Rejected {
 			t.Errorf("level %v: sent %d ≠ %d+%d+%d", l.Level, l.Sent, l.Completed, l.Failed, l.Rejected)
 		}

@@ -267,3 +267,43 @@ func TestParseModes(t *testing.T) {
 		}
 	}
 }
+
+func TestSummarizeLevelWindow(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(startS, latS float64, o outcome, tokens int) sample {
+		return sample{start: t0.Add(time.Duration(startS * float64(time.Second))),
+			latency: time.Duration(latS * float64(time.Second)), outcome: o, tokens: tokens, couplets: 1}
+	}
+	stop := t0.Add(10 * time.Second)
+	counted := []sample{
+		at(0, 0.5, outcomeOK, 10),      // ends 0.5: in window
+		at(1, 2, outcomeOK, 10),        // ends 3: in window
+		at(9, 1, outcomeOK, 10),        // ends 10: in window (inclusive)
+		at(9.5, 1, outcomeOK, 10),      // ends 10.5: counted, not in the window's throughput
+		at(4, 1, outcomeFailed, 0),     // failed: never throughput
+		at(5, 0.1, outcomeRejected, 0), // rejected
+	}
+	counted[4].err = "HTTP 500"
+	early := []sample{
+		at(-3, 2, outcomeOK, 10),    // ends -1: before the window
+		at(-1, 10.9, outcomeOK, 10), // ends 9.9: warm-up request completing in the window
+	}
+	r := summarizeLevel(Level{Shape: "closed", Concurrency: 2}, counted, early, t0, stop)
+	// By hand: counted 6 = 4 ok + 1 failed + 1 rejected; in-window completions
+	// 0.5, 3, 10 and the early one at 9.9 → 4 in 10 s = 0.4/s, 40 tokens → 4/s.
+	if r.Sent != 6 || r.Completed != 4 || r.Failed != 1 || r.Rejected != 1 || r.Errors["HTTP 500"] != 1 {
+		t.Errorf("counts %+v", r)
+	}
+	if r.WindowS != 10 || r.CompletedInWindow != 4 || r.ReqPerSec != 0.4 || r.CoupletsPerSec != 0.4 || r.TokensPerSec != 4 {
+		t.Errorf("window %g s, %d in window, %g req/s, %g couplets/s, %g tokens/s; want 10, 4, 0.4, 0.4, 4",
+			r.WindowS, r.CompletedInWindow, r.ReqPerSec, r.CoupletsPerSec, r.TokensPerSec)
+	}
+	// Latency over the 4 counted completed: 0.5, 2, 1, 1 s → mean 1.125 s.
+	if r.Latency.N != 4 || r.Latency.Mean != 1125 || r.Latency.Max != 2000 || r.OutputTokens != 40 {
+		t.Errorf("latency %+v tokens %d", r.Latency, r.OutputTokens)
+	}
+	// A window that never opened (stop before t0) gives no rate, not a division by zero.
+	if z := summarizeLevel(Level{}, nil, nil, t0, t0.Add(-time.Second)); z.ReqPerSec != 0 || z.WindowS != 0 {
+		t.Errorf("empty level: %+v", z)
+	}
+}
