@@ -21,6 +21,13 @@ import (
 // over all of k. x is [m,k] float32, w is [n,k] bf16 bits.
 type bf16Kernel func(i0, i1, j0, j1, n, k int, x []float32, w []uint16, y []float32, acc bool)
 
+// bf16Impl is a kernel and whether it wants x deinterleaved by permuteX
+// (then its x argument is [m, roundUp(k,32)], see bf16_simd_amd64.go).
+type bf16Impl struct {
+	kern    bf16Kernel
+	permute bool
+}
+
 // HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: the
 // binary was built with GOEXPERIMENT=simd on amd64, the CPU has AVX2 and FMA,
 // and CHUNLIAN_GEMM does not force the plain-Go path. When false, GemmBF16
@@ -52,7 +59,7 @@ func GemmBF16(m, n, k int, x []float32, w []uint16, y []float32) {
 		clear(y[:m*n])
 		return
 	}
-	runGemmBF16(m, n, k, x, w, y, false, bf16Impl())
+	runGemmBF16(m, n, k, x, w, y, false, chooseBF16())
 }
 
 // GemmBF16Acc computes y[m,n] += x[m,k] · w[n,k]ᵀ (see GemmBF16).
@@ -61,14 +68,14 @@ func GemmBF16Acc(m, n, k int, x []float32, w []uint16, y []float32) {
 	if m == 0 || n == 0 || k == 0 {
 		return
 	}
-	runGemmBF16(m, n, k, x, w, y, true, bf16Impl())
+	runGemmBF16(m, n, k, x, w, y, true, chooseBF16())
 }
 
-func bf16Impl() bf16Kernel {
+func chooseBF16() bf16Impl {
 	if HasFastBF16() {
-		return gemmBF16SIMDRect
+		return bf16SIMDImpl()
 	}
-	return gemmBF16GoRect
+	return bf16Impl{gemmBF16GoRect, false}
 }
 
 // BF16Bits returns the bf16 bit pattern nearest to f (round to nearest,
@@ -157,21 +164,49 @@ func (g *bf16Job) run(p, np int) {
 	}
 }
 
-// runGemmBF16 runs kern over the whole product, split by weight rows over
+// bf16X is the permuted copy of x for kernels that want one: [m,
+// roundUp(k,32)], grown on demand, guarded by poolMu.
+var bf16X []float32
+
+// runGemmBF16 runs im over the whole product, split by weight rows over
 // the pool when the product is big enough to pay for the hand-off (the same
-// 64k-flop cut as gemmParts) and each part gets ≥ 16 rows.
-func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, kern bf16Kernel) {
+// 64k-flop cut as gemmParts) and each part gets ≥ 16 rows. The whole call
+// holds poolMu, also when it runs inline, because of bf16X.
+func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im bf16Impl) {
+	poolMu.Lock()
+	defer poolMu.Unlock()
+	if im.permute {
+		kp := (k + 31) &^ 31
+		if cap(bf16X) < m*kp {
+			bf16X = make([]float32, m*kp)
+		}
+		permuteX(m, k, x, bf16X[:m*kp])
+		x = bf16X[:m*kp]
+	}
 	parts := min(Threads(), max(1, n/16))
 	if 2*m*n*k < 1<<16 {
 		parts = 1
 	}
 	if parts <= 1 {
-		kern(0, m, 0, n, n, k, x, w, y, acc)
+		im.kern(0, m, 0, n, n, k, x, w, y, acc)
 		return
 	}
-	poolMu.Lock()
-	theBF16Job = bf16Job{m, n, k, x, w, y, acc, kern}
+	theBF16Job = bf16Job{m, n, k, x, w, y, acc, im.kern}
 	runParts(&theBF16Job, parts)
 	theBF16Job = bf16Job{} // do not keep the caller's buffers alive
-	poolMu.Unlock()
+}
+
+// permuteX writes x [m,k] into xs [m,kp] (kp = roundUp(k,32)) with each
+// 32-float chunk deinterleaved: xs[c+l] = x[c+2l], xs[c+16+l] = x[c+2l+1]
+// for l < 16, zero beyond k.
+func permuteX(m, k int, x, xs []float32) {
+	kp := (k + 31) &^ 31
+	for i := 0; i < m; i++ {
+		src, dst := x[i*k:i*k+k], xs[i*kp:i*kp+kp]
+		clear(dst[k&^31:])
+		for p, v := range src {
+			c, r := p&^31, p&31
+			dst[c+(r&1)*16+r>>1] = v
+		}
+	}
 }

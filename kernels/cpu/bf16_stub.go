@@ -6,4 +6,4 @@ package cpu
 // plain-Go kernel.
 func bf16SIMDAvailable() bool { return false }
 
-var gemmBF16SIMDRect bf16Kernel = gemmBF16GoRect
+func bf16SIMDImpl() bf16Impl { return bf16Impl{gemmBF16GoRect, false} }

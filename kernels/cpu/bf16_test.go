@@ -11,19 +11,37 @@ import (
 // variant where compiled in, and the plain-Go one always.
 type bf16Case struct {
 	name string
-	kern bf16Kernel
-	set  func() (restore func())
+	set func() (restore func())
 }
 
 func bf16Cases() []bf16Case {
-	cs := []bf16Case{{"go", gemmBF16GoRect, func() func() { return func() {} }}}
+	cs := []bf16Case{{"go", func() func() { return withBF16Impl(bf16Impl{gemmBF16GoRect, false}) }}}
 	if bf16SIMDAvailable() {
 		for _, v := range simdVariants() {
-			cs = append(cs, bf16Case{"simd-" + v, gemmBF16SIMDRect, func() func() { return setSIMDVariant(v) }})
+			cs = append(cs, bf16Case{"simd-" + v, func() func() {
+				r := setSIMDVariant(v)
+				return withBF16Impl(bf16SIMDImpl(), r)
+			}})
 		}
 	}
 	return cs
 }
+
+// withBF16Impl makes testImpl im and returns a restore func that also
+// runs then.
+func withBF16Impl(im bf16Impl, then ...func()) func() {
+	old := testImpl
+	testImpl = im
+	return func() {
+		testImpl = old
+		for _, f := range then {
+			f()
+		}
+	}
+}
+
+// testImpl is the kernel TestGemmBF16 drives (set by bf16Cases).
+var testImpl bf16Impl
 
 func randBF16(r *rand.Rand, n int) []uint16 {
 	w := make([]uint16, n)
@@ -49,7 +67,7 @@ func TestGemmBF16(t *testing.T) {
 				for _, n := range ns {
 					for _, k := range ks {
 						for _, acc := range []bool{false, true} {
-							checkBF16Case(t, c.kern, r, m, n, k, acc)
+							checkBF16Case(t, testImpl, r, m, n, k, acc)
 						}
 					}
 				}
@@ -58,7 +76,7 @@ func TestGemmBF16(t *testing.T) {
 	}
 }
 
-func checkBF16Case(t *testing.T, kern bf16Kernel, r *rand.Rand, m, n, k int, acc bool) {
+func checkBF16Case(t *testing.T, im bf16Impl, r *rand.Rand, m, n, k int, acc bool) {
 	t.Helper()
 	x := randSlice(r, m*k)
 	w := randBF16(r, n*k)
@@ -69,7 +87,7 @@ func checkBF16Case(t *testing.T, kern bf16Kernel, r *rand.Rand, m, n, k int, acc
 	if k == 0 && !acc { // the exported entry point handles k=0
 		GemmBF16(m, n, k, x, w, got)
 	} else if m*n > 0 && k > 0 {
-		runGemmBF16(m, n, k, x, w, got, acc, kern)
+		runGemmBF16(m, n, k, x, w, got, acc, im)
 	}
 	for i := 0; i < m; i++ {
 		for j := 0; j < n; j++ {
@@ -188,6 +206,50 @@ func BenchmarkGemmBF16(b *testing.B) {
 					Gemm(m, nk.n, nk.k, x, wf, y)
 				}
 				report(b, 4*len(wf))
+			})
+		}
+	}
+}
+
+// BenchmarkGemmBF16Stream is BenchmarkGemmBF16 with the weights streamed
+// from memory, as in a decode step: each op cycles through enough copies of
+// the weight matrix (≥ 64 MiB of float32) that none is still in cache.
+func BenchmarkGemmBF16Stream(b *testing.B) {
+	for _, nk := range benchNK {
+		copies := max(2, (64<<20)/(4*nk.n*nk.k))
+		for _, m := range []int{1, 2, 4, 8} {
+			r := rand.New(rand.NewPCG(1, 2))
+			x := randSlice(r, m*nk.k)
+			ws := make([][]uint16, copies)
+			wfs := make([][]float32, copies)
+			for c := range ws {
+				ws[c] = randBF16(r, nk.n*nk.k)
+				wfs[c] = make([]float32, nk.n*nk.k)
+				for i, v := range ws[c] {
+					wfs[c][i] = BF16ToFloat32(v)
+				}
+			}
+			y := make([]float32, m*nk.n)
+			report := func(b *testing.B, wbytes int) {
+				s := b.Elapsed().Seconds()
+				b.ReportMetric(2*float64(m*nk.n*nk.k)*float64(b.N)/s/1e9, "GFLOP/s")
+				b.ReportMetric(float64(wbytes)*float64(b.N)/s/1e9, "GB/s")
+			}
+			b.Run(fmt.Sprintf("bf16/%s/M=%d", nk.name, m), func(b *testing.B) {
+				i := 0
+				for b.Loop() {
+					GemmBF16(m, nk.n, nk.k, x, ws[i%copies], y)
+					i++
+				}
+				report(b, 2*nk.n*nk.k)
+			})
+			b.Run(fmt.Sprintf("fp32/%s/M=%d", nk.name, m), func(b *testing.B) {
+				i := 0
+				for b.Loop() {
+					Gemm(m, nk.n, nk.k, x, wfs[i%copies], y)
+					i++
+				}
+				report(b, 4*nk.n*nk.k)
 			})
 		}
 	}
