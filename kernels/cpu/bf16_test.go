@@ -11,7 +11,7 @@ import (
 // variant where compiled in, and the plain-Go one always.
 type bf16Case struct {
 	name string
-	set func() (restore func())
+	set  func() (restore func())
 }
 
 func bf16Cases() []bf16Case {
