@@ -195,3 +195,12 @@ func BenchmarkDefaultConstrained(b *testing.B) { benchGenerate(b, defaultModel(b
 func BenchmarkDefaultConstrainedOneSample(b *testing.B) {
 	benchGenerate(b, defaultModel(b), false, WithBannerSources(), WithBannerTopK(0), WithOversample(1))
 }
+
+// The speed/quality knobs the service exposes (--samples-per-couplet,
+// --banner-candidates), on the shipped model.
+func BenchmarkDefaultOneSampleBanners8(b *testing.B) {
+	benchGenerate(b, defaultModel(b), false, WithOversample(1))
+}
+func BenchmarkDefaultOneSampleBanners4(b *testing.B) {
+	benchGenerate(b, defaultModel(b), false, WithOversample(1), WithBannerTopK(4))
+}

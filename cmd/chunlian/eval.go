@@ -183,8 +183,7 @@ func runEval(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	srcs := bannerSources(sc.ModelDir)
-	full, err := couplet.New(st.Model, st.Engine, couplet.WithBannerSources(srcs...))
+	full, err := couplet.New(st.Model, st.Engine, sc.generatorOptions()...)
 	if err != nil {
 		return err
 	}

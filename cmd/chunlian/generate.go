@@ -99,7 +99,7 @@ func runGenerate(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	gen, err := couplet.New(st.Model, st.Engine, couplet.WithBannerSources(bannerSources(sc.ModelDir)...))
+	gen, err := couplet.New(st.Model, st.Engine, sc.generatorOptions()...)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -33,6 +32,8 @@ type stackConfig struct {
 	MaxQueue            int                               // waiting requests before ErrQueueFull
 	Threads             int                               // CPU backend threads; 0 = GOMAXPROCS
 	PrefixCaching       bool                              // automatic prefix caching (paged engine)
+	SamplesPerCouplet   int                               // constrained samples drawn and ranked per returned couplet
+	BannerCandidates    int                               // retrieved 横批 candidates scored by the model per couplet
 	CUDA                cudaConfig                        // CUDA-only flags (stack_cuda.go)
 	envErrs             []error                           // malformed CHUNLIAN_* values, reported by Validate
 	wrapEngine          func(engine.Engine) engine.Engine // optional decorator (metrics); not a flag
@@ -49,6 +50,11 @@ func defaultStackConfig() stackConfig {
 		MaxNumBatchedTokens: 2048,
 		MaxQueue:            1024,
 		PrefixCaching:       true,
+		// One sample per couplet: the rules already guarantee the form, and a
+		// second ranked sample costs ~2× the decode work for a small gain in
+		// quality (docs/BENCHMARKS.md); raise it for quality over throughput.
+		SamplesPerCouplet: 1,
+		BannerCandidates:  8,
 	}
 }
 
@@ -71,6 +77,8 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	c.envInt("CHUNLIAN_MAX_QUEUE", &c.MaxQueue)
 	c.envInt("CHUNLIAN_THREADS", &c.Threads)
 	c.envBool("CHUNLIAN_PREFIX_CACHING", &c.PrefixCaching)
+	c.envInt("CHUNLIAN_SAMPLES_PER_COUPLET", &c.SamplesPerCouplet)
+	c.envInt("CHUNLIAN_BANNER_CANDIDATES", &c.BannerCandidates)
 
 	fs.StringVar(&c.ModelDir, "model", c.ModelDir, "model directory (Hugging Face layout + chunlian.json); empty = embedded default model [CHUNLIAN_MODEL]")
 	fs.StringVar(&c.Engine, "engine", c.Engine, "engine: paged (continuous batching, paged KV cache) or naive (one request at a time, no cache reuse) [CHUNLIAN_ENGINE]")
@@ -82,7 +90,18 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503) [CHUNLIAN_MAX_QUEUE]")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU backend threads; 0 = all cores [CHUNLIAN_THREADS]")
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
+	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, "constrained samples drawn and ranked for each returned couplet (quality vs throughput) [CHUNLIAN_SAMPLES_PER_COUPLET]")
+	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet; 0 = the model's own 横批 only [CHUNLIAN_BANNER_CANDIDATES]")
 	c.CUDA.register(fs)
+}
+
+// generatorOptions are the couplet generator's options from this config.
+func (c *stackConfig) generatorOptions() []couplet.Option {
+	return []couplet.Option{
+		couplet.WithBannerSources(bannerSources(c.ModelDir)...), // generate.go
+		couplet.WithOversample(c.SamplesPerCouplet),
+		couplet.WithBannerTopK(c.BannerCandidates),
+	}
 }
 
 func (c *stackConfig) envString(name string, dst *string) {
@@ -144,6 +163,12 @@ func (c *stackConfig) Validate() error {
 	}
 	if c.MaxQueue < 0 {
 		errs = append(errs, fmt.Errorf("--max-queue %d: must be ≥ 0", c.MaxQueue))
+	}
+	if c.SamplesPerCouplet < 1 || c.SamplesPerCouplet > 8 {
+		errs = append(errs, fmt.Errorf("--samples-per-couplet %d: want 1..8", c.SamplesPerCouplet))
+	}
+	if c.BannerCandidates < 0 || c.BannerCandidates > 64 {
+		errs = append(errs, fmt.Errorf("--banner-candidates %d: want 0..64", c.BannerCandidates))
 	}
 	if c.Threads < 0 {
 		errs = append(errs, fmt.Errorf("--threads %d: must be ≥ 0 (0 = all cores)", c.Threads))
@@ -234,14 +259,7 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 		eng = cfg.wrapEngine(eng)
 	}
 	s.Engine = eng
-	// 横批 retrieval lists: the shared corpus' list when readable at run time
-	// (couplet.DefaultBannerSources), the model directory's idiom list when
-	// --model is given (the embedded model's list is added by couplet.New).
-	srcs := couplet.DefaultBannerSources()
-	if cfg.ModelDir != "" {
-		srcs = append(srcs, couplet.BannerSource{Path: filepath.Join(cfg.ModelDir, couplet.BannerCandidatesFile)})
-	}
-	s.Gen, err = couplet.New(m, eng, couplet.WithBannerSources(srcs...))
+	s.Gen, err = couplet.New(m, eng, cfg.generatorOptions()...)
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("couplet generator: %w", err)
