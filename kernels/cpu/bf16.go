@@ -164,6 +164,15 @@ func (g *bf16Job) run(p, np int) {
 	}
 }
 
+// bf16SplitBytes is the least weight bytes a bf16 GEMM must read to be
+// split over the pool. Waking a parked pool goroutine costs tens of µs on
+// this (shared, 2-vCPU) machine: measured at M=1 with weights streamed
+// from memory, the 295 KB [384,384] product took 27 µs on one thread and
+// 47 µs split in two, while the 4.8 MB LM head took about the same either
+// way (250 µs). Products under 1 MiB (every layer matrix of the shipped
+// model but gate/up) therefore run on the caller.
+const bf16SplitBytes = 1 << 20
+
 // bf16X is the permuted copy of x for kernels that want one: [m,
 // roundUp(k,32)], grown on demand, guarded by poolMu.
 var bf16X []float32
@@ -184,7 +193,7 @@ func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im
 		x = bf16X[:m*kp]
 	}
 	parts := min(Threads(), max(1, n/16))
-	if 2*m*n*k < 1<<16 {
+	if 2*m*n*k < 1<<16 || 2*n*k < bf16SplitBytes {
 		parts = 1
 	}
 	if parts <= 1 {
