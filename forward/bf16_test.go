@@ -40,11 +40,11 @@ func TestBF16MatchesDense(t *testing.T) {
 			refs[i] = refForward(m, seqs[i])
 		}
 		for _, mode := range []struct {
-			name string
-			max  int
-		}{{"all", 1 << 20}, {"default", 0}, {"off", -1}} {
+			name     string
+			min, max int
+		}{{"all", 1, 1 << 20}, {"default", 0, 0}, {"off", 0, -1}} {
 			t.Run(fmt.Sprintf("n=%d/%s", n, mode.name), func(t *testing.T) {
-				c, err := NewCPU(m, CPUOptions{BlockSize: bs, BF16MaxRows: mode.max})
+				c, err := NewCPU(m, CPUOptions{BlockSize: bs, BF16MinRows: mode.min, BF16MaxRows: mode.max})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -104,5 +104,45 @@ func TestBF16EnvOff(t *testing.T) {
 	defer c2.Close()
 	if c2.UsesBF16() {
 		t.Error("UsesBF16 on a model without bf16 weights")
+	}
+}
+
+// BenchmarkDecodeBF16 compares, in one run, a decode step of the shipped
+// model at small batches with every GEMM on the bf16 weights ("bf16") and
+// on the float32 ones ("fp32"), 32 tokens of context each. ms/token is per
+// sequence-token of the step.
+// GOEXPERIMENT=simd go test ./forward -run '^$' -bench DecodeBF16 -benchtime 200x
+func BenchmarkDecodeBF16(b *testing.B) {
+	m, err := model.Default()
+	if err != nil {
+		b.Skipf("default model: %v", err)
+	}
+	if m.Weights.BF16 == nil || !cpu.HasFastBF16() {
+		b.Skip("no bf16 weights or no fast bf16 kernel (build with GOEXPERIMENT=simd on amd64)")
+	}
+	for _, batch := range []int{1, 2, 3, 4, 6, 8} {
+		for _, mode := range []struct {
+			name     string
+			min, max int
+		}{{"bf16", 1, 1 << 20}, {"fp32", 0, -1}} {
+			b.Run(fmt.Sprintf("batch=%d/%s", batch, mode.name), func(b *testing.B) {
+				const ctx = 32
+				c, err := NewCPU(m, CPUOptions{BlockSize: 16, BF16MinRows: mode.min, BF16MaxRows: mode.max,
+					KVCacheBytes: int64(batch*ctx) * KVBytesPerToken(m.Config)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				bt := decodeBatch(batch, ctx, 16)
+				logits := make([]float32, batch*m.Config.VocabSize)
+				for b.Loop() {
+					if err := c.Forward(bt, logits); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/step")
+				b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N*batch), "ms/token")
+			})
+		}
 	}
 }

@@ -36,13 +36,21 @@ type CPUOptions struct {
 	// the model has bf16 copies and cpu.HasFastBF16() is true, and not at
 	// all when the environment sets CHUNLIAN_BF16=0 (for A/B runs).
 	BF16MaxRows int
+	// BF16MinRows is the smallest row count that uses the bf16 weights;
+	// 0 means 2 when the float32 GEMM path is OpenBLAS (cpu.Path), else 1:
+	// OpenBLAS's sgemv, with its spinning threads, streamed the float32
+	// weights at one row faster than the bf16 kernel on the Go worker pool
+	// read half the bytes (docs/BENCHMARKS.md, "bf16 weights at small
+	// batch").
+	BF16MinRows int
 }
 
-// DefaultBF16MaxRows is the default CPUOptions.BF16MaxRows. Up to a few
-// rows a GEMM is memory-bound and the bf16 weights (half the bytes) win;
-// beyond that the widening costs more than the bytes saved and the float32
-// kernels are faster (docs/BENCHMARKS.md, "bf16 weights at small batch").
-const DefaultBF16MaxRows = 4
+// DefaultBF16MaxRows is the default CPUOptions.BF16MaxRows. At a few rows
+// a GEMM is memory-bound and the bf16 weights (half the bytes) win; from 4
+// rows on, the float32 kernels measured as fast or faster (the bf16 kernel
+// re-widens each weight per pair of rows and its 2-row tile is ~40% slower
+// in cache); see docs/BENCHMARKS.md, "bf16 weights at small batch".
+const DefaultBF16MaxRows = 3
 
 // CPU is the float32 CPU backend. The KV cache of layer l is two slices,
 // kc[l] and vc[l], each laid out as
@@ -73,8 +81,8 @@ type CPU struct {
 	// bf16 is the model's bf16 copy of the same matrices when the bf16
 	// path is enabled (see CPUOptions.BF16MaxRows), else nil; GEMMs with
 	// at most bf16Max rows use it.
-	bf16    *model.BF16Weights
-	bf16Max int
+	bf16             *model.BF16Weights
+	bf16Min, bf16Max int
 
 	// Scratch, grown on demand and reused across steps (no per-step
 	// garbage in steady state). T = len(batch.Tokens), R = len(LogitRows).
@@ -142,6 +150,13 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	if c.bf16Max == 0 {
 		c.bf16Max = DefaultBF16MaxRows
 	}
+	c.bf16Min = o.BF16MinRows
+	if c.bf16Min <= 0 {
+		c.bf16Min = 1
+		if cpu.Path() == "openblas" {
+			c.bf16Min = 2
+		}
+	}
 	if c.bf16Max > 0 && m.Weights.BF16 != nil && cpu.HasFastBF16() && os.Getenv("CHUNLIAN_BF16") != "0" {
 		c.bf16 = m.Weights.BF16
 	}
@@ -172,13 +187,14 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 func (c *CPU) UsesBF16() bool { return c.bf16 != nil }
 
 // gemm computes y[m,n] = x[m,k]·wᵀ (+ y if acc) with w the float32 matrix
-// w32 [n,k] or, for m ≤ bf16Max when the bf16 path is on, its exact bf16
-// copy w16 (nil selects w32 always).
+// w32 [n,k] or, for bf16Min ≤ m ≤ bf16Max when the bf16 path is on, its
+// exact bf16 copy w16 (nil selects w32 always).
 func (c *CPU) gemm(m, n, k int, x, w32 []float32, w16 []uint16, y []float32, acc bool) {
+	use16 := c.bf16 != nil && w16 != nil && m >= c.bf16Min && m <= c.bf16Max
 	switch {
-	case c.bf16 != nil && w16 != nil && m <= c.bf16Max && acc:
+	case use16 && acc:
 		cpu.GemmBF16Acc(m, n, k, x, w16, y)
-	case c.bf16 != nil && w16 != nil && m <= c.bf16Max:
+	case use16:
 		cpu.GemmBF16(m, n, k, x, w16, y)
 	case acc:
 		cpu.GemmAcc(m, n, k, x, w32, y)
