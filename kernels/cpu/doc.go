@@ -36,6 +36,19 @@
 // the SIMD GEMM, else plain Go; exp is a float32 polynomial (relative error
 // ~1e-7) in both.
 //
+// # bf16 weights
+//
+// GemmBF16 and GemmBF16Acc take the weights as bf16 bit patterns ([]uint16,
+// same [out,in] layout) and x, y in float32, for small M (decode), where a
+// GEMM is bound by the bytes of W it streams. bf16 → float32 is exact, so
+// the products equal Gemm's on the widened weights up to summation order.
+// With GOEXPERIMENT=simd on AVX-512 the kernel reads 32 weights per 64-byte
+// load and splits each pair into even and odd float32 vectors with one
+// shift and one AND (x is deinterleaved to match once per call); AVX2 widens
+// 8 at a time; otherwise plain Go. HasFastBF16 tells whether a SIMD kernel
+// is in use. Products under 1 MiB of weights run on the caller (pool
+// hand-off measured slower than the work); see bf16.go.
+//
 // # Threads
 //
 // SetThreads/Threads set the parallelism (default GOMAXPROCS). The Go and
