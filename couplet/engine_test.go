@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -203,4 +204,33 @@ func BenchmarkDefaultOneSampleBanners8(b *testing.B) {
 }
 func BenchmarkDefaultOneSampleBanners4(b *testing.B) {
 	benchGenerate(b, defaultModel(b), false, WithOversample(1), WithBannerTopK(4))
+}
+
+// Ten users at once on the shipped model, with the service's defaults (one
+// sample per couplet, 横批 ranking): the engine batches their steps.
+func BenchmarkDefaultConcurrent10(b *testing.B) {
+	m := defaultModel(b)
+	g, err := New(m, realStack(b, m), WithOversample(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	words := []string{"平安", "富贵", "吉祥", "如意", "福寿", "康宁", "兴旺", "团圆", "和顺", "安康"}
+	b.ResetTimer()
+	var done atomic.Int64
+	for i := 0; i < b.N; i++ {
+		var wg sync.WaitGroup
+		for u, w := range words {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := g.Generate(context.Background(), Request{Text: w, Seed: uint64(i*len(words) + u + 1)}); err != nil {
+					b.Error(err)
+					return
+				}
+				done.Add(1)
+			}()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(done.Load())/b.Elapsed().Seconds(), "couplets/s")
 }
