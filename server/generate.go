@@ -239,6 +239,21 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 
 // acquire takes an in-flight slot or reports why not (not ready, draining,
 // overloaded). release must be called when acquire returned nil.
+// admit validates p and takes an in-flight slot for it: the common start of
+// every generation endpoint. When ok is false the error response has been
+// written; otherwise the caller must call release when done.
+func (s *Server) admit(w http.ResponseWriter, p *genParams) (req couplet.Request, b *Backend, release func(), ok bool) {
+	req, e := p.validate()
+	if e == nil {
+		b, release, e = s.acquire()
+	}
+	if e != nil {
+		writeError(w, e)
+		return req, nil, nil, false
+	}
+	return req, b, release, true
+}
+
 func (s *Server) acquire() (*Backend, func(), *apiError) {
 	switch s.state.Load() {
 	case stateDraining:
@@ -333,14 +348,8 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 			p.Length = -1 // explicit 0 is out of range, not "default"
 		}
 	}
-	req, e := p.validate()
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	b, release, e := s.acquire()
-	if e != nil {
-		writeError(w, e)
+	req, b, release, ok := s.admit(w, &p)
+	if !ok {
 		return
 	}
 	defer release()

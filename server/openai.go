@@ -173,14 +173,8 @@ func (s *Server) openAI(w http.ResponseWriter, r *http.Request, chat bool, promp
 	if length != nil {
 		p.Length = *length
 	}
-	req, e := p.validate()
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	b, release, e := s.acquire()
-	if e != nil {
-		writeError(w, e)
+	req, b, release, ok := s.admit(w, &p)
+	if !ok {
 		return
 	}
 	defer release()
