@@ -44,6 +44,7 @@ const (
 	codeNotReady        = "not_ready"
 	codeShuttingDown    = "shutting_down"
 	codeTimeout         = "timeout"
+	codeTooLong         = "too_long"
 	codeClientClosed    = "client_closed"
 	codeInternal        = "internal"
 	codeNoCouplet       = "no_couplet"
@@ -81,6 +82,10 @@ func mapGenError(err error, timeout time.Duration) *apiError {
 		e := errf(http.StatusServiceUnavailable, codeQueueFull, "服务繁忙，排队已满，请稍后重试", "server busy: the request queue is full, retry later")
 		e.RetryAfter = 1
 		return e
+	case errors.Is(err, engine.ErrTooLong):
+		// Only reachable with a model or KV cache smaller than a couplet
+		// needs (--kv-cache-memory too small): the request cannot fit.
+		return errf(http.StatusBadRequest, codeTooLong, "请求超出模型或缓存容量：%v", "request does not fit the model or KV cache: %v", err, err)
 	case errors.Is(err, engine.ErrClosed):
 		e := errf(http.StatusServiceUnavailable, codeShuttingDown, "服务正在关闭", "server is shutting down")
 		e.RetryAfter = 5
