@@ -187,7 +187,7 @@ func runEval(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	noRetr, err := couplet.New(st.Model, st.Engine, couplet.WithBannerSources(), couplet.WithBannerTopK(0))
+	noRetr, err := couplet.New(st.Model, st.Engine, append(sc.generatorOptions(), couplet.WithBannerSources(), couplet.WithBannerTopK(0))...)
 	if err != nil {
 		return err
 	}
@@ -210,7 +210,9 @@ func runEval(args []string, stdout io.Writer) error {
 	// latency is the single-request latency on this machine.
 	for vi, v := range variants {
 		s := &evalStats{name: "keyword (" + fmt.Sprint(*words) + " words) · " + v.name}
+		pr := newEvalProgress(s.name, *words)
 		for i, w := range evalWords[:*words] {
+			pr.tick(i)
 			req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: *length, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
 			if err := v.g.Validate(req); err != nil {
 				if vi == 0 {
@@ -230,6 +232,7 @@ func runEval(args []string, stdout io.Writer) error {
 				examples = append(examples, cs[0])
 			}
 		}
+		pr.done()
 		rows = append(rows, s)
 	}
 
@@ -244,7 +247,9 @@ func runEval(args []string, stdout io.Writer) error {
 	} else {
 		for _, v := range []variant{variants[0], variants[2]} {
 			s := &evalStats{name: fmt.Sprintf("lower (test.tsv, %d 上联) · %s", len(uppers), v.name)}
+			pr := newEvalProgress(s.name, len(uppers))
 			for i, u := range uppers {
+				pr.tick(i)
 				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
 				if v.g.Validate(req) != nil {
 					continue // unknown characters or too long for the model
@@ -258,6 +263,7 @@ func runEval(args []string, stdout io.Writer) error {
 				}
 				s.add(cs[0], "", true, d)
 			}
+			pr.done()
 			rows = append(rows, s)
 		}
 	}
@@ -275,7 +281,13 @@ func runEval(args []string, stdout io.Writer) error {
 		for _, v := range []variant{variants[0], variants[1]} {
 			var hyps, refs []string
 			var lat []time.Duration
+			name := "unconstrained"
+			if !v.raw {
+				name = "constrained"
+			}
+			pr := newEvalProgress("greedy BLEU · "+name, len(bleuU))
 			for i, u := range bleuU {
+				pr.tick(i)
 				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, TopK: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
 				if v.g.Validate(req) != nil {
 					continue
@@ -290,10 +302,7 @@ func runEval(args []string, stdout io.Writer) error {
 				hyps = append(hyps, hyp)
 				refs = append(refs, bleuL[i])
 			}
-			name := "unconstrained"
-			if !v.raw {
-				name = "constrained"
-			}
+			pr.done()
 			bleuRows = append(bleuRows, bleuRow{name, len(hyps), bleu(hyps, refs, 4), bleu(hyps, refs, 2), mean(lat)})
 		}
 	}
@@ -301,8 +310,8 @@ func runEval(args []string, stdout io.Writer) error {
 	w := stdout
 	fmt.Fprintln(w, "## Constrained decoding (Go engine)")
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d --bleu-limit %d` (one request at a time, N = 1, temperature %.1f, top-p %.2f; the constrained run draws 2 samples per couplet and ranks them; in keyword mode one lets the model place the keyword, the other puts it first).\n\n",
-		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, *bleuLimit, couplet.DefaultTemperature, couplet.DefaultTopP)
+	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d --bleu-limit %d --samples-per-couplet %d` (one request at a time, N = 1, temperature %.1f, top-p %.2f; the constrained runs draw %d sample(s) per couplet and rank them; in keyword mode even samples let the model place the keyword, odd ones put it first).\n\n",
+		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, *bleuLimit, sc.SamplesPerCouplet, couplet.DefaultTemperature, couplet.DefaultTopP, sc.SamplesPerCouplet)
 	fmt.Fprintln(w, "| set · decoding | couplets | rule 1 form | rule 2 仄起平收 | rule 3 same-char/mirror | rule 4 横批 | all rules | keyword present | failed | latency mean / p50 / p90 (ms) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range rows {
@@ -350,4 +359,30 @@ func runEval(args []string, stdout io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// evalProgress prints "label: i/n" to stderr at most every 2 seconds, so a
+// long evaluation (thousands of requests, one at a time) shows it is moving.
+type evalProgress struct {
+	label string
+	n     int
+	start time.Time
+	last  time.Time
+}
+
+func newEvalProgress(label string, n int) *evalProgress {
+	now := time.Now()
+	return &evalProgress{label: label, n: n, start: now, last: now}
+}
+
+// tick is called before item i (0-based) starts.
+func (p *evalProgress) tick(i int) {
+	if time.Since(p.last) >= 2*time.Second {
+		p.last = time.Now()
+		fmt.Fprintf(os.Stderr, "chunlian eval: %s: %d/%d (%.0fs)\n", p.label, i, p.n, time.Since(p.start).Seconds())
+	}
+}
+
+func (p *evalProgress) done() {
+	fmt.Fprintf(os.Stderr, "chunlian eval: %s: %d/%d done in %.1fs\n", p.label, p.n, p.n, time.Since(p.start).Seconds())
 }
