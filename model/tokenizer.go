@@ -218,19 +218,10 @@ func (t *Tokenizer) Decode(ids []int32) string {
 // (WordLevel model, one-character split pre-tokenizer) that
 // tokenizers.Tokenizer.from_file can load.
 func (t *Tokenizer) MarshalJSON() ([]byte, error) {
-	type added struct {
-		ID         int32  `json:"id"`
-		Content    string `json:"content"`
-		SingleWord bool   `json:"single_word"`
-		LStrip     bool   `json:"lstrip"`
-		RStrip     bool   `json:"rstrip"`
-		Normalized bool   `json:"normalized"`
-		Special    bool   `json:"special"`
-	}
-	var adds []added
+	var adds []AddedToken
 	for id, s := range t.special {
 		if s {
-			adds = append(adds, added{ID: int32(id), Content: t.tokens[id], Special: true})
+			adds = append(adds, AddedToken{ID: int32(id), Content: t.tokens[id], Special: true})
 		}
 	}
 	unk := "<unk>"
