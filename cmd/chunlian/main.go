@@ -4,6 +4,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"sort"
@@ -45,7 +47,11 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	if err := c.run(os.Args[2:]); err != nil {
+	err := c.run(os.Args[2:])
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the flag set has printed the usage
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "chunlian %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}

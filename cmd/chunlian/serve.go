@@ -140,10 +140,7 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 	var cfg serveConfig
 	cfg.register(fs)
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+		return err // flag.ErrHelp after -h: main exits 0
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (all options are flags)", fs.Args())
