@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
+import llama as L  # noqa: E402
 
 
 def log(*a):
@@ -146,7 +147,8 @@ class Data:
         def add(g, n):
             m = g.U.shape[0]
             r = rng.random(m)
-            mode = np.where(r < 0.5, 0, np.where(r < 0.8, 1, 2))
+            pl, pk, _ = (float(f) for f in a.mix.split(","))
+            mode = np.where(r < pl, 0, np.where(r < pl + pk, 1, 2))
             mode[(mode == 1) & (g.kn == 0)] = 0
             for k, name in enumerate(("lower", "keyword", "acrostic")):
                 idx = np.nonzero(mode == k)[0]
@@ -193,12 +195,13 @@ def make_config(vocab_size, args):
     )
 
 
-def loss_on(model, x, ft):
+def loss_on(model, trunk, x, ft):
     """Mean cross-entropy of the tokens at positions >= ft (x: int64 [b, T])
-    and the number of such tokens."""
-    logits = model(input_ids=x).logits  # [b, T, V]
+    and the number of such tokens. trunk is model.model (its layers possibly
+    compiled); the LM head runs on the target positions only."""
+    h = trunk(x)[:, ft - 1:-1]  # [b, T-ft, d]
     tgt = x[:, ft:]
-    lg = logits[:, ft - 1:-1].float()
+    lg = model.head(h).float()  # [b, T-ft, V]
     return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1)), tgt.numel()
 
 
@@ -212,7 +215,7 @@ def validate(model, val, dev):
         ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
         x = torch.from_numpy(ids).long().to(dev)
         with amp(dev):
-            logits = model(input_ids=x).logits
+            logits = model(x)
         lp = F.log_softmax(logits[:, ft - 1:-1].float(), -1)
         nll = -lp.gather(-1, x[:, ft:, None])[..., 0]  # [b, T-ft]
         tot_all += nll.sum().item()
@@ -237,11 +240,17 @@ def build_tokenizer(v):
 
 
 def export(model, v, out, args):
-    from transformers import GenerationConfig
+    """model: a llama.Llama; written as a transformers LlamaForCausalLM in
+    bf16, then reloaded both ways and compared (the plain module must compute
+    what transformers computes, and --init must read what export wrote)."""
+    from transformers import GenerationConfig, LlamaForCausalLM
     os.makedirs(out, exist_ok=True)
-    m = model.to(torch.bfloat16)
-    m.save_pretrained(out, safe_serialization=True)
-    model.to(torch.float32)
+    hf = LlamaForCausalLM(make_config(len(v), args))
+    missing, unexpected = hf.load_state_dict({k: t.detach().cpu() for k, t in model.hf_state_dict().items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    hf.tie_weights()
+    hf.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    check_export(out, v)
     tok = build_tokenizer(v)
     tok.save(os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
@@ -263,6 +272,20 @@ def export(model, v, out, args):
     want = C.prompt_ids(v, "keyword", 7, keyword="平安")
     assert got == want, (got, want)
     assert t2.get_vocab_size() == len(v), (t2.get_vocab_size(), len(v))
+
+
+@torch.no_grad()
+def check_export(out, v):
+    """transformers and llama.Llama, both loaded from out in float32 on the
+    CPU, must give the same logits for a keyword prompt."""
+    from transformers import LlamaForCausalLM
+    hf = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    mine = L.load_dir(out).eval()
+    ids = torch.tensor([C.prompt_ids(v, "keyword", 7, keyword="平安") + v.ids("平安如意春常在")])
+    a, b = hf(input_ids=ids).logits[0], mine(ids)[0]
+    diff = (a - b).abs().max().item()
+    log(f"export check: max |logit(transformers) - logit(llama.py)| = {diff:.2e}")
+    assert diff < 1e-3, diff
 
 
 # ---------------------------------------------------------------- main
@@ -289,6 +312,10 @@ def parse(argv=None):
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
+    ap.add_argument("--mix", default="0.5,0.3,0.2",
+                    help="shares of lower, keyword, acrostic mode per epoch (keyword falls back to lower without a word)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                    help="torch.compile the transformer trunk on the GPU")
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
                     help="lower-mode loss from U1 (upper) or from L1 (lower; the upper line is the given prompt)")
     return ap.parse_args(argv)
@@ -306,17 +333,29 @@ def train(args):
     v = C.Vocab(chars)
     data = Data(args.data, v, args, rng)
 
-    from transformers import LlamaForCausalLM
     if args.init:
-        model = LlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32).to(dev)
-        assert model.config.vocab_size == len(v), (model.config.vocab_size, len(v))
-        assert (model.config.hidden_size, model.config.num_hidden_layers) == (args.d, args.layers)
+        model = L.load_dir(args.init).to(dev)
+        assert model.cfg["vocab_size"] == len(v), (model.cfg["vocab_size"], len(v))
+        assert (model.cfg["hidden_size"], model.cfg["num_hidden_layers"]) == (args.d, args.layers)
         log(f"initialised from {args.init}")
     else:
-        model = LlamaForCausalLM(make_config(len(v), args)).to(dev)
+        model = L.Llama(L.cfg_from_hf(make_config(len(v), args)))
+        model.init_weights()
+        model = model.to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: vocab {len(v)}, d {args.d}, layers {args.layers}, heads {args.heads}, ffn {args.ffn}, "
         f"{n_params / 1e6:.2f}M params")
+    trunk = model.model
+    compiled = False
+    if args.compile and dev.type == "cuda":
+        # Regional compilation: the 8 identical layers share one compiled
+        # graph (a whole-model compile takes minutes of the device call).
+        # dynamic=True: batches differ in length T and in row count.
+        import torch._dynamo
+        torch._dynamo.config.cache_size_limit = 64
+        for layer in model.model.layers:
+            layer.compile(dynamic=True)
+        compiled = True
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     extra = {"fused": True} if dev.type == "cuda" else {}
@@ -344,6 +383,13 @@ def train(args):
     run_loss, run_n = 0.0, 0
     best = (float("inf"), None, -1)
     done = False
+    if args.init:
+        # The starting point is a candidate too: if no later validation beats
+        # it, the export is the initial model (and the log says so).
+        vl0, vlow0 = validate(model, data.val, dev)
+        cw.writerow([0, 0, 0, "0.0", f"{lr_at(0):.3e}", "nan", f"{vl0:.4f}", f"{vlow0:.4f}"])
+        log(f"step 0 (init) val {vl0:.4f} val_lower {vlow0:.4f} (ppl {math.exp(vlow0):.2f})")
+        best = (vlow0, {k: t.detach().clone() for k, t in model.state_dict().items()}, 0)
     model.train()
     while not done:
         batches = data.epoch(rng)
@@ -353,9 +399,21 @@ def train(args):
             x = torch.from_numpy(ids).to(dev, non_blocking=True).long()
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
-            with amp(dev):
-                loss, ntok = loss_on(model, x, ft)
-            loss.backward()
+            try:
+                with amp(dev):
+                    loss, ntok = loss_on(model, trunk, x, ft)
+                loss.backward()
+            except Exception as e:  # a torch.compile failure must not cost the device call
+                if not compiled:
+                    raise
+                log(f"torch.compile failed ({type(e).__name__}: {str(e)[:300]}); training eager")
+                for layer in model.model.layers:
+                    layer._compiled_call_impl = None
+                compiled = False
+                opt.zero_grad(set_to_none=True)
+                with amp(dev):
+                    loss, ntok = loss_on(model, trunk, x, ft)
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -399,7 +457,7 @@ def train(args):
         model.load_state_dict(best[1])
     model = model.float()
     export(model, v, args.out, args)
-    info = {"steps": step, "epochs_started": epoch, "tokens_seen": tokens, "train_seconds": round(wall, 1),
+    info = {"compiled": compiled, "steps": step, "epochs_started": epoch, "tokens_seen": tokens, "train_seconds": round(wall, 1),
             "params": n_params, "best_step": best[2], "val_lower_nll": best[0],
             "val_lower_ppl": math.exp(best[0]), "args": vars(args),
             "weights_bytes": os.path.getsize(os.path.join(args.out, "model.safetensors")),
