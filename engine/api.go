@@ -17,7 +17,13 @@ type Request struct {
 	Prompt []int32
 	Params sampler.Params
 	// NewProcessor builds the logits processor of sample i (0 ≤ i < N);
-	// nil means none. Processors run on the engine goroutine.
+	// nil means none. It is called on the engine goroutine; the processors
+	// run on the engine's sampling workers: a sequence's processor is
+	// called once per step, never concurrently with itself, and the engine
+	// goroutine waits for every call of a step before it goes on. Calls for
+	// different samples or requests may run at the same time, so a
+	// processor shared between them must be safe for concurrent use
+	// (read-only state is).
 	NewProcessor func(i int) sampler.LogitsProcessor
 	// PromptLogProbs asks for the log-probability of every prompt token after
 	// the first (like vLLM's prompt_logprobs). With MaxTokens == 0 the request

@@ -13,6 +13,11 @@ type Config struct {
 	MaxNumBatchedTokens int  // tokens per step, prefill chunks + decodes (default 2048)
 	MaxQueue            int  // requests waiting for admission before ErrQueueFull (default 1024)
 	EnablePrefixCaching bool // reuse cached full prompt blocks across requests (default true)
+	// SamplingWorkers bounds the goroutines (the engine goroutine included)
+	// that run each step's logits processors and samplers, one row each at
+	// a time (default 0 = GOMAXPROCS; 1 = all on the engine goroutine).
+	// Outputs do not depend on it.
+	SamplingWorkers int
 }
 
 // DefaultConfig returns the defaults, prefix caching on.
@@ -54,6 +59,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine: max-num-batched-tokens %d must be ≥ 0 (0 = default)", c.MaxNumBatchedTokens)
 	case c.MaxQueue < 0:
 		return fmt.Errorf("engine: max queue %d must be ≥ 0 (0 = default)", c.MaxQueue)
+	case c.SamplingWorkers < 0:
+		return fmt.Errorf("engine: sampling workers %d must be ≥ 0 (0 = GOMAXPROCS)", c.SamplingWorkers)
 	}
 	return nil
 }

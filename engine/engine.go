@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -51,13 +52,15 @@ var _ Engine = (*Paged)(nil)
 //
 // Ownership: one goroutine, the engine loop (loop), owns the scheduler
 // queues, the block manager, the backend and every request and sequence
-// after submission, and it calls OnEvent and the logits processors. Generate
-// runs on callers' goroutines and only touches the submit channel, the
-// request's done channel (closed by the loop after it wrote res/err, which
-// publishes them) and the atomic queue counter. Stats reads a snapshot under
-// statsMu that the loop rewrites after every step. The only other goroutines
-// are rowsLogSumExp's short-lived helpers, which read one step's logits
-// while the loop waits for them.
+// after submission, and it calls OnEvent. Generate runs on callers'
+// goroutines and only touches the submit channel, the request's done
+// channel (closed by the loop after it wrote res/err, which publishes them)
+// and the atomic queue counter. Stats reads a snapshot under statsMu that
+// the loop rewrites after every step. The only other goroutines are the
+// sampling workers of each step (rowSampler.run, the loop being one of
+// them): they run the logits processors and Samplers of the sequences that
+// sample, each sequence on exactly one worker, and compute row
+// log-sum-exps, while the loop waits for them (see consume).
 //
 // Events: every generated token is sent as Event{Index, Token}; each sample
 // ends with one Event{Index, Done: true, Token: -1, Finish}.
@@ -93,7 +96,8 @@ type Paged struct {
 	wake   []*request
 	batch  forward.Batch
 	logits []float32 // [len(batch.LogitRows), vocab]
-	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row
+	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row (NaN = not needed/known)
+	rs     rowSampler
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
@@ -157,6 +161,11 @@ type entry struct {
 	rowStart       int  // its first row in LogitRows
 	plpFrom, plpTo int  // prompt positions [plpFrom, plpTo) scored this step
 	sample         bool // its last token's row is sampled
+	// Set by consume: its sampling tasks are rs.tasks[taskLo:taskHi] (N of
+	// them the step a request forks); scoreOnly marks a MaxTokens == 0
+	// request whose prompt just finished.
+	taskLo, taskHi int
+	scoreOnly      bool
 }
 
 // New starts an engine over b. The engine does not own b: close b after
@@ -557,28 +566,7 @@ func (e *Paged) step() {
 	}
 	e.steps++
 
-	now := time.Now()
-	V := e.vocab
-	lse := e.rowsLogSumExp(logits, rows)
-	for k := range e.sched {
-		en := &e.sched[k]
-		s := en.s
-		if s.state == stDone { // its request failed earlier in this loop
-			continue
-		}
-		r := s.r
-		for p := en.plpFrom; p < en.plpTo; p++ {
-			row := en.rowStart + p - en.plpFrom
-			r.plp[p] = float32(float64(logits[row*V+int(r.req.Prompt[p+1])]) - lse[row])
-			r.plpDone = p + 1
-		}
-		s.numComputed += en.n
-		e.mgr.CacheBlocks(s.id, s.tokens, s.numComputed)
-		if en.sample {
-			row := en.rowStart + en.plpTo - en.plpFrom
-			e.onComputed(s, logits[row*V:][:V], lse[row], now)
-		}
-	}
+	e.consume(logits, rows)
 	e.compact()
 	for _, c := range e.children {
 		if c.state == stRunning {
@@ -587,38 +575,6 @@ func (e *Paged) step() {
 	}
 	clear(e.children)
 	e.children = e.children[:0]
-}
-
-// rowsLogSumExp returns lse[i] = LogSumExp of logits row i for the step's
-// rows (raw log-probs need it for every sampled token and scored prompt
-// token). The rows are independent and read-only here, so up to GOMAXPROCS
-// goroutines split them: the backend's threads are idle between forward
-// passes, and this is most of the sampling cost on a big vocabulary.
-func (e *Paged) rowsLogSumExp(logits []float32, rows int) []float64 {
-	if cap(e.lse) < rows {
-		e.lse = make([]float64, rows)
-	}
-	lse := e.lse[:rows]
-	V := e.vocab
-	workers := min(runtime.GOMAXPROCS(0), rows/2)
-	if workers <= 1 {
-		for i := range lse {
-			lse[i] = sampler.LogSumExp(logits[i*V : (i+1)*V])
-		}
-		return lse
-	}
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < rows; i += workers {
-				lse[i] = sampler.LogSumExp(logits[i*V : (i+1)*V])
-			}
-		}()
-	}
-	wg.Wait()
-	return lse
 }
 
 // buildBatch lays the scheduled entries out as one flat forward.Batch.
@@ -665,23 +621,134 @@ func (e *Paged) failAll(err error) {
 	e.compact()
 }
 
-// onComputed handles a sequence whose every known token is now in the cache:
-// the first time for a request, the prompt is done and the samples fork;
-// then each sample draws its next token from row.
-func (e *Paged) onComputed(s *sequence, row []float32, lse float64, now time.Time) {
-	r := s.r
-	if r.forked {
-		e.sampleNext(s, row, lse, now)
-		return
+// consume turns one step's logits ([rows, V]) into state changes, in three
+// phases:
+//
+//  1. engine goroutine: mark the scheduled tokens computed, cache their full
+//     blocks, fork the samples of requests whose prompt just finished, and
+//     list the sampling tasks (one per sequence that samples, by row);
+//  2. the sampling workers (rowSampler.run): each row's log-sum-exp where
+//     needed and every task's processor + Sampler, rows in parallel;
+//  3. engine goroutine: prompt log-probs, tokens appended in schedule
+//     order, events, stop rules, finishes.
+//
+// Phase 2 touches only per-task outputs, per-row lse entries, the tasks'
+// Samplers and processors and its workers' own Scratch, and reads logits
+// and the sequences' tokens, which nobody writes meanwhile; the engine
+// goroutine waits for it to end, so phases 1 and 3 see everything as
+// before. Whatever the number of workers, each row is computed by the
+// same code from the same inputs, so tokens and log-probs do not depend on
+// it.
+func (e *Paged) consume(logits []float32, rows int) {
+	now := time.Now()
+	V := e.vocab
+	rs := &e.rs
+	rs.tasks = rs.tasks[:0]
+	for k := range e.sched {
+		en := &e.sched[k]
+		s := en.s
+		en.taskLo, en.taskHi, en.scoreOnly = 0, 0, false
+		if s.state == stDone {
+			continue
+		}
+		s.numComputed += en.n
+		e.mgr.CacheBlocks(s.id, s.tokens, s.numComputed)
+		if !en.sample {
+			continue
+		}
+		row := int32(en.rowStart + en.plpTo - en.plpFrom)
+		en.taskLo = len(rs.tasks)
+		if r := s.r; !r.forked {
+			en.scoreOnly = e.fork(s, now)
+			if !en.scoreOnly {
+				for _, c := range r.seqs {
+					rs.tasks = append(rs.tasks, sampleTask{s: c, row: row})
+				}
+			}
+		} else {
+			rs.tasks = append(rs.tasks, sampleTask{s: s, row: row})
+		}
+		en.taskHi = len(rs.tasks)
 	}
+
+	lse := e.rowLSE(rows)
+	rs.run(logits, V, rows, lse, e.samplingWorkers(rows))
+
+	for k := range e.sched {
+		en := &e.sched[k]
+		s := en.s
+		if s.state == stDone { // its request failed earlier in this loop
+			continue
+		}
+		r := s.r
+		for p := en.plpFrom; p < en.plpTo; p++ {
+			row := en.rowStart + p - en.plpFrom
+			r.plp[p] = float32(float64(logits[row*V+int(r.req.Prompt[p+1])]) - lse[row])
+			r.plpDone = p + 1
+		}
+		if en.scoreOnly {
+			for i := 1; i < r.n; i++ {
+				e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: FinishLength})
+			}
+			e.finish(s, FinishLength)
+			continue
+		}
+		for i := en.taskLo; i < en.taskHi; i++ {
+			if r.complete {
+				break
+			}
+			e.applySample(&rs.tasks[i], now)
+		}
+	}
+}
+
+// rowLSE returns the step's [rows] log-sum-exp slice: filled from the
+// backend when it computed them (forward.RowLSEBackend), otherwise NaN
+// entries that the sampling phase fills for the rows that need them.
+func (e *Paged) rowLSE(rows int) []float64 {
+	if cap(e.lse) < rows {
+		e.lse = make([]float64, rows)
+	}
+	lse := e.lse[:rows]
+	if lb, ok := e.b.(forward.RowLSEBackend); ok {
+		if got := lb.LogSumExp(); len(got) == rows {
+			for i, v := range got {
+				lse[i] = float64(v)
+			}
+			e.rs.haveLSE = true
+			return lse
+		}
+	}
+	for i := range lse {
+		lse[i] = math.NaN()
+	}
+	e.rs.haveLSE = false
+	return lse
+}
+
+// samplingWorkers is the number of goroutines (the engine goroutine
+// included) for a step with rows logits rows: Config.SamplingWorkers (0 =
+// GOMAXPROCS), but at least minRowsPerWorker rows each, since a goroutine
+// hand-off costs about as much as a fraction of one row.
+func (e *Paged) samplingWorkers(rows int) int {
+	w := e.cfg.SamplingWorkers
+	if w == 0 {
+		w = runtime.GOMAXPROCS(0)
+	}
+	return max(1, min(w, rows/minRowsPerWorker))
+}
+
+// fork handles the request of prompt sequence s (seqs[0]) whose prompt is
+// now fully computed: score-only requests (MaxTokens == 0) report true and
+// are finished by the caller after their prompt log-probs are written;
+// otherwise the other N-1 samples fork off s, sharing its blocks, and
+// join running at the end of the step.
+func (e *Paged) fork(s *sequence, now time.Time) (scoreOnly bool) {
+	r := s.r
 	r.forked = true
 	r.prefilled = now
-	if r.req.Params.MaxTokens == 0 { // score only
-		for i := 1; i < r.n; i++ {
-			e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: FinishLength})
-		}
-		e.finish(s, FinishLength)
-		return
+	if r.req.Params.MaxTokens == 0 {
+		return true
 	}
 	for i := 1; i < r.n; i++ {
 		c := e.newSeq(r, i, slices.Clone(s.tokens))
@@ -692,28 +759,28 @@ func (e *Paged) onComputed(s *sequence, row []float32, lse float64, now time.Tim
 		e.children = append(e.children, c)
 	}
 	r.live = r.n
-	for _, c := range r.seqs {
-		if r.complete {
-			return
-		}
-		e.sampleNext(c, row, lse, now)
-	}
+	return false
 }
 
-// sampleNext draws one token for s, streams it and checks the stop rules.
-func (e *Paged) sampleNext(s *sequence, row []float32, lse float64, now time.Time) {
+// applySample takes task t's drawn token (or error) into its sequence,
+// streams it and checks the stop rules. Engine goroutine.
+func (e *Paged) applySample(t *sampleTask, now time.Time) {
+	s := t.s
+	if s.state == stDone {
+		return
+	}
 	r := s.r
-	tok, lp, err := s.samp.SampleLSE(row, lse, r.req.Prompt, s.generated(), s.proc)
-	if err != nil {
-		if errors.Is(err, sampler.ErrDeadEnd) {
+	if t.err != nil {
+		if errors.Is(t.err, sampler.ErrDeadEnd) {
 			e.finish(s, FinishDeadEnd)
 		} else {
-			e.fail(r, fmt.Errorf("engine: logits processor: %w", err), FinishAbort)
+			e.fail(r, fmt.Errorf("engine: logits processor: %w", t.err), FinishAbort)
 		}
 		return
 	}
+	tok := t.tok
 	s.tokens = append(s.tokens, tok)
-	s.logprobs = append(s.logprobs, lp)
+	s.logprobs = append(s.logprobs, t.lp)
 	e.genTokens++
 	if r.firstTok.IsZero() {
 		r.firstTok = now

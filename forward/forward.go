@@ -51,3 +51,14 @@ type Backend interface {
 	// Close frees the cache and any device memory.
 	Close() error
 }
+
+// RowLSEBackend is an optional Backend extension: a backend that computes,
+// where the logits are (on the GPU for cuda.Backend), log Σ exp of every
+// logits row spares the engine a pass over each row on the host.
+// LogSumExp returns, after a Forward, one value per row of that Forward's
+// LogitRows (row i's log-probability of token t is logits[i·V+t] −
+// LogSumExp()[i]), or nil when it did not compute them; the slice is valid
+// until the next Forward. Callers must check its length.
+type RowLSEBackend interface {
+	LogSumExp() []float32
+}

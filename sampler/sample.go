@@ -11,8 +11,9 @@ import (
 )
 
 // Sampler draws the tokens of one sequence (one sample of one request). It is
-// not safe for concurrent use: the engine goroutine owns every Sampler and
-// calls it once per step of its sequence.
+// not safe for concurrent use: one goroutine at a time calls it, once per
+// step of its sequence (the engine runs different sequences' Samplers on
+// different worker goroutines, each with its own Scratch).
 //
 // Zero values of the optional parameters mean "off": TopK ≤ 0, TopP ≤ 0 or
 // ≥ 1, MinP ≤ 0 and RepetitionPenalty ≤ 0 or == 1 all disable their stage, so
@@ -20,9 +21,16 @@ import (
 type Sampler struct {
 	p   Params
 	rng *rand.Rand
+	own *Scratch // Sample's and SampleLSE's buffers, made on first use
+}
 
-	// Scratch buffers, all of vocab size V once the first row is seen; reused
-	// every step so sampling makes no garbage in steady state.
+// Scratch holds the vocabulary-sized buffers one Sample call works in. A
+// Scratch may serve any number of Samplers, one call at a time: the engine
+// keeps one per worker goroutine instead of one per sequence (V floats ×
+// 4 buffers per sequence would be ~100 KB each at V = 6294, and a
+// worker's single set stays in its core's cache). Nothing in it carries
+// over from one call to the next except the dedup generation counter.
+type Scratch struct {
 	work  []float32 // [V] logits after processors, penalty and temperature
 	probs []float32 // [V] softmax(work / T)
 	lse   []float32 // [V] scratch of logSumExp
@@ -32,6 +40,29 @@ type Sampler struct {
 	// Histogram of candidate probabilities for top-k/top-p (presort).
 	bmass  []float64 // [numBuckets] probability mass per bucket
 	bcount []int32   // [numBuckets] tokens per bucket
+}
+
+// NewScratch returns an empty Scratch; it grows to the vocabulary on first
+// use.
+func NewScratch() *Scratch { return new(Scratch) }
+
+// grow makes every [V] buffer at least V long.
+func (sc *Scratch) grow(V int) {
+	if cap(sc.work) < V {
+		sc.work = make([]float32, V)
+		sc.probs = make([]float32, V)
+		sc.cand = make([]int32, 0, V)
+		sc.stamp = make([]uint32, V)
+		sc.lse = make([]float32, V)
+		sc.gen = 0
+	}
+}
+
+// LogSumExp is the package's LogSumExp computed in sc's buffers (no pool
+// round trip); the result is bit-identical.
+func (sc *Scratch) LogSumExp(row []float32) float64 {
+	sc.grow(len(row))
+	return logSumExp(row, sc.lse[:len(row)])
 }
 
 // New returns the sampler of sample index of a request with parameters p.
@@ -86,12 +117,17 @@ func LogSumExp(row []float32) float64 {
 	return lse
 }
 
-// logSumExp computes LogSumExp with scratch ([len(row)]) through the
-// kernels' vectorised Softmax: softmax at the max element is 1/Σexp(x-m),
-// so lse = m − log(softmax[argmax]). Rows with NaNs take a scalar loop.
+// logSumExp computes LogSumExp with scratch ([len(row)]).
 func logSumExp(row, scratch []float32) float64 {
-	m := float32(math.Inf(-1))
-	im, hasNaN := 0, false
+	m, im, hasNaN := scanMax(row)
+	return lseFrom(row, scratch, m, im, hasNaN)
+}
+
+// scanMax returns the largest entry of row, the first index holding it and
+// whether row has NaNs (which it skips); m is -Inf (and im the first index
+// of a -Inf, or 0) when no entry is above -Inf.
+func scanMax(row []float32) (m float32, im int, hasNaN bool) {
+	m = float32(math.Inf(-1))
 	for i, v := range row {
 		if v > m {
 			m, im = v, i
@@ -99,6 +135,13 @@ func logSumExp(row, scratch []float32) float64 {
 			hasNaN = true
 		}
 	}
+	return m, im, hasNaN
+}
+
+// lseFrom finishes logSumExp given scanMax's results, through the kernels'
+// vectorised Softmax: softmax at the max element is 1/Σexp(x-m), so
+// lse = m − log(softmax[argmax]). Rows with NaNs take a scalar loop.
+func lseFrom(row, scratch []float32, m float32, im int, hasNaN bool) float64 {
 	if math.IsInf(float64(m), 0) {
 		return float64(m)
 	}
@@ -128,35 +171,66 @@ func LogProb(row []float32, tok int32) float32 {
 // temperature → top-k → top-p → min-p → draw. It returns the token and its
 // raw log-probability log softmax(row)[token].
 func (s *Sampler) Sample(row []float32, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
-	return s.sample(row, math.NaN(), prompt, generated, proc)
+	return s.SampleWith(s.scratch(), row, math.NaN(), prompt, generated, proc)
 }
 
 // SampleLSE is Sample with lse = LogSumExp(row) already known (the engine
-// computes it for all rows of a step in parallel, and once for the n
-// samples that share a row).
+// computes it once for the n samples that share a row, or takes it from
+// the backend).
 func (s *Sampler) SampleLSE(row []float32, lse float64, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
-	return s.sample(row, lse, prompt, generated, proc)
+	return s.SampleWith(s.scratch(), row, lse, prompt, generated, proc)
 }
 
-// sample implements Sample; lse is NaN when not known yet.
-func (s *Sampler) sample(row []float32, lse float64, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
+func (s *Sampler) scratch() *Scratch {
+	if s.own == nil {
+		s.own = NewScratch()
+	}
+	return s.own
+}
+
+// SampleWith is Sample working in sc, with lse = LogSumExp(row) when known
+// and NaN when not (it is then computed, or read off the temperature-1
+// softmax when that is the raw row's own). sc must not be in use by another
+// goroutine; the same inputs, Sampler state and lse give the same token
+// and log-prob whichever Scratch is used.
+func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
 	V := len(row)
 	if V == 0 {
 		return 0, 0, fmt.Errorf("sampler: empty logits row")
 	}
-	if cap(s.work) < V {
-		s.work = make([]float32, V)
-		s.probs = make([]float32, V)
-		s.cand = make([]int32, 0, V)
-		s.stamp = make([]uint32, V)
-		s.lse = make([]float32, V)
+	sc.grow(V)
+	rp := s.p.RepetitionPenalty
+	penalty := rp > 0 && rp != 1
+	m, im, hasNaN := scanMax(row)
+
+	// Fast path: nothing edits the row, so it is used as it is (no copy).
+	// Greedy is then scanMax's argmax, and the log-sum-exp reuses its max.
+	if proc == nil && !penalty && !hasNaN {
+		if m == float32(math.Inf(-1)) { // every entry -Inf
+			return 0, 0, ErrDeadEnd
+		}
+		tok := int32(im)
+		if s.p.Temperature != 0 {
+			var rowLSE float64
+			tok, rowLSE = s.draw(sc, row, int32(im), lse != lse && s.p.Temperature == 1)
+			if lse != lse && s.p.Temperature == 1 {
+				lse = rowLSE
+			}
+		}
+		if lse != lse {
+			lse = lseFrom(row, sc.lse[:V], m, im, false)
+		}
+		return tok, float32(float64(row[tok]) - lse), nil
 	}
-	w := s.work[:V]
+
+	w := sc.work[:V]
 	copy(w, row)
-	negInf := float32(math.Inf(-1))
-	for i, v := range w {
-		if v != v {
-			w[i] = negInf
+	if hasNaN {
+		negInf := float32(math.Inf(-1))
+		for i, v := range w {
+			if v != v {
+				w[i] = negInf
+			}
 		}
 	}
 	if proc != nil {
@@ -164,33 +238,25 @@ func (s *Sampler) sample(row []float32, lse float64, prompt, generated []int32, 
 			return 0, 0, err
 		}
 	}
-	alive := false
-	for _, v := range w {
-		if v > negInf { // false for -Inf and NaN
-			alive = true
-			break
+	if penalty {
+		sc.gen++
+		if sc.gen == 0 { // wrapped: old marks could collide
+			clear(sc.stamp)
+			sc.gen = 1
 		}
+		sc.penalize(w, prompt, rp)
+		sc.penalize(w, generated, rp)
 	}
-	if !alive {
+	wm, wim, _ := scanMax(w) // w holds no NaN
+	if !(wm > float32(math.Inf(-1))) {
 		return 0, 0, ErrDeadEnd
 	}
-	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 {
-		s.gen++
-		if s.gen == 0 { // wrapped: old marks could collide
-			clear(s.stamp)
-			s.gen = 1
-		}
-		s.penalize(w, prompt, rp)
-		s.penalize(w, generated, rp)
-	}
-	var tok int32
-	if s.p.Temperature == 0 {
-		tok = argmax(w)
-	} else {
-		tok = s.draw(w)
+	tok := int32(wim)
+	if s.p.Temperature != 0 {
+		tok, _ = s.draw(sc, w, int32(wim), false)
 	}
 	if lse != lse {
-		lse = logSumExp(row, s.lse[:V])
+		lse = lseFrom(row, sc.lse[:V], m, im, hasNaN)
 	}
 	return tok, float32(float64(row[tok]) - lse), nil
 }
@@ -198,12 +264,12 @@ func (s *Sampler) sample(row []float32, lse float64, prompt, generated []int32, 
 // penalize applies the HF repetition penalty (positive logits divided,
 // negative multiplied) once per distinct token: stamp[t] == gen marks tokens
 // already penalised in this Sample call, across prompt and generated.
-func (s *Sampler) penalize(w []float32, toks []int32, rp float32) {
+func (sc *Scratch) penalize(w []float32, toks []int32, rp float32) {
 	for _, t := range toks {
-		if t < 0 || int(t) >= len(w) || s.stamp[t] == s.gen {
+		if t < 0 || int(t) >= len(w) || sc.stamp[t] == sc.gen {
 			continue
 		}
-		s.stamp[t] = s.gen
+		sc.stamp[t] = sc.gen
 		if w[t] > 0 {
 			w[t] /= rp
 		} else {
@@ -212,39 +278,37 @@ func (s *Sampler) penalize(w []float32, toks []int32, rp float32) {
 	}
 }
 
-func argmax(w []float32) int32 {
-	best := 0
-	for i, v := range w {
-		if v > w[best] {
-			best = i
-		}
-	}
-	return int32(best)
-}
-
 // numBuckets covers the bucket keys of probabilities in (0, 1]: the float32
 // bits shifted right by 20 (exponent and top 3 mantissa bits); 1.0 → 1016.
 const numBuckets = 0x3F8 + 1
 
 func bucketOf(p float32) int { return int(math.Float32bits(p) >> 20) }
 
-// draw samples from softmax(w/T) restricted by top-k, top-p and min-p.
-func (s *Sampler) draw(w []float32) int32 {
-	// probs = softmax(w/T) (w holds no NaN; -Inf entries get 0). Tokens
-	// below e^negligible of the most likely one are never drawn.
-	invT := 1 / s.p.Temperature
-	probs := s.probs[:len(w)]
-	im := 0
-	for i, v := range w {
-		probs[i] = v * invT
-		if v > w[im] {
-			im = i
+// draw samples from softmax(w/T) restricted by top-k, top-p and min-p. w
+// holds no NaN and im is the first index of its maximum (finite). With
+// rowLSE (only when w is the raw row and T == 1) it also returns
+// LogSumExp(w), read off the softmax it computes anyway: bit-identical to
+// logSumExp(w), which runs the same Softmax over the same values.
+func (s *Sampler) draw(sc *Scratch, w []float32, im int32, rowLSE bool) (int32, float64) {
+	// probs = softmax(w/T) (-Inf entries get 0). Tokens below e^negligible
+	// of the most likely one are never drawn.
+	probs := sc.probs[:len(w)]
+	if T := s.p.Temperature; T == 1 {
+		copy(probs, w)
+	} else {
+		invT := 1 / T
+		for i, v := range w {
+			probs[i] = v * invT
 		}
 	}
 	cpu.Softmax(probs)
 	pmax := probs[im]
+	var lse float64
+	if rowLSE {
+		lse = float64(w[im]) - math.Log(float64(pmax))
+	}
 	thr := pmax * float32(math.Exp(negligible))
-	cand := s.cand[:0]
+	cand := sc.cand[:0]
 	var total float64
 	for i, p := range probs {
 		if p > thr {
@@ -257,7 +321,7 @@ func (s *Sampler) draw(w []float32) int32 {
 	useK := topK > 0 && topK < len(cand)
 	useP := topP > 0 && topP < 1
 	if useK || useP {
-		cand = s.presort(cand, probs, total, useK, topK, topP)
+		cand = sc.presort(cand, probs, total, useK, topK, topP)
 		if useK && topK < len(cand) {
 			cand = cand[:topK]
 		}
@@ -299,10 +363,10 @@ func (s *Sampler) draw(w []float32) int32 {
 	for _, t := range cand {
 		u -= float64(probs[t])
 		if u < 0 {
-			return t
+			return t, lse
 		}
 	}
-	return cand[len(cand)-1] // rounding left u ≥ 0 at the end
+	return cand[len(cand)-1], lse // rounding left u ≥ 0 at the end
 }
 
 // presort returns the candidates that can be in the top k (useK) or else in
@@ -312,27 +376,27 @@ func (s *Sampler) draw(w []float32) int32 {
 // buckets down to the one where the count reaches k or the mass reaches
 // topP·total (plus one more bucket against rounding). Every dropped token
 // is smaller than every kept one, so the sorted prefix is unchanged.
-func (s *Sampler) presort(cand []int32, probs []float32, total float64, useK bool, topK int, topP float64) []int32 {
-	if s.bmass == nil {
-		s.bmass = make([]float64, numBuckets)
-		s.bcount = make([]int32, numBuckets)
+func (sc *Scratch) presort(cand []int32, probs []float32, total float64, useK bool, topK int, topP float64) []int32 {
+	if sc.bmass == nil {
+		sc.bmass = make([]float64, numBuckets)
+		sc.bcount = make([]int32, numBuckets)
 	}
-	clear(s.bmass)
-	clear(s.bcount)
+	clear(sc.bmass)
+	clear(sc.bcount)
 	for _, t := range cand {
 		b := bucketOf(probs[t])
-		s.bmass[b] += float64(probs[t])
-		s.bcount[b]++
+		sc.bmass[b] += float64(probs[t])
+		sc.bcount[b]++
 	}
 	cut, extra := 0, 1
 	var mass float64
 	var count int
 	for b := numBuckets - 1; b >= 0; b-- {
-		if s.bcount[b] == 0 {
+		if sc.bcount[b] == 0 {
 			continue
 		}
-		mass += s.bmass[b]
-		count += int(s.bcount[b])
+		mass += sc.bmass[b]
+		count += int(sc.bcount[b])
 		cut = b
 		if (useK && count >= topK) || (!useK && mass >= topP*total) {
 			if extra == 0 {
