@@ -28,13 +28,14 @@ type bf16Impl struct {
 	permute bool
 }
 
-// HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: the
-// binary was built with GOEXPERIMENT=simd on amd64, the CPU has AVX2 and FMA,
-// and CHUNLIAN_GEMM does not force the plain-Go path. When false, GemmBF16
-// still works (plain Go) but is slower than Gemm on float32 weights, so
-// callers should prefer Gemm.
+// HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: on
+// amd64 with AVX2 and FMA the assembly kernels (bf16_amd64.s, any build),
+// else with GOEXPERIMENT=simd the archsimd ones; never when CHUNLIAN_GEMM
+// forces the plain-Go path. When false, GemmBF16 still works (plain Go)
+// but is slower than Gemm on float32 weights, so callers should prefer
+// Gemm.
 func HasFastBF16() bool {
-	return bf16SIMDAvailable() && Path() != "go"
+	return (bf16AsmAvailable() || bf16SIMDAvailable()) && Path() != "go"
 }
 
 func checkGemmBF16(m, n, k int, x []float32, w []uint16, y []float32) {
@@ -71,11 +72,19 @@ func GemmBF16Acc(m, n, k int, x []float32, w []uint16, y []float32) {
 	runGemmBF16(m, n, k, x, w, y, true, chooseBF16())
 }
 
+// chooseBF16 picks the bf16 kernel: assembly, else archsimd, else plain
+// Go (see HasFastBF16). The assembly kernels measured faster than the
+// archsimd ones at every small-M model shape (docs in
+// /work/notes/bench-kernels.md → docs/BENCHMARKS.md), so they win also in
+// the GOEXPERIMENT=simd build.
 func chooseBF16() bf16Impl {
-	if HasFastBF16() {
-		return bf16SIMDImpl()
+	switch {
+	case !HasFastBF16():
+		return bf16Impl{gemmBF16GoRect, false}
+	case bf16AsmAvailable():
+		return bf16AsmImpl()
 	}
-	return bf16Impl{gemmBF16GoRect, false}
+	return bf16SIMDImpl()
 }
 
 // BF16Bits returns the bf16 bit pattern nearest to f (round to nearest,

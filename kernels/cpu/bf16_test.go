@@ -16,6 +16,12 @@ type bf16Case struct {
 
 func bf16Cases() []bf16Case {
 	cs := []bf16Case{{"go", func() func() { return withBF16Impl(bf16Impl{gemmBF16GoRect, false}) }}}
+	for _, v := range asmVariants() {
+		cs = append(cs, bf16Case{"asm-" + v, func() func() {
+			r := setAsmVariant(v)
+			return withBF16Impl(bf16AsmImpl(), r)
+		}})
+	}
 	if bf16SIMDAvailable() {
 		for _, v := range simdVariants() {
 			cs = append(cs, bf16Case{"simd-" + v, func() func() {

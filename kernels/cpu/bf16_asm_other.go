@@ -1,0 +1,9 @@
+//go:build !amd64
+
+package cpu
+
+// Not amd64: no assembly bf16 kernels.
+func bf16AsmAvailable() bool                { return false }
+func bf16AsmImpl() bf16Impl                 { return bf16Impl{gemmBF16GoRect, false} }
+func asmVariants() []string                 { return nil }
+func setAsmVariant(string) (restore func()) { return func() {} }
