@@ -289,21 +289,33 @@ func BenchmarkSample(b *testing.B) {
 	for i := range row {
 		row[i] = float32(math.Sin(float64(i)*0.37)) * 4
 	}
+	// mask is a processor like couplet's: it forbids a fixed tenth of the
+	// vocabulary (read-only state).
+	mask := LogitsProcessorFunc(func(_ []int32, l []float32) error {
+		for i := 0; i < len(l); i += 10 {
+			l[i] = float32(math.Inf(-1))
+		}
+		return nil
+	})
 	for _, tc := range []struct {
 		name string
 		p    Params
+		proc LogitsProcessor
 	}{
-		{"greedy", Params{}},
-		{"temp", Params{Temperature: 0.8, Seed: 1}},
-		{"top-p 0.9", Params{Temperature: 0.8, TopP: 0.9, Seed: 1}},
-		{"top-k 50", Params{Temperature: 0.8, TopK: 50, Seed: 1}},
-		{"penalty+top-p", Params{Temperature: 0.8, TopP: 0.9, RepetitionPenalty: 1.1, Seed: 1}},
+		{"greedy", Params{}, nil},
+		{"greedy+processor", Params{}, mask},
+		{"temp 1", Params{Temperature: 1, Seed: 1}, nil},
+		{"temp", Params{Temperature: 0.8, Seed: 1}, nil},
+		{"top-p 0.9", Params{Temperature: 0.8, TopP: 0.9, Seed: 1}, nil},
+		{"top-p 0.9+processor", Params{Temperature: 0.8, TopP: 0.9, Seed: 1}, mask},
+		{"top-k 50", Params{Temperature: 0.8, TopK: 50, Seed: 1}, nil},
+		{"penalty+top-p", Params{Temperature: 0.8, TopP: 0.9, RepetitionPenalty: 1.1, Seed: 1}, nil},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			s := New(tc.p, 0)
 			hist := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 			for b.Loop() {
-				s.Sample(row, hist, hist, nil)
+				s.Sample(row, hist, hist, tc.proc)
 			}
 		})
 	}
@@ -339,6 +351,68 @@ func TestSampleLSEMatchesSample(t *testing.T) {
 			if ta != tb || math.Abs(float64(la-lb)) > 1e-6 {
 				t.Fatalf("%+v step %d: Sample %d %v, SampleLSE %d %v", p, i, ta, la, tb, lb)
 			}
+		}
+	}
+}
+
+// TestFastPathMatchesCopyPath: a row nothing edits takes the no-copy path
+// (and, at T = 1, reads its log-sum-exp off the draw's softmax); a no-op
+// processor forces the copying path. Both must give bit-identical tokens
+// and log-probs, with and without a known lse.
+func TestFastPathMatchesCopyPath(t *testing.T) {
+	row := make([]float32, 3001)
+	for i := range row {
+		row[i] = float32(math.Sin(float64(i)*0.71)) * 5
+	}
+	row[17] = float32(math.Inf(-1))
+	noop := LogitsProcessorFunc(func([]int32, []float32) error { return nil })
+	for _, p := range []Params{{}, {Temperature: 1, Seed: 4}, {Temperature: 1, TopP: 0.8, Seed: 4}, {Temperature: 0.6, TopK: 30, Seed: 4}, {Temperature: 1.3, MinP: 0.05, Seed: 4}} {
+		for _, known := range []bool{false, true} {
+			lse := math.NaN()
+			if known {
+				lse = LogSumExp(row)
+			}
+			fast, slow := New(p, 0), New(p, 0)
+			for i := 0; i < 30; i++ {
+				tf, lf, ef := fast.SampleLSE(row, lse, nil, nil, nil)
+				ts, ls, es := slow.SampleLSE(row, lse, nil, nil, noop)
+				if ef != nil || es != nil || tf != ts || lf != ls {
+					t.Fatalf("%+v known=%v draw %d: fast %d %v %v, copying %d %v %v", p, known, i, tf, lf, ef, ts, ls, es)
+				}
+				if want := float32(float64(row[tf]) - LogSumExp(row)); lf != want {
+					t.Fatalf("%+v known=%v draw %d: log-prob %v, want %v", p, known, i, lf, want)
+				}
+			}
+		}
+	}
+}
+
+// TestScratchShared: samplers that take turns on one Scratch (as the
+// engine's workers do) draw exactly what they draw with their own buffers,
+// including the repetition penalty's dedup marks and rows of different
+// lengths.
+func TestScratchShared(t *testing.T) {
+	rows := [][]float32{make([]float32, 400), make([]float32, 900)}
+	for k, row := range rows {
+		for i := range row {
+			row[i] = float32(math.Cos(float64(i*(k+2)) * 0.13))
+		}
+	}
+	params := []Params{{}, {RepetitionPenalty: 1.5}, {Temperature: 0.9, TopP: 0.9, RepetitionPenalty: 1.2, Seed: 8}, {Temperature: 1, TopK: 7, Seed: 8}}
+	sc := NewScratch()
+	for _, p := range params {
+		own, shared := New(p, 1), New(p, 1)
+		var genOwn, genShared []int32
+		for i := 0; i < 40; i++ {
+			row := rows[i%2]
+			to, lo, eo := own.Sample(row, []int32{3, 4}, genOwn, nil)
+			// Another sampler's call in between dirties the shared scratch.
+			New(Params{Temperature: 1, RepetitionPenalty: 2, Seed: 1}, 0).SampleWith(sc, rows[(i+1)%2], math.NaN(), []int32{1}, []int32{2, 2}, nil)
+			ts, ls, es := shared.SampleWith(sc, row, math.NaN(), []int32{3, 4}, genShared, nil)
+			if eo != nil || es != nil || to != ts || lo != ls {
+				t.Fatalf("%+v step %d: own %d %v %v, shared %d %v %v", p, i, to, lo, eo, ts, ls, es)
+			}
+			genOwn, genShared = append(genOwn, to), append(genShared, ts)
 		}
 	}
 }
