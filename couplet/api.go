@@ -3,6 +3,8 @@
 // processors while the engine decodes, picks a 横批 and ranks candidates.
 package couplet
 
+import "time"
+
 // Mode selects the task.
 type Mode string
 
@@ -47,6 +49,47 @@ type Request struct {
 	// Samples may later be dropped by ranking, and the returned 横批 may be a
 	// retrieved one rather than the streamed one.
 	OnToken func(TokenEvent)
+	// Trace, if set, receives a per-stage breakdown of this call (for
+	// benchmarks and debugging). Generate writes it before returning; it
+	// must not be shared between concurrent calls.
+	Trace *Trace
+}
+
+// Stage names in a Trace.
+const (
+	StageCandidates      = "candidates"       // constrained sampling of the couplet candidates (all rounds)
+	StageRank            = "rank"             // rule re-check, scoring and diverse selection
+	StageBannerRetrieval = "banner_retrieval" // lexical prefilter of the retrieval lists
+	StageBannerScoring   = "banner_scoring"   // engine scoring of the 横批 candidates
+)
+
+// Trace is the per-stage breakdown of one Generate call.
+type Trace struct {
+	Stages []StageTrace
+}
+
+// StageTrace is one stage of Generate. Engine counters cover this call's
+// engine requests only, except EngineSteps, which is the engine-wide step
+// counter's advance during the stage (exact when the call runs alone).
+type StageTrace struct {
+	Name           string
+	Wall           time.Duration
+	EngineRequests int
+	PromptTokens   int   // prompt tokens submitted
+	CachedTokens   int   // of those, served from the prefix cache
+	GenTokens      int   // tokens generated, all samples
+	ComputedTokens int   // token rows the forward pass ran: uncached prompt + generated tokens fed back
+	EngineSteps    int64 // see StageTrace
+}
+
+// Stage returns the named stage (zero if absent).
+func (t *Trace) Stage(name string) StageTrace {
+	for _, s := range t.Stages {
+		if s.Name == name {
+			return s
+		}
+	}
+	return StageTrace{Name: name}
 }
 
 // Part names the piece of a couplet a streamed token belongs to.

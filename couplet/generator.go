@@ -195,6 +195,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	}
 	var cands []*candidate
 	seen := map[string]bool{}
+	stage := startStage(req.Trace, g.e, StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && len(cands) < p.n; attempt++ {
 		m := (p.n - len(cands)) * g.o.oversample
 		if p.topK == 1 && p.mode != ModeKeyword {
@@ -207,6 +208,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		if err != nil {
 			return nil, err
 		}
+		stage.addResult(res)
 		for _, comp := range res.Completions {
 			cd := g.parseConstrained(p, comp)
 			if cd == nil {
@@ -220,14 +222,17 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			cands = append(cands, cd)
 		}
 	}
+	stage.end()
 	if len(cands) == 0 {
 		return nil, ErrNoCouplet
 	}
+	stage = startStage(req.Trace, g.e, StageRank)
 	for _, cd := range cands {
 		cd.c.Score = cd.lineLP + parallelWeight*parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)
 	}
 	chosen := selectDiverse(cands, p.n)
-	if err := g.chooseBanners(ctx, p, prompt, chosen); err != nil {
+	stage.end()
+	if err := g.chooseBanners(ctx, p, prompt, chosen, req.Trace); err != nil {
 		return nil, err
 	}
 	sort.SliceStable(chosen, func(i, j int) bool { return chosen[i].c.Score > chosen[j].c.Score })
@@ -425,10 +430,12 @@ func (g *Generator) rawText(ids []int32) string {
 // score. The N samples share the prompt's KV blocks and decode as one batch,
 // which is far cheaper than scoring N full prompts. Couplets are scored
 // concurrently so the engine batches them too.
-func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate) error {
+func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate, tr *Trace) error {
 	sp := g.t.sp
 	errs := make([]error, len(chosen)) // [len(chosen)], slot i written by goroutine i only
 	var wg sync.WaitGroup
+	stage := startStage(tr, g.e, StageBannerRetrieval)
+	retrieved := make([][][]int32, len(chosen)) // [len(chosen)][≤1+bannerTopK][4]
 	for ci, cd := range chosen {
 		cands := [][]int32{cd.bannerIDs}
 		for _, b := range topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerTopK) {
@@ -436,6 +443,13 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 				cands = append(cands, b.ids[:])
 			}
 		}
+		retrieved[ci] = cands
+	}
+	stage.end()
+	stage = startStage(tr, g.e, StageBannerScoring)
+	defer stage.end()
+	for ci, cd := range chosen {
+		cands := retrieved[ci]
 		if len(cands) == 1 {
 			continue // nothing to choose between (no retrieval)
 		}
@@ -471,6 +485,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 				errs[ci] = err
 				return
 			}
+			stage.addResult(res)
 			best, bestScore := -1, math.Inf(-1)
 			for _, comp := range res.Completions {
 				if comp.Index < 0 || comp.Index >= len(seqs) || len(comp.LogProbs) != 5 || !slices.Equal(comp.Tokens, seqs[comp.Index]) {

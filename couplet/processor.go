@@ -217,3 +217,19 @@ func (c *constraint) lowerStep(upper, lower []int32, j int, logits []float32) er
 		return true
 	})
 }
+
+// bannerProc is the processor of a 横批 written on its own after a
+// finished couplet (the prompt ends with <ban>): four Chinese characters,
+// then <eos>. Stateless, like constraint.
+type bannerProc struct{ t *tables }
+
+// Process implements sampler.LogitsProcessor.
+func (b bannerProc) Process(generated []int32, logits []float32) error {
+	switch pos := len(generated); {
+	case pos < 4:
+		return (&constraint{t: b.t}).allowHan(logits, nil)
+	case pos == 4:
+		return force(logits, b.t.sp.EOS)
+	}
+	return sampler.ErrDeadEnd
+}

@@ -1,0 +1,65 @@
+package couplet
+
+import (
+	"context"
+	"testing"
+)
+
+// benchStages runs single keyword couplets (one at a time, so the engine
+// counters are this call's own) with a Trace and reports, per couplet, the
+// wall time, engine steps and computed token rows of every stage plus the
+// totals. It is the per-stage breakdown of the single-couplet latency budget
+// (issue #2).
+func benchStages(b *testing.B, opts ...Option) {
+	m := defaultModel(b)
+	g, err := New(m, realStack(b, m), opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	words := []string{"平安", "富贵", "吉祥", "如意", "福寿", "康宁", "兴旺", "团圆", "和顺", "安康"}
+	names := []string{StageCandidates, StageRank, StageBannerRetrieval, StageBannerScoring}
+	sum := map[string]*StageTrace{}
+	for _, n := range names {
+		sum[n] = &StageTrace{Name: n}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var tr Trace
+		if _, err := g.Generate(ctx, Request{Text: words[i%len(words)], Seed: uint64(i + 1), Trace: &tr}); err != nil {
+			b.Fatal(err)
+		}
+		for _, st := range tr.Stages {
+			a, ok := sum[st.Name]
+			if !ok {
+				b.Fatalf("unknown stage %q", st.Name)
+			}
+			a.Wall += st.Wall
+			a.EngineSteps += st.EngineSteps
+			a.ComputedTokens += st.ComputedTokens
+			a.EngineRequests += st.EngineRequests
+		}
+	}
+	n := float64(b.N)
+	var steps, rows float64
+	for _, name := range names {
+		a := sum[name]
+		b.ReportMetric(float64(a.Wall.Microseconds())/1000/n, name+"-ms")
+		if a.EngineRequests > 0 {
+			b.ReportMetric(float64(a.EngineSteps)/n, name+"-steps")
+			b.ReportMetric(float64(a.ComputedTokens)/n, name+"-rows")
+		}
+		steps += float64(a.EngineSteps) / n
+		rows += float64(a.ComputedTokens) / n
+	}
+	b.ReportMetric(steps, "steps/couplet")
+	b.ReportMetric(rows, "rows/couplet")
+}
+
+// The service defaults (--samples-per-couplet 1, --banner-candidates 8).
+func BenchmarkDefaultStages(b *testing.B) { benchStages(b, WithOversample(1)) }
+
+// No retrieval: the model's own 横批 only.
+func BenchmarkDefaultStagesNoRetrieval(b *testing.B) {
+	benchStages(b, WithOversample(1), WithBannerSources(), WithBannerTopK(0))
+}
