@@ -38,6 +38,11 @@ type Options struct {
 	Precision string
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
+	// NoFusedGEMV runs batches of ≤ gemvMaxM tokens through the same
+	// cuBLAS + separate-kernel path as large ones (9 launches per layer
+	// instead of 5; the path before the fused GEMV kernels existed), for
+	// A/B benchmarks and tests.
+	NoFusedGEMV bool
 	// RowLogSumExp makes Forward also compute log Σ exp of every logits
 	// row on the GPU (see LogSumExp), sparing the host a pass over the
 	// vocabulary per row when it needs log-probabilities.
@@ -151,6 +156,11 @@ type Backend struct {
 	workspace                           uintptr // cuBLAS workspace (no allocation during capture)
 	allocBlocks                         int     // numBlocks + 1 reserved padding block
 
+	// gemvOK: the model's shapes suit the small-batch GEMV kernels (every
+	// K a multiple of 4, gemvMaxM rows of the widest K fit 48 KiB of
+	// shared memory); set in init.
+	gemvOK bool
+
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
 	args        *launchArgs
@@ -170,7 +180,10 @@ type launchArgs struct {
 	ptrs [16]uintptr
 }
 
-var _ forward.Backend = (*Backend)(nil)
+var (
+	_ forward.Backend       = (*Backend)(nil)
+	_ forward.RowLSEBackend = (*Backend)(nil) // the engine uses LogSumExp when RowLogSumExp is on
+)
 
 // New uploads m to the GPU, compiles the kernels for the device and
 // allocates the paged KV cache. The error names what is missing when the
@@ -324,6 +337,7 @@ func (b *Backend) init(m *model.Model) error {
 		return err
 	}
 	b.graphsOn = !b.opt.EagerOnly && b.l.drv.cuGraphLaunch != 0
+	b.gemvOK = gemvShapesOK(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd)
 
 	if err := b.uploadWeights(m); err != nil {
 		return err
@@ -564,13 +578,18 @@ func (b *Backend) kvSlab(l, v int) uintptr {
 // argument is passed as 8 bytes: pointers and int64 as is, int32 in the
 // low half (little-endian), float32 as its bits (use f32).
 func (b *Backend) launch(name string, gx, gy, block int, args ...uint64) error {
+	return b.launchShm(name, gx, gy, block, 0, args...)
+}
+
+// launchShm is launch with shm bytes of dynamic shared memory.
+func (b *Backend) launchShm(name string, gx, gy, block, shm int, args ...uint64) error {
 	a := b.args
 	for i, v := range args {
 		a.vals[i] = v
 		a.ptrs[i] = uintptr(unsafe.Pointer(&a.vals[i]))
 	}
 	d := &b.l.drv
-	r := sc(d.cuLaunchKernel, b.fn[name], uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, 0, b.stream,
+	r := sc(d.cuLaunchKernel, b.fn[name], uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, uintptr(shm), b.stream,
 		uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
 	return d.cuErr("launch "+name, r)
 }
@@ -779,6 +798,9 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	eps := float32(c.RMSNormEps)
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
 	u := func(p uintptr) uint64 { return uint64(p) }
+	if b.useGEMV(T) {
+		return b.enqueueSmall(T, R, stride, off)
+	}
 	errs := b.launch("embed_gather", T, 1, 128, u(b.x), u(b.embed), tokens, i32(dm))
 	for l, L := range b.layers {
 		if errs != nil {

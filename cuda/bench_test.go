@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"chunlian/forward"
@@ -44,22 +45,31 @@ func decodeBatch(nSeq, ctx, bs int, withLogits bool) *forward.Batch {
 
 // BenchmarkDecodeStep times one engine decode step (Forward over nSeq
 // single-token sequences with ~24 tokens of context, logits copied back
-// for every row unless "nologits").
+// for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
+// not) × fused (the GEMV path for ≤ 8 tokens, the default) / unfused
+// (Options.NoFusedGEMV: cuBLAS + separate kernels, the path before it), and
+// graph-lse (the default with Options.RowLogSumExp). Old and new run in the
+// same process; -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, eager := range []bool{false, true} {
-		g, err := New(m, Options{KVCacheBytes: 4 << 30, EagerOnly: eager})
+	for _, mode := range []string{"graph", "graph-unfused", "graph-lse", "eager", "eager-unfused"} {
+		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager"),
+			NoFusedGEMV: strings.HasSuffix(mode, "-unfused"), RowLogSumExp: mode == "graph-lse"}
+		g, err := New(m, o)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Logf("device %+v", g.Info())
-		mode := "graph"
-		if eager {
-			mode = "eager"
+		sizes := []int{1, 2, 4, 8, 16, 64, 256, 1024}
+		if o.EagerOnly || o.RowLogSumExp {
+			sizes = []int{1, 8, 1024}
 		}
-		for _, n := range []int{1, 16, 64, 256, 1024, 2048} {
+		for _, n := range sizes {
 			for _, withLogits := range []bool{true, false} {
+				if !withLogits && (n > 1 && n < 1024 || mode != "graph" && mode != "graph-unfused") {
+					continue
+				}
 				name := fmt.Sprintf("%s/seqs=%d", mode, n)
 				if !withLogits {
 					name += "/nologits"

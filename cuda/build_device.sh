@@ -1,6 +1,8 @@
 #!/bin/bash
 # Builds the GPU machine's binaries into .carry/cuda/ (CGO_ENABLED=0,
-# stripped) from a copy of the tree whose embedded model file is a stub:
+# stripped) from the committed tree (git archive HEAD: other helpers'
+# half-written files in the shared working tree do not leak in, and
+# .carry/cuda/BUILD.txt names the commit), whose embedded model file is a stub:
 # the device tool moves at most 64 MiB (tree + carried files) and the
 # tracked weights already travel, so the binaries load them with
 # --model weights/chunlian-base instead of embedding a second copy.
@@ -8,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-tar --exclude=./.git --exclude=./.carry --exclude=./.whl --exclude=./.gl -cf - . | tar -xf - -C "$T"
+git archive HEAD | tar -xf - -C "$T"
 : > "$T/weights/chunlian-base/model.safetensors"
 mkdir -p .carry/cuda
 # GOEXPERIMENT=simd: the host-side kernels (sampler softmax/log-sum-exp,
@@ -16,4 +18,5 @@ mkdir -p .carry/cuda
 export GOEXPERIMENT=simd
 (cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/cuda.test" ./cuda/ &&
 	CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/chunlian" ./cmd/chunlian)
+{ git rev-parse HEAD; git log -1 --format=%s; go env GOEXPERIMENT; date -u; } > .carry/cuda/BUILD.txt
 ls -la .carry/cuda

@@ -109,7 +109,11 @@ func testConfigs() map[string]model.Config {
 	wide := model.TestConfig()
 	wide.HiddenSize, wide.NumHeads, wide.NumKVHeads, wide.HeadDim = 384, 3, 1, 128
 	wide.IntermediateSize, wide.NumLayers, wide.VocabSize = 1024, 2, 700
-	return map[string]model.Config{"small": small, "mid-tied": mid, "wide-hd128": wide}
+	// An MLP width that is not a multiple of 4 keeps every batch size off
+	// the GEMV path (gemvShapesOK): the cuBLAS path at one token.
+	odd := model.TestConfig()
+	odd.IntermediateSize = 90
+	return map[string]model.Config{"small": small, "mid-tied": mid, "wide-hd128": wide, "odd-ffn": odd}
 }
 
 // seqSim is one test sequence: its tokens so far and its block table,
@@ -192,8 +196,8 @@ func compareLogits(got, ref []float32, V int) (worst float64, argmaxDiff int) {
 	return worst, argmaxDiff
 }
 
-// checkLSE compares the GPU's row log-sum-exp with a float64 one computed
-// from the same (GPU) logits rows.
+// checkLSE compares the GPU's row log-sum-exp with sampler.LogSumExp (the
+// host computation it replaces in the engine) of the same GPU logits rows.
 func checkLSE(t *testing.T, label string, lse, logits []float32, V int) {
 	t.Helper()
 	R := len(logits) / V
@@ -202,18 +206,8 @@ func checkLSE(t *testing.T, label string, lse, logits []float32, V int) {
 		return
 	}
 	for r := 0; r < R; r++ {
-		row := logits[r*V : (r+1)*V]
-		m := math.Inf(-1)
-		for _, v := range row {
-			m = math.Max(m, float64(v))
-		}
-		s := 0.0
-		for _, v := range row {
-			s += math.Exp(float64(v) - m)
-		}
-		want := m + math.Log(s)
-		if d := math.Abs(float64(lse[r]) - want); !(d <= 1e-4*math.Max(1, math.Abs(want))) {
-			t.Errorf("%s: row %d log-sum-exp %g, want %g", label, r, lse[r], want)
+		if want := sampler.LogSumExp(logits[r*V : (r+1)*V]); !lseClose(lse[r], want) {
+			t.Errorf("%s: row %d log-sum-exp %g, host %g", label, r, lse[r], want)
 		}
 	}
 }
@@ -229,8 +223,16 @@ func argmax(x []float32) int {
 }
 
 func newPair(t *testing.T, m *model.Model, precision string, bs int, eager bool) (*Backend, *forward.CPU) {
+	return newPairOpt(t, m, Options{Precision: precision, BlockSize: bs, EagerOnly: eager})
+}
+
+// newPairOpt is newPair with more options (KV cache, batch size and
+// RowLogSumExp are set here).
+func newPairOpt(t *testing.T, m *model.Model, o Options) (*Backend, *forward.CPU) {
 	t.Helper()
-	g, err := New(m, Options{Precision: precision, BlockSize: bs, KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager, RowLogSumExp: true})
+	bs := o.BlockSize
+	o.KVCacheBytes, o.MaxBatchTokens, o.RowLogSumExp = 64<<20, 64, true
+	g, err := New(m, o)
 	if err != nil {
 		t.Fatalf("cuda.New: %v", err)
 	}
@@ -252,8 +254,11 @@ func newPair(t *testing.T, m *model.Model, precision string, bs int, eager bool)
 func TestForwardMatchesCPU(t *testing.T) {
 	gpuOrSkip(t)
 	for name, cfg := range testConfigs() {
-		for _, variant := range []string{"fp32", "tf32", "fp32-eager"} {
-			prec, eager := strings.TrimSuffix(variant, "-eager"), strings.HasSuffix(variant, "-eager")
+		// -eager: no CUDA graphs (batches of 3 and 5 tokens then run
+		// unpadded); -unfused: Options.NoFusedGEMV (cuBLAS at every size).
+		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "tf32-unfused", "fp32-eager-unfused"} {
+			prec, _, _ := strings.Cut(variant, "-")
+			eager, unfused := strings.Contains(variant, "-eager"), strings.Contains(variant, "-unfused")
 			t.Run(name+"/"+variant, func(t *testing.T) {
 				tol := tolFP32
 				if prec == "tf32" {
@@ -264,8 +269,11 @@ func TestForwardMatchesCPU(t *testing.T) {
 					m.Weights.LMHead = m.Weights.Embed
 				}
 				const bs = 16
-				g, c := newPair(t, m, prec, bs, eager)
+				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, NoFusedGEMV: unfused})
 				t.Logf("device %+v", g.Info())
+				if name != "odd-ffn" && !g.gemvOK {
+					t.Fatalf("%s: GEMV path unexpectedly off", name)
+				}
 				r := rand.New(rand.NewPCG(1, 2))
 				pool := newBlockPool(64, r)
 				seqs := []*seqSim{{}, {}, {}, {}}
@@ -395,17 +403,19 @@ func TestEngineGreedyMatchesCPU(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	type out struct {
 		toks [][]int32
+		lps  [][]float32
 		err  error
 	}
 	gen := func(e engine.Engine, prompts [][]int32) out {
 		res := make([][]int32, len(prompts))
+		lps := make([][]float32, len(prompts))
 		errs := make(chan error, len(prompts))
 		for i, p := range prompts {
 			go func() {
 				rr, err := e.Generate(context.Background(), &engine.Request{ID: fmt.Sprint(i), Prompt: p,
 					Params: sampler.Params{Temperature: 0, MaxTokens: 12, N: 1, TopP: 1, RepetitionPenalty: 1}})
 				if err == nil {
-					res[i] = rr.Completions[0].Tokens
+					res[i], lps[i] = rr.Completions[0].Tokens, rr.Completions[0].LogProbs
 				}
 				errs <- err
 			}()
@@ -416,7 +426,7 @@ func TestEngineGreedyMatchesCPU(t *testing.T) {
 				first = err
 			}
 		}
-		return out{res, first}
+		return out{res, lps, first}
 	}
 	var prompts [][]int32
 	for i := 0; i < 8; i++ {
@@ -433,6 +443,15 @@ func TestEngineGreedyMatchesCPU(t *testing.T) {
 	for i := range prompts {
 		if !slices.Equal(og.toks[i], oc.toks[i]) {
 			t.Errorf("prompt %d: cuda %v, cpu %v", i, og.toks[i], oc.toks[i])
+			continue
+		}
+		// The cuda engine's log-probs come from the GPU's row
+		// log-sum-exp (forward.RowLSEBackend), the CPU engine's from the
+		// host's.
+		for j := range og.lps[i] {
+			if d := math.Abs(float64(og.lps[i][j] - oc.lps[i][j])); !(d <= 1e-3) {
+				t.Errorf("prompt %d token %d: log-prob cuda %v, cpu %v", i, j, og.lps[i][j], oc.lps[i][j])
+			}
 		}
 	}
 }

@@ -60,18 +60,34 @@ func BenchmarkEngineLines(b *testing.B) {
 	if err != nil {
 		b.Skipf("no trained model: %v", err)
 	}
-	g, err := New(m, Options{KVCacheBytes: 8 << 30})
-	if err != nil {
-		b.Fatal(err)
+	// Two backends, alternating under -test.count: "new" is the serve
+	// default (fused GEMV path, row log-sum-exp on the GPU), "old" the
+	// path before them (Options.NoFusedGEMV, host log-sum-exp).
+	variants := []struct {
+		name string
+		o    Options
+	}{
+		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true}},
+		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true}},
 	}
-	defer g.Close()
-	paged, err := engine.New(g, engine.Config{MaxNumSeqs: 1024, MaxNumBatchedTokens: 8192, MaxQueue: 1 << 16, EnablePrefixCaching: true})
-	if err != nil {
-		b.Fatal(err)
+	for _, v := range variants {
+		g, err := New(m, v.o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		paged, err := engine.New(g, engine.Config{MaxNumSeqs: 1024, MaxNumBatchedTokens: 8192, MaxQueue: 1 << 16, EnablePrefixCaching: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		naive := engine.NewNaive(g)
+		benchEngineLines(b, m, v.name, naive, paged)
+		naive.Close()
+		paged.Close()
+		g.Close()
 	}
-	defer paged.Close()
-	naive := engine.NewNaive(g)
-	defer naive.Close()
+}
+
+func benchEngineLines(b *testing.B, m *model.Model, variant string, naive, paged engine.Engine) {
 	params := sampler.Params{Temperature: 0, TopP: 1, RepetitionPenalty: 1, MaxTokens: 8, N: 1}
 	for _, tc := range []struct {
 		name  string
@@ -82,9 +98,8 @@ func BenchmarkEngineLines(b *testing.B) {
 		{"paged/users=1", paged, 1},
 		{"paged/users=128", paged, 128},
 		{"paged/users=1024", paged, 1024},
-		{"paged/users=4096", paged, 4096},
 	} {
-		b.Run(tc.name, func(b *testing.B) {
+		b.Run(variant+"/"+tc.name, func(b *testing.B) {
 			prompts := lowerPrompts(b, m, tc.users)
 			var mu sync.Mutex
 			var lat []time.Duration
@@ -141,23 +156,37 @@ func BenchmarkCouplets(b *testing.B) {
 	if err != nil {
 		b.Skipf("no trained model: %v", err)
 	}
-	g, err := New(m, Options{KVCacheBytes: 8 << 30})
-	if err != nil {
-		b.Fatal(err)
+	// new = serve default (fused GEMV path + GPU row log-sum-exp), old =
+	// Options.NoFusedGEMV with the host log-sum-exp; see BenchmarkEngineLines.
+	for _, v := range []struct {
+		name string
+		o    Options
+	}{
+		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true}},
+		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true}},
+	} {
+		g, err := New(m, v.o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		e, err := engine.New(g, engine.Config{MaxNumSeqs: 1024, MaxNumBatchedTokens: 8192, MaxQueue: 1 << 16, EnablePrefixCaching: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		gen, err := couplet.New(m, e)
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchCouplets(b, v.name, gen)
+		e.Close()
+		g.Close()
 	}
-	defer g.Close()
-	e, err := engine.New(g, engine.Config{MaxNumSeqs: 1024, MaxNumBatchedTokens: 8192, MaxQueue: 1 << 16, EnablePrefixCaching: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	gen, err := couplet.New(m, e)
-	if err != nil {
-		b.Fatal(err)
-	}
+}
+
+func benchCouplets(b *testing.B, variant string, gen *couplet.Generator) {
 	words := []string{"平安", "富贵", "吉祥", "如意", "春风", "福星", "新年", "团圆"}
 	for _, users := range []int{1, 100} {
-		b.Run(fmt.Sprintf("users=%d", users), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%s/users=%d", variant, users), func(b *testing.B) {
 			var wg sync.WaitGroup
 			next := make(chan int)
 			var mu sync.Mutex

@@ -21,10 +21,16 @@ type cudaConfig struct {
 	MemoryFraction float64 // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
 	MaxBlocks      int     // cap on KV blocks; 0 = none
 	Precision      string  // tf32 | fp32
+	// RowLSE: the backend computes each logits row's log-sum-exp on the GPU
+	// and the engine reads it (forward.RowLSEBackend) instead of a host pass
+	// over the 6k-token row; FusedGEMV: steps of ≤ 8 tokens run on the fused
+	// GEMV kernels (cuda.Options.NoFusedGEMV when false). Both default on;
+	// off is the earlier path, kept for A/B runs.
+	RowLSE, FusedGEMV bool
 }
 
 func (c *cudaConfig) register(fs *flag.FlagSet) {
-	*c = cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16}
+	*c = cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16, RowLSE: true, FusedGEMV: true}
 	if v, ok := os.LookupEnv(cuda.EnvLibDir); ok {
 		c.LibDir = v
 	}
@@ -32,6 +38,8 @@ func (c *cudaConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.MemoryFraction, "gpu-memory-utilization", c.MemoryFraction, "CUDA: fraction of GPU memory for weights + activations + KV cache when --kv-cache-memory is 0")
 	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, "CUDA: cap on KV cache blocks (0 = no cap)")
 	fs.StringVar(&c.Precision, "gpu-precision", c.Precision, "CUDA GEMM precision: tf32 (tensor cores, fp32 accumulate) or fp32")
+	fs.BoolVar(&c.RowLSE, "gpu-row-lse", c.RowLSE, "CUDA: compute each logits row's log-sum-exp on the GPU for the engine")
+	fs.BoolVar(&c.FusedGEMV, "gpu-fused-gemv", c.FusedGEMV, "CUDA: run steps of ≤ 8 tokens on the fused GEMV kernels")
 }
 
 // newCUDABackend builds the CUDA backend from the stack config.
@@ -43,6 +51,8 @@ func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
 		MemoryFraction: cfg.CUDA.MemoryFraction,
 		MaxBlocks:      cfg.CUDA.MaxBlocks,
 		Precision:      cfg.CUDA.Precision,
+		RowLogSumExp:   cfg.CUDA.RowLSE,
+		NoFusedGEMV:    !cfg.CUDA.FusedGEMV,
 		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
 	})
 }

@@ -217,14 +217,208 @@ __device__ float block_max(float v) {
 
 // row_lse: out[r] = log Σ_i exp(logits[r, i]) (max-shifted), so that the
 // host can turn a logit into a log-probability without touching the row.
+// Same conventions as sampler.LogSumExp on the host: NaNs are ignored
+// (fmaxf drops them from the max, and they add 0 to the sum); a row whose
+// max is -Inf (all -Inf or NaN) gives -Inf, a row holding +Inf gives +Inf
+// (no Inf - Inf = NaN in the shifted sum).
 // logits [R, V]; out [R]. grid = R, block = 256.
 extern "C" __global__ void row_lse(float* __restrict__ out, const float* __restrict__ logits, int V) {
     const float* row = logits + (i64)blockIdx.x * V;
     float m = NEG_INF;
     for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, row[i]);
     m = block_max(m);
+    if (m == NEG_INF || m == -NEG_INF) { // uniform over the block: every thread returns here
+        if (threadIdx.x == 0) out[blockIdx.x] = m;
+        return;
+    }
     float s = 0.f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(row[i] - m);
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = row[i];
+        if (v == v) s += expf(v - m);
+    }
     s = block_sum(s);
     if (threadIdx.x == 0) out[blockIdx.x] = m + logf(s);
+}
+
+// ---------------------------------------------------------------------------
+// Small-batch path (M ≤ GEMV_MAX_M tokens, i.e. single-sequence and small
+// decode steps): hand-written GEMVs that read each weight row once for all M
+// tokens, with the neighbouring element-wise work fused in, so that a decoder
+// layer is 5 launches instead of 9 (and cuBLAS's M=1 GEMM picks are avoided).
+// Weights stay float32 and are multiplied in exact float32 FMAs.
+// Every GEMV kernel: block = GEMV_THREADS (4 warps), one output unit per
+// warp, dynamic shared memory M*K floats holding the block's copy of the
+// (normalised) input rows. K must be a multiple of 4 (float4 loads); the
+// host checks this and M*K*4 ≤ 48 KiB before choosing this path.
+// ---------------------------------------------------------------------------
+
+#define GEMV_MAX_M 8
+#define GEMV_THREADS 128
+#define GEMV_WARPS (GEMV_THREADS / WARP)
+
+// load_rows fills xs [M, K] (shared) with input rows and, when g != 0,
+// applies RMSNorm with weight g [K]: xs[m,k] = x[m,k] * inv_rms(x[m]) * g[k].
+// Row m comes from x + src*K with src = rows ? rows[m] : m. When copy_to != 0,
+// block 0 also writes the raw rows to copy_to [M, K] (the embedding gather of
+// layer 0 writing the residual stream). Ends with __syncthreads().
+__device__ void load_rows(float* xs, const float* __restrict__ x, const int* __restrict__ rows,
+                          float* __restrict__ copy_to, const float* __restrict__ g, float eps,
+                          int M, int K) {
+    __shared__ float inv[GEMV_MAX_M];
+    for (int i = threadIdx.x; i < M * K; i += blockDim.x) {
+        int m = i / K, k = i - m * K;
+        int src = rows ? rows[m] : m;
+        float v = x[(i64)src * K + k];
+        xs[i] = v;
+        if (copy_to && blockIdx.x == 0) copy_to[i] = v;
+    }
+    if (!g) {
+        __syncthreads();
+        return;
+    }
+    __syncthreads();
+    int w = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    for (int m = w; m < M; m += blockDim.x / WARP) {
+        float ss = 0.f;
+        for (int k = lane; k < K; k += WARP) { float v = xs[m * K + k]; ss += v * v; }
+        ss = warp_sum(ss);
+        if (lane == 0) inv[m] = 1.0f / sqrtf(ss / (float)K + eps);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < M * K; i += blockDim.x) {
+        int m = i / K, k = i - m * K;
+        xs[i] = xs[i] * inv[m] * g[k];
+    }
+    __syncthreads();
+}
+
+// warp_dot: acc[m] = Σ_k w[k] * xs[m, k] for m < M, summed over the warp
+// (every lane gets the sums). w [K] in global memory, xs [M, K] in shared.
+__device__ __forceinline__ void warp_dot(const float* __restrict__ w, const float* xs, int M, int K,
+                                         float acc[GEMV_MAX_M]) {
+    int lane = threadIdx.x & (WARP - 1);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    int K4 = K / 4;
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.f;
+#pragma unroll 4
+    for (int k = lane; k < K4; k += WARP) {
+        float4 a = __ldg(w4 + k);
+#pragma unroll
+        for (int m = 0; m < GEMV_MAX_M; m++) {
+            if (m < M) {
+                float4 b = x4[m * K4 + k];
+                acc[m] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++)
+        if (m < M) acc[m] = warp_sum(acc[m]);
+}
+
+// gemv: y[m, n] = W[n, :] · in(m) (+ y[m, n] when accumulate), where in(m)
+// is row (rows ? rows[m] : m) of x [*, K], RMSNorm'ed with g [K] when
+// g != 0. W [N, K]; y [M, N]. grid = ceil(N / GEMV_WARPS).
+// Used for the attention output and down projections (accumulate into the
+// residual stream) and for the LM head (rows = sampled rows, g = final norm).
+extern "C" __global__ void gemv(float* __restrict__ y, const float* __restrict__ x,
+                                const int* __restrict__ rows, const float* __restrict__ g, float eps,
+                                const float* __restrict__ W, int M, int N, int K, int accumulate) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    load_rows(xs, x, rows, 0, g, eps, M, K);
+    int n = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (n >= N) return;
+    float acc[GEMV_MAX_M];
+    warp_dot(W + (i64)n * K, xs, M, K, acc);
+    int lane = threadIdx.x & (WARP - 1);
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m < M && lane == m) {
+            float* o = y + (i64)m * N + n;
+            *o = accumulate ? *o + acc[m] : acc[m];
+        }
+    }
+}
+
+// gemv_qkv_rope: the attention input of one layer for M tokens in one
+// launch: RMSNorm (g) of the residual rows, the fused [q|k|v] projection,
+// RoPE on q and k (rotate_half pairs i, i+HEAD_DIM/2 are computed by the
+// same warp), and the K/V cache writes (as rope_kv). For layer 0, ids != 0
+// makes x the embedding table [V, K] gathered by ids [M], and block 0 writes
+// the raw embeddings to resid [M, K] (the residual stream).
+// W [qkvDim, K] (rows of Wq, Wk, Wv); qkv [M, qkvDim]; cosSin, positions,
+// slots, kcache, vcache as in rope_kv. One warp per row pair:
+// grid = ceil(qkvDim/2 / GEMV_WARPS).
+extern "C" __global__ void gemv_qkv_rope(float* __restrict__ qkv, const float* __restrict__ x,
+                                         const int* __restrict__ ids, float* __restrict__ resid,
+                                         const float* __restrict__ g, float eps,
+                                         const float* __restrict__ W, const float* __restrict__ cosSin,
+                                         const int* __restrict__ positions, const int* __restrict__ slots,
+                                         float* __restrict__ kcache, float* __restrict__ vcache,
+                                         int M, int K, int nH, int nKV) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    load_rows(xs, x, ids, ids ? resid : 0, g, eps, M, K);
+    const int half = HEAD_DIM / 2;
+    int qkvDim = (nH + 2 * nKV) * HEAD_DIM;
+    int u = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (u >= qkvDim / 2) return;
+    int head = u / half, i = u - head * half;
+    int r1 = head * HEAD_DIM + i, r2 = r1 + half;
+    float a1[GEMV_MAX_M], a2[GEMV_MAX_M];
+    warp_dot(W + (i64)r1 * K, xs, M, K, a1);
+    warp_dot(W + (i64)r2 * K, xs, M, K, a2);
+    int lane = threadIdx.x & (WARP - 1);
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m < M && lane == m) {
+            float x1 = a1[m], x2 = a2[m];
+            int slot = slots[m];
+            if (head < nH + nKV) { // q or k head: rotate
+                const float* cs = cosSin + ((i64)positions[m] * half + i) * 2;
+                float c = cs[0], s = cs[1];
+                float y1 = x1 * c - x2 * s;
+                float y2 = x2 * c + x1 * s;
+                x1 = y1;
+                x2 = y2;
+            }
+            float* row = qkv + (i64)m * qkvDim;
+            row[r1] = x1;
+            row[r2] = x2;
+            if (head >= nH && slot >= 0) {
+                int kv = head < nH + nKV ? head - nH : head - nH - nKV;
+                float* dst = (head < nH + nKV ? kcache : vcache) + ((i64)slot * nKV + kv) * HEAD_DIM;
+                dst[i] = x1;
+                dst[i + half] = x2;
+            }
+        }
+    }
+}
+
+// gemv_gu_silu: the MLP's first half for M tokens in one launch: RMSNorm
+// (g) of the residual rows x [M, K], gate row i and up row ffn+i of
+// W [2*ffn, K] in the same warp, act[m, i] = silu(gate) * up.
+// act [M, ffn]. grid = ceil(ffn / GEMV_WARPS).
+extern "C" __global__ void gemv_gu_silu(float* __restrict__ act, const float* __restrict__ x,
+                                        const float* __restrict__ g, float eps,
+                                        const float* __restrict__ W, int M, int K, int ffn) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    load_rows(xs, x, 0, 0, g, eps, M, K);
+    int i = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (i >= ffn) return;
+    float ag[GEMV_MAX_M], au[GEMV_MAX_M];
+    warp_dot(W + (i64)i * K, xs, M, K, ag);
+    warp_dot(W + (i64)(ffn + i) * K, xs, M, K, au);
+    int lane = threadIdx.x & (WARP - 1);
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m < M && lane == m) {
+            float gt = ag[m];
+            act[(i64)m * ffn + i] = gt / (1.0f + expf(-gt)) * au[m];
+        }
+    }
 }
