@@ -37,20 +37,21 @@ type CPUOptions struct {
 	// all when the environment sets CHUNLIAN_BF16=0 (for A/B runs).
 	BF16MaxRows int
 	// BF16MinRows is the smallest row count that uses the bf16 weights;
-	// 0 means 2 when the float32 GEMM path is OpenBLAS (cpu.Path), else 1:
-	// OpenBLAS's sgemv, with its spinning threads, streamed the float32
-	// weights at one row faster than the bf16 kernel on the Go worker pool
-	// read half the bytes (docs/BENCHMARKS.md, "bf16 weights at small
-	// batch").
+	// 0 means 1. (It was 2 on OpenBLAS while the bf16 kernel was slower
+	// than OpenBLAS's sgemv at one row; the assembly kernel of
+	// kernels/cpu reads half the bytes and now wins at every row count up
+	// to BF16MaxRows.)
 	BF16MinRows int
 }
 
-// DefaultBF16MaxRows is the default CPUOptions.BF16MaxRows. At a few rows
-// a GEMM is memory-bound and the bf16 weights (half the bytes) win; from 4
-// rows on, the float32 kernels measured as fast or faster (the bf16 kernel
-// re-widens each weight per pair of rows and its 2-row tile is ~40% slower
-// in cache); see docs/BENCHMARKS.md, "bf16 weights at small batch".
-const DefaultBF16MaxRows = 3
+// DefaultBF16MaxRows is the default CPUOptions.BF16MaxRows. A decode
+// step's GEMMs are bound by the weight bytes they stream (the bf16 model,
+// 33 MB, is about the size of the last-level cache) up to a dozen or so
+// rows; the assembly bf16 kernel (4×4 AVX-512 tiles) also computes at a
+// rate close to OpenBLAS's sgemm there, so the bf16 weights win up to 16
+// rows (measured in /work/notes/bench-kernels.md, to be merged into
+// docs/BENCHMARKS.md).
+const DefaultBF16MaxRows = 16
 
 // CPU is the float32 CPU backend. The KV cache of layer l is two slices,
 // kc[l] and vc[l], each laid out as
@@ -150,13 +151,7 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	if c.bf16Max == 0 {
 		c.bf16Max = DefaultBF16MaxRows
 	}
-	c.bf16Min = o.BF16MinRows
-	if c.bf16Min <= 0 {
-		c.bf16Min = 1
-		if cpu.Path() == "openblas" {
-			c.bf16Min = 2
-		}
-	}
+	c.bf16Min = max(1, o.BF16MinRows)
 	if c.bf16Max > 0 && m.Weights.BF16 != nil && cpu.HasFastBF16() && os.Getenv("CHUNLIAN_BF16") != "0" {
 		c.bf16 = m.Weights.BF16
 	}
