@@ -208,30 +208,57 @@ func (n *nullBackend) Close() error                      { return nil }
 // BenchmarkEngineOverhead: 128 concurrent requests (8 prompt tokens, 32
 // generated, greedy or top-p sampling) over a vocabulary of 6000 on a
 // backend that does nothing; ns/token is the engine's own cost per
-// generated token.
+// generated token. The users=256 cases are a large decode batch (256
+// sequences per step, vocabulary 6294 as shipped): greedy, and
+// couplet-like sampling (temperature 0.8, top-p 0.95, a read-only
+// processor masking a tenth of the vocabulary, like couplet's
+// constraints), where per-row sampling is nearly all of the engine's work.
 func BenchmarkEngineOverhead(b *testing.B) {
-	const users, promptLen, genLen, vocab = 128, 8, 32, 6000
+	const promptLen, genLen = 8, 32
 	// A peaked, Zipf-like row as a trained language model gives: the token
 	// of rank r (a fixed shuffle) has logit 8 − 2.5·ln(1+r).
-	row := make([]float32, vocab)
-	for r, tok := range rand.New(rand.NewPCG(1, 2)).Perm(vocab) {
-		row[tok] = float32(8 - 2.5*math.Log(1+float64(r)))
+	zipf := func(vocab int) []float32 {
+		row := make([]float32, vocab)
+		for r, tok := range rand.New(rand.NewPCG(1, 2)).Perm(vocab) {
+			row[tok] = float32(8 - 2.5*math.Log(1+float64(r)))
+		}
+		return row
 	}
-	for _, temp := range []float32{0, 0.8} {
-		b.Run(fmt.Sprintf("temperature=%v", temp), func(b *testing.B) {
-			e, err := New(&nullBackend{numBlocks: 1024, bs: 16, row: row}, Config{})
+	mask := func(int) sampler.LogitsProcessor {
+		return sampler.LogitsProcessorFunc(func(_ []int32, l []float32) error {
+			for i := 0; i < len(l); i += 10 {
+				l[i] = float32(math.Inf(-1))
+			}
+			return nil
+		})
+	}
+	cases := []struct {
+		name         string
+		users, vocab int
+		temp, topP   float32
+		proc         func(int) sampler.LogitsProcessor
+	}{
+		{"temperature=0", 128, 6000, 0, 0.9, nil},
+		{"temperature=0.8", 128, 6000, 0.8, 0.9, nil},
+		{"users=256/greedy", 256, 6294, 0, 0, nil},
+		{"users=256/couplet", 256, 6294, 0.8, 0.95, mask},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			e, err := New(&nullBackend{numBlocks: 2 * c.users * (promptLen + genLen) / 16, bs: 16, row: zipf(c.vocab)}, Config{})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer e.Close()
-			reqs := benchRequests(users, vocab, promptLen, genLen)
+			reqs := benchRequests(c.users, c.vocab, promptLen, genLen)
 			for _, r := range reqs {
-				r.Params.Temperature, r.Params.TopP, r.Params.Seed = temp, 0.9, 1
+				r.Params.Temperature, r.Params.TopP, r.Params.Seed = c.temp, c.topP, 1
+				r.NewProcessor = c.proc
 			}
 			for b.Loop() {
 				runAll(b, e, reqs)
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(users*genLen*b.N), "ns/token")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(c.users*genLen*b.N), "ns/token")
 		})
 	}
 }

@@ -416,3 +416,57 @@ func TestScratchShared(t *testing.T) {
 		}
 	}
 }
+
+// TestDistributionSparse is TestDistribution on a long, steep row where
+// only a few percent of the tokens are within e^negligible of the top
+// (35 of 400 at T = 1), as in a confident model's rows, with exact
+// log-probs on the no-copy path.
+func TestDistributionSparse(t *testing.T) {
+	row := make([]float32, 400)
+	perm := []int{}
+	for i := range row {
+		perm = append(perm, (i*157)%400) // a fixed shuffle (157 is prime to 400)
+	}
+	for r, tok := range perm {
+		row[tok] = 2 - 0.7*float32(r)
+	}
+	cases := []Params{
+		{Temperature: 1},
+		{Temperature: 0.7},
+		{Temperature: 1, TopP: 0.9},
+		{Temperature: 0.8, TopK: 5},
+		{Temperature: 1.2, TopP: 0.95, MinP: 0.01},
+	}
+	const draws = 20000
+	for _, p := range cases {
+		p.Seed = 99
+		s := New(p, 0)
+		want := refAllowed(row, p)
+		counts := map[int32]int{}
+		for i := 0; i < draws; i++ {
+			tok, lp, err := s.Sample(row, nil, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := want[tok]; !ok {
+				t.Fatalf("%+v: drew %d, outside the allowed set", p, tok)
+			}
+			if want := float32(float64(row[tok]) - LogSumExp(row)); lp != want {
+				t.Fatalf("%+v: log-prob %v, want %v", p, lp, want)
+			}
+			counts[tok]++
+		}
+		var chi2 float64
+		for tok, q := range want {
+			e := q * draws
+			d := float64(counts[tok]) - e
+			chi2 += d * d / e
+		}
+		// Tokens with a reference probability ≥ 1e-3 number ≤ 12 here;
+		// the rest add about their expected count each. chi² > 45 has
+		// p < 1e-5 at 12 degrees of freedom.
+		if chi2 > 45 {
+			t.Errorf("%+v: chi² = %.1f; counts %v", p, chi2, counts)
+		}
+	}
+}
