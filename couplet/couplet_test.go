@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -472,52 +475,97 @@ func TestUnconstrainedParses(t *testing.T) {
 	}
 }
 
+// TestBannerRanking: the returned 横批 is the best by log P(B1..B4 |
+// couplet) among the model's own and the k pool candidates whose first
+// character is likeliest after <ban>; all scores are recomputed here
+// independently (prompt log-probs of the whole text on the fake engine).
 func TestBannerRanking(t *testing.T) {
-	fe := &fakeEngine{vocab: testModel.Tok.Size()}
-	g := newFakeGen(t, fe, WithBannerTopK(4))
-	cs, err := g.Generate(context.Background(), Request{Text: "平安", N: 2, Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// One sampling round plus one forced-banner scoring request per couplet.
-	if fe.genCalls != 1+len(cs) {
-		t.Errorf("%d engine calls for %d couplets; want 1 + one banner-scoring call each", fe.genCalls, len(cs))
-	}
-	// The chosen banner must be the best-scoring among model banner +
-	// retrieved ones: recompute the scores independently, by prompt
-	// log-probs of the whole text.
-	c := cs[0]
-	score := func(b string) float64 {
-		p, _ := g.t.prepare(Request{Text: "平安"})
-		full := g.prompt(p)
-		for _, s := range []string{c.Upper} {
-			for _, r := range s {
-				id, _ := g.t.charID(r)
-				full = append(full, id)
+	for _, k := range []int{0, 1, 2, 4, 10} {
+		t.Run(fmt.Sprint("k=", k), func(t *testing.T) {
+			fe := &fakeEngine{vocab: testModel.Tok.Size()}
+			g := newFakeGen(t, fe, WithBannerTopK(k))
+			cs, err := g.Generate(context.Background(), Request{Text: "平安", N: 2, Seed: 3})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		full = append(full, g.t.sp.Sep)
-		for _, r := range c.Lower {
-			id, _ := g.t.charID(r)
-			full = append(full, id)
-		}
-		full = append(full, g.t.sp.Banner)
-		for _, r := range b {
-			id, _ := g.t.charID(r)
-			full = append(full, id)
-		}
-		full = append(full, g.t.sp.EOS)
-		res, _ := fe.Generate(context.Background(), &engine.Request{Prompt: full, PromptLogProbs: true})
-		s := 0.0
-		for _, v := range res.PromptLogProbs[len(full)-6:] {
-			s += float64(v)
-		}
-		return s
+			// One sampling round plus one 横批 request per couplet.
+			if fe.genCalls != 1+len(cs) {
+				t.Errorf("%d engine calls for %d couplets; want 1 + one 横批 request each", fe.genCalls, len(cs))
+			}
+			p, _ := g.t.prepare(Request{Text: "平安"})
+			for _, c := range cs {
+				ids := func(line string) []int32 {
+					var out []int32
+					for _, r := range line {
+						id, ok := g.t.vocab.ID(string(r))
+						if !ok {
+							t.Fatalf("%c not in vocab", r)
+						}
+						out = append(out, id)
+					}
+					return out
+				}
+				full := append(g.prompt(p), ids(c.Upper)...)
+				full = append(full, g.t.sp.Sep)
+				full = append(full, ids(c.Lower)...)
+				full = append(full, g.t.sp.Banner)
+				score := func(b string) float64 {
+					seq := slices.Clone(full)
+					for _, r := range b {
+						id, _ := g.t.charID(r)
+						seq = append(seq, id)
+					}
+					res, _ := fe.Generate(context.Background(), &engine.Request{Prompt: seq, PromptLogProbs: true})
+					s := 0.0
+					for _, v := range res.PromptLogProbs[len(seq)-5:] {
+						s += float64(v)
+					}
+					return s
+				}
+				// The candidates the model had to beat: top k of the pool
+				// by the logit of the first character at <ban>.
+				row := fe.row(full)
+				pool := topBanners(g.banners, "平安"+c.Upper+c.Lower, DefaultBannerPool)
+				sort.SliceStable(pool, func(i, j int) bool { return row[pool[i].ids[0]] > row[pool[j].ids[0]] })
+				rivals := pool[:min(k, len(pool))]
+				chosen := score(c.Banner)
+				for _, b := range rivals {
+					if s := score(b.text); s > chosen+1e-6 {
+						t.Errorf("banner %s scores %.3f > chosen %s %.3f", b.text, s, c.Banner, chosen)
+					}
+				}
+				if len([]rune(c.Banner)) != 4 {
+					t.Errorf("banner %q is not four characters", c.Banner)
+				}
+			}
+		})
 	}
-	chosen := score(c.Banner)
-	for _, b := range topBanners(g.banners, "平安"+c.Upper+c.Lower, 4) {
-		if s := score(b.text); s > chosen+1e-9 {
-			t.Errorf("banner %s scores %.3f > chosen %s %.3f", b.text, s, c.Banner, chosen)
+}
+
+// TestAssignByFirstChar: the forced 横批 samples get the k candidates whose
+// first character has the highest logit, ties in pool order, impossible
+// first characters skipped.
+func TestAssignByFirstChar(t *testing.T) {
+	mk := func(ids ...int32) *bannerCand { return &bannerCand{ids: [4]int32{ids[0], 9, 9, 9}} }
+	ninf := float32(math.Inf(-1))
+	row := []float32{0, 5, 3, 3, ninf, 1} // [vocab 6]
+	pool := []*bannerCand{mk(0), mk(2), mk(4), mk(1), mk(3), mk(5)}
+	for _, c := range []struct {
+		k    int
+		want []int32 // first ids, in order
+	}{
+		{0, []int32{}},
+		{1, []int32{1}},
+		{3, []int32{1, 2, 3}},
+		{5, []int32{1, 2, 3, 5, 0}},
+		{9, []int32{1, 2, 3, 5, 0}}, // 4 is -Inf: never assigned
+	} {
+		got := []int32{}
+		for _, ids := range assignByFirstChar(pool, row, c.k) {
+			got = append(got, ids[0])
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("k=%d: got %v, want %v", c.k, got, c.want)
 		}
 	}
 }

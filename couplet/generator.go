@@ -6,9 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path"
-	"slices"
 	"sort"
-	"sync"
 
 	"chunlian/engine"
 	"chunlian/model"
@@ -31,6 +29,7 @@ type options struct {
 	maxAttempts  int
 	oversample   int
 	bannerTopK   int
+	bannerPool   int
 	bannerSrcs   []BannerSource
 	extraBanners []string
 }
@@ -58,8 +57,16 @@ func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n
 func WithOversample(k int) Option { return func(o *options) { o.oversample = k } }
 
 // WithBannerTopK sets how many retrieved 横批 are scored per couplet besides
-// the model's own (default 8; 0 = model banner only).
+// the model's own (default 4; 0 = model banner only). They are the k of the
+// lexical prefilter's pool (WithBannerPool) whose first character the model
+// finds likeliest after the couplet.
 func WithBannerTopK(k int) Option { return func(o *options) { o.bannerTopK = k } }
+
+// WithBannerPool sets how many retrieval candidates the lexical prefilter
+// passes on per couplet (default 32, never fewer than the banner top-k).
+// Choosing the scored ones among them costs no forward pass: it reads the
+// one logits row at <ban> that every 横批 sample starts from.
+func WithBannerPool(n int) Option { return func(o *options) { o.bannerPool = n } }
 
 // SharedBannersPath is the run-time location of the corpus' 横批 list
 // (relative to the repository root). It is read if present and never
@@ -103,7 +110,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: 2, bannerTopK: 8, bannerSrcs: DefaultBannerSources()}
+	o := options{maxAttempts: 4, oversample: 2, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -113,6 +120,8 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if o.oversample < 1 {
 		o.oversample = 1
 	}
+	o.bannerTopK = max(o.bannerTopK, 0)
+	o.bannerPool = max(o.bannerPool, o.bannerTopK)
 	t, err := newTables(v, sp)
 	if err != nil {
 		return nil, err
@@ -162,12 +171,18 @@ func (g *Generator) prompt(p *plan) []int32 {
 	return []int32{sp.BOS, sp.Keyword, p.heads[0], p.heads[1], lt, sp.Up}
 }
 
+// Defaults of the 横批 stage (see WithBannerTopK, WithBannerPool).
+const (
+	DefaultBannerTopK = 4
+	DefaultBannerPool = 32
+)
+
 // candidate is one parsed sample.
 type candidate struct {
 	upperIDs, lowerIDs []int32 // [lineLen] each when well formed
 	c                  Couplet
 	lineLP             float64 // mean raw log-prob of the generated line tokens
-	bannerIDs          []int32
+	attempt, sample    int     // where it came from (streaming)
 }
 
 // Generate writes req.N couplets (fewer only if the attempt budget runs out
@@ -176,11 +191,13 @@ type candidate struct {
 // attempt dead-ended.
 //
 // Constrained (default): N·oversample samples share the prompt; each runs
-// the rule processor; dead-ended samples are dropped and, while fewer than
-// N distinct couplets exist, another round is drawn with a new seed (at
-// most maxAttempts rounds). Survivors are re-checked with Check, ranked by
-// length-normalised model log-prob plus a tone-parallelism bonus, picked
-// greedily for diversity, and each gets the best-scoring 横批.
+// the rule processor and stops at the end of the 下联; dead-ended samples
+// are dropped and, while fewer than N distinct couplets exist, another round
+// is drawn with a new seed (at most maxAttempts rounds). Survivors are
+// re-checked with Check, ranked by length-normalised model log-prob plus a
+// tone-parallelism bonus and picked greedily for diversity; then one 横批
+// request per picked couplet writes the model's own 横批 and scores the
+// best retrieved ones in the same batch (chooseBanners).
 func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error) {
 	p, err := g.t.prepare(req)
 	if err != nil {
@@ -214,6 +231,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			if cd == nil {
 				continue
 			}
+			cd.attempt, cd.sample = attempt, comp.Index
 			key := cd.c.Upper + "|" + cd.c.Lower
 			if seen[key] {
 				continue
@@ -232,8 +250,12 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	}
 	chosen := selectDiverse(cands, p.n)
 	stage.end()
-	if err := g.chooseBanners(ctx, p, prompt, chosen, req.Trace); err != nil {
+	chosen, err = g.chooseBanners(ctx, p, prompt, chosen, req.Trace)
+	if err != nil {
 		return nil, err
+	}
+	if len(chosen) == 0 {
+		return nil, ErrNoCouplet
 	}
 	sort.SliceStable(chosen, func(i, j int) bool { return chosen[i].c.Score > chosen[j].c.Score })
 	out := make([]Couplet, len(chosen))
@@ -267,7 +289,9 @@ func (g *Generator) engineRequest(p *plan, prompt []int32, attempt, m int, const
 	}
 	if constrained {
 		free, head := newConstraint(g.t, p), newConstraint(g.t, p, true)
-		r.Params.MaxTokens = free.genLen()
+		// The lines only: the 横批 is written by chooseBanners' request,
+		// together with the retrieved candidates it competes with.
+		r.Params.MaxTokens = free.linesLen()
 		// Constraints keep no mutable state, so two serve all samples:
 		// even samples let the model place the keyword, odd ones put it
 		// first (keyword mode; elsewhere both are the same).
@@ -316,11 +340,12 @@ func (g *Generator) streamer(p *plan, attempt, m int) func(engine.Event) {
 	}
 }
 
-// parseConstrained turns a finished constrained sample into a candidate, or
-// nil if it dead-ended or (defensively) breaks a rule.
+// parseConstrained turns a finished constrained sample (the lines, without
+// the 横批) into a candidate, or nil if it dead-ended or (defensively)
+// breaks a rule.
 func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate {
-	want := newConstraint(g.t, p).genLen()
-	if comp.Finish != engine.FinishStop || len(comp.Tokens) != want || len(comp.LogProbs) != want {
+	want := newConstraint(g.t, p).linesLen()
+	if comp.Finish != engine.FinishLength || len(comp.Tokens) != want || len(comp.LogProbs) != want {
 		return nil
 	}
 	L := p.lineLen
@@ -329,18 +354,14 @@ func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate
 	if p.mode == ModeLower {
 		cd.upperIDs = p.upper
 		cd.lowerIDs = comp.Tokens[:L]
-		cd.bannerIDs = comp.Tokens[L+1 : L+5]
 		lp = comp.LogProbs[:L]
 	} else {
 		cd.upperIDs = comp.Tokens[:L]
 		cd.lowerIDs = comp.Tokens[L+1 : 2*L+1]
-		cd.bannerIDs = comp.Tokens[2*L+2 : 2*L+6]
 		lp = comp.LogProbs[:2*L+1]
 	}
-	cd.c = Couplet{Upper: g.t.text(cd.upperIDs), Lower: g.t.text(cd.lowerIDs), Banner: g.t.text(cd.bannerIDs)}
-	rep := Check(cd.c.Upper, cd.c.Lower, cd.c.Banner)
-	// In lower mode the 上联 is the user's: its tone is not ours to enforce.
-	if !rep.Rule1() || !rep.LowerPing || !rep.Rule3() || !rep.Rule4() || (p.mode != ModeLower && !rep.UpperZe) {
+	cd.c = Couplet{Upper: g.t.text(cd.upperIDs), Lower: g.t.text(cd.lowerIDs)}
+	if !g.linesOK(p, cd.c) {
 		return nil
 	}
 	if p.mode == ModeKeyword && !ContainsKeyword(cd.c, p.headText) {
@@ -351,6 +372,15 @@ func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate
 	}
 	cd.lineLP = meanLP(lp)
 	return cd
+}
+
+// linesOK re-checks the lines of a constrained candidate against rules 1–3
+// (defensive: the processor already enforces them). The 横批 is checked
+// when it is chosen. In lower mode the 上联 is the user's: its tone is not
+// ours to enforce.
+func (g *Generator) linesOK(p *plan, c Couplet) bool {
+	rep := Check(c.Upper, c.Lower, "")
+	return rep.Rule1() && rep.LowerPing && rep.Rule3() && (p.mode == ModeLower || rep.UpperZe)
 }
 
 func meanLP(lp []float32) float64 {
@@ -421,102 +451,9 @@ func (g *Generator) rawText(ids []int32) string {
 	return s
 }
 
-// chooseBanners scores, for each chosen couplet, its own banner and the
-// top retrieved ones by log P(B1..B4 <eos> | prompt, couplet, <ban>), and
-// keeps the best. One engine request per couplet does it: the prompt is the
-// couplet's whole context up to <ban>, and sample i of N = #candidates is
-// forced (by a processor) through candidate i's four characters and <eos>;
-// the raw log-probs the engine reports for those forced tokens are the
-// score. The N samples share the prompt's KV blocks and decode as one batch,
-// which is far cheaper than scoring N full prompts. Couplets are scored
-// concurrently so the engine batches them too.
-func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate, tr *Trace) error {
-	sp := g.t.sp
-	errs := make([]error, len(chosen)) // [len(chosen)], slot i written by goroutine i only
-	var wg sync.WaitGroup
-	stage := startStage(tr, g.e, StageBannerRetrieval)
-	retrieved := make([][][]int32, len(chosen)) // [len(chosen)][≤1+bannerTopK][4]
-	for ci, cd := range chosen {
-		cands := [][]int32{cd.bannerIDs}
-		for _, b := range topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerTopK) {
-			if b.text != cd.c.Banner {
-				cands = append(cands, b.ids[:])
-			}
-		}
-		retrieved[ci] = cands
-	}
-	stage.end()
-	stage = startStage(tr, g.e, StageBannerScoring)
-	defer stage.end()
-	for ci, cd := range chosen {
-		cands := retrieved[ci]
-		if len(cands) == 1 {
-			continue // nothing to choose between (no retrieval)
-		}
-		// prompt + (upper <sep> if generated) + lower + <ban>
-		full := append([]int32(nil), prompt...)
-		if p.mode != ModeLower {
-			full = append(full, cd.upperIDs...)
-			full = append(full, sp.Sep)
-		}
-		full = append(full, cd.lowerIDs...)
-		full = append(full, sp.Banner)
-		seqs := make([][]int32, len(cands)) // [N][5]: B1..B4 <eos>
-		for i, c := range cands {
-			seqs[i] = append(append([]int32(nil), c...), sp.EOS)
-		}
-		req := &engine.Request{
-			Prompt: full,
-			Params: sampler.Params{Temperature: 0, MaxTokens: 5, StopTokens: []int32{sp.EOS}, N: len(seqs), Seed: 1},
-			NewProcessor: func(i int) sampler.LogitsProcessor {
-				return sampler.LogitsProcessorFunc(func(gen []int32, l []float32) error {
-					if len(gen) >= len(seqs[i]) {
-						return sampler.ErrDeadEnd
-					}
-					return force(l, seqs[i][len(gen)])
-				})
-			},
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, err := g.e.Generate(ctx, req)
-			if err != nil {
-				errs[ci] = err
-				return
-			}
-			stage.addResult(res)
-			best, bestScore := -1, math.Inf(-1)
-			for _, comp := range res.Completions {
-				if comp.Index < 0 || comp.Index >= len(seqs) || len(comp.LogProbs) != 5 || !slices.Equal(comp.Tokens, seqs[comp.Index]) {
-					continue
-				}
-				s := 0.0
-				for _, v := range comp.LogProbs {
-					s += float64(v)
-				}
-				if s > bestScore {
-					best, bestScore = comp.Index, s
-				}
-			}
-			if best >= 0 {
-				cd.c.Banner = g.t.text(cands[best])
-				cd.c.Score += bannerWeight * bestScore / 5
-			}
-		}()
-	}
-	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	// Scoring is an improvement, not a requirement: on other engine errors
-	// (queue full, closed) a couplet keeps the banner it wrote itself.
-	return nil
-}
-
 // Ranking weights: the score is the mean raw log-prob of the generated line
 // tokens + parallelWeight·parallelism (0..1) + bannerWeight·(mean log-prob
-// of the chosen banner's 5 tokens).
+// of the chosen banner's 4 characters).
 const (
 	parallelWeight = 0.5
 	bannerWeight   = 0.2

@@ -70,12 +70,22 @@ func newConstraint(t *tables, p *plan, headFirst ...bool) *constraint {
 	return c
 }
 
-// genLen is the number of tokens a constrained sample generates.
+// genLen is the number of tokens of the whole constrained form, 横批 and
+// <eos> included.
 func (c *constraint) genLen() int {
 	if c.p.mode == ModeLower {
 		return c.p.lineLen + 6
 	}
 	return 2*c.p.lineLen + 7
+}
+
+// linesLen is the number of tokens up to the end of the 下联 (the
+// candidate request stops there; the 横批 is written separately).
+func (c *constraint) linesLen() int {
+	if c.p.mode == ModeLower {
+		return c.p.lineLen
+	}
+	return 2*c.p.lineLen + 1
 }
 
 var negInf = float32(math.Inf(-1))

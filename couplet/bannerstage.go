@@ -1,0 +1,218 @@
+package couplet
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+
+	"chunlian/engine"
+	"chunlian/sampler"
+)
+
+// The 横批 stage. For each picked couplet one engine request continues the
+// couplet's context after <ban> (prompt + 上联 <sep> 下联 <ban>; the lines'
+// full KV blocks are in the prefix cache from the candidate request, so only
+// the partial last block is recomputed) with 1 + k samples that fork there
+// and decode as one batch:
+//
+//   - sample 0 writes the model's own 横批 (four Chinese characters, at the
+//     request's temperature);
+//   - samples 1..k are each forced through one retrieved candidate.
+//
+// Every sample's four raw log-probs are log P(B1..B4 | couplet); the best sum
+// wins. <eos> is not scored: the model ends a four-character 横批 with it
+// almost surely, and BenchmarkBannerQuality found the choice identical with
+// and without it, so scoring it would cost one more step and k+1 more rows.
+//
+// Which k retrieved candidates: the lexical prefilter (topBanners) passes a
+// pool of bannerPool; at the first step, every sample's processor sees the
+// same logits row (the one at <ban>), which gives log P(B1) of every pool
+// candidate up to a shared constant; the k with the highest are assigned to
+// the forced samples (bannerAssign). This costs no forward rows and, per
+// BenchmarkBannerQuality, 4 chosen out of 32 rank as well as the old 8
+// lexical candidates scored in full.
+
+// bannerAssign hands the pool's k most likely candidates (by B1's logit at
+// <ban>) to the forced samples. The first processor call of any sample
+// assigns all slots; every sample's first call sees the same row, so the
+// result does not depend on which sample the engine runs first.
+// Ownership: processors run on the engine goroutine (or, for engines that
+// run samples on several goroutines, under mu), so mu is uncontended.
+type bannerAssign struct {
+	pool []*bannerCand // lexical prefilter order
+	k    int
+
+	mu    sync.Mutex
+	slots [][4]int32 // [≤k] assigned candidates, nil until the first call
+	done  bool
+}
+
+func (a *bannerAssign) slot(i int, row []float32) ([4]int32, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.done {
+		a.done = true
+		a.slots = assignByFirstChar(a.pool, row, a.k)
+	}
+	if i < 0 || i >= len(a.slots) {
+		return [4]int32{}, false
+	}
+	return a.slots[i], true
+}
+
+// assignByFirstChar returns the ids of the k pool candidates whose first
+// character has the highest logit in row (ties keep pool order; candidates
+// whose first character is -Inf or NaN are skipped).
+func assignByFirstChar(pool []*bannerCand, row []float32, k int) [][4]int32 {
+	idx := make([]int, 0, len(pool))
+	for i, c := range pool {
+		id := c.ids[0]
+		if int(id) < len(row) && row[id] > float32(math.Inf(-1)) {
+			idx = append(idx, i)
+		}
+	}
+	sort.SliceStable(idx, func(x, y int) bool { return row[pool[idx[x]].ids[0]] > row[pool[idx[y]].ids[0]] })
+	out := make([][4]int32, 0, min(k, len(idx)))
+	for _, i := range idx[:min(k, len(idx))] {
+		out = append(out, pool[i].ids)
+	}
+	return out
+}
+
+// forcedBanner is the processor of forced sample slot+1.
+type forcedBanner struct {
+	a    *bannerAssign
+	slot int
+}
+
+func (f forcedBanner) Process(gen []int32, logits []float32) error {
+	ids, ok := f.a.slot(f.slot, logits)
+	if !ok || len(gen) >= len(ids) {
+		return sampler.ErrDeadEnd // fewer candidates than samples
+	}
+	return force(logits, ids[len(gen)])
+}
+
+// chooseBanners gives every chosen couplet its 横批 (see above) and adds
+// bannerWeight × the banner's mean log-prob to its score. Couplets are served
+// concurrently, so the engine batches their requests too. It returns the
+// couplets that got a 横批 passing every rule (a couplet is dropped only if
+// its request yields no usable 横批); engine errors and ctx end are
+// returned as they are.
+func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate, tr *Trace) ([]*candidate, error) {
+	sp := g.t.sp
+	stage := startStage(tr, g.e, StageBannerRetrieval)
+	pools := make([][]*bannerCand, len(chosen)) // [len(chosen)][≤bannerPool]
+	if g.o.bannerTopK > 0 {
+		for ci, cd := range chosen {
+			pools[ci] = topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerPool)
+		}
+	}
+	stage.end()
+	stage = startStage(tr, g.e, StageBannerScoring)
+	defer stage.end()
+
+	errs := make([]error, len(chosen)) // [len(chosen)], slot i written by goroutine i only
+	ok := make([]bool, len(chosen))    // likewise
+	var wg sync.WaitGroup
+	for ci, cd := range chosen {
+		// prompt + (upper <sep> if generated) + lower + <ban>
+		full := slices.Clone(prompt)
+		if p.mode != ModeLower {
+			full = append(full, cd.upperIDs...)
+			full = append(full, sp.Sep)
+		}
+		full = append(full, cd.lowerIDs...)
+		full = append(full, sp.Banner)
+		k := min(g.o.bannerTopK, len(pools[ci]))
+		assign := &bannerAssign{pool: pools[ci], k: k}
+		own := bannerProc{t: g.t}
+		req := &engine.Request{
+			Prompt: full,
+			Params: sampler.Params{
+				Temperature: p.temp, TopP: p.topP, TopK: p.topK,
+				MaxTokens: 4, N: 1 + k,
+				Seed: bannerSeed(p.seed, cd.attempt, cd.sample),
+			},
+			NewProcessor: func(i int) sampler.LogitsProcessor {
+				if i == 0 {
+					return own
+				}
+				return forcedBanner{a: assign, slot: i - 1}
+			},
+		}
+		if p.onToken != nil {
+			att, smp := cd.attempt, cd.sample
+			req.OnEvent = func(ev engine.Event) {
+				if ev.Index != 0 || ev.Done || ev.Token < 0 || int(ev.Token) >= len(g.t.char) || g.t.char[ev.Token] == 0 {
+					return
+				}
+				p.onToken(TokenEvent{Attempt: att, Sample: smp, Part: PartBanner, Text: string(g.t.char[ev.Token])})
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := g.e.Generate(ctx, req)
+			if err != nil {
+				errs[ci] = err
+				return
+			}
+			stage.addResult(res)
+			var best []int32
+			bestScore := math.Inf(-1)
+			for _, comp := range res.Completions {
+				if comp.Finish != engine.FinishLength || len(comp.Tokens) != 4 || len(comp.LogProbs) != 4 {
+					continue // a forced sample without a candidate, or a dead end
+				}
+				if comp.Index > 0 {
+					ids, ok := assign.slot(comp.Index-1, nil)
+					if !ok || !slices.Equal(comp.Tokens, ids[:]) {
+						continue
+					}
+				}
+				s := 0.0
+				for _, v := range comp.LogProbs {
+					s += float64(v)
+				}
+				if s > bestScore {
+					best, bestScore = comp.Tokens, s
+				}
+			}
+			if best == nil {
+				return
+			}
+			cd.c.Banner = g.t.text(best)
+			cd.c.Score += bannerWeight * bestScore / 4
+			ok[ci] = Check(cd.c.Upper, cd.c.Lower, cd.c.Banner).Rule4()
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []*candidate
+	for ci, cd := range chosen {
+		if ok[ci] {
+			out = append(out, cd)
+		}
+	}
+	if len(out) == 0 {
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// bannerSeed gives each candidate's 横批 request its own non-zero seed.
+func bannerSeed(seed uint64, attempt, sample int) uint64 {
+	s := seedFor(seed, attempt) ^ uint64(sample+1)*0xBF58476D1CE4E5B9
+	if s == 0 {
+		s = 1
+	}
+	return s
+}
