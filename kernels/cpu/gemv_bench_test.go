@@ -25,9 +25,9 @@ var gemvNK = []struct {
 // each archsimd variant (GOEXPERIMENT=simd builds) and plain Go.
 func bf16Kernels() []bf16Case { return bf16Cases() }
 
-// BenchmarkGEMV compares, in one run, every bf16 kernel (through the
-// exported GemmBF16, so the pool split and the x permutation are
-// included) with Gemm on the same weights in float32 (the float32 path in
+// BenchmarkGEMV compares, in one run, every bf16 kernel (through
+// runGemmBF16, so the pool split and the x permutation are included), the
+// assembly int8 kernels (runGemmInt8) and Gemm on the same weights in float32 (the float32 path in
 // use: OpenBLAS sgemv at M=1 where installed), at M = 1, 2, 4, 8, 16, 32 rows.
 // "hot" reuses one weight matrix (it stays in cache); "stream" cycles
 // through copies totalling ≥ 96 MiB of float32 so each op reads its
@@ -45,12 +45,15 @@ func BenchmarkGEMV(b *testing.B) {
 			r := rand.New(rand.NewPCG(1, 2))
 			ws := make([][]uint16, copies)
 			wfs := make([][]float32, copies)
+			qs := make([][]int8, copies)
+			ss := make([][]float32, copies)
 			for c := range ws {
 				ws[c] = randBF16(r, nk.n*nk.k)
 				wfs[c] = make([]float32, nk.n*nk.k)
 				for i, v := range ws[c] {
 					wfs[c][i] = BF16ToFloat32(v)
 				}
+				qs[c], ss[c] = QuantizeInt8(nk.n, nk.k, wfs[c])
 			}
 			for _, m := range []int{1, 2, 4, 8, 16, 32} {
 				x := randSlice(r, m*nk.k)
@@ -71,6 +74,21 @@ func BenchmarkGEMV(b *testing.B) {
 							i++
 						}
 						report(b, 2*nk.n*nk.k, cpu0)
+					})
+				}
+				for _, c := range int8Cases() {
+					if c.name == "go" {
+						continue
+					}
+					b.Run(fmt.Sprintf("%s/%s/M=%d/int8-%s", mode, nk.name, m, c.name), func(b *testing.B) {
+						defer c.set()()
+						cpu0 := processCPU()
+						i := 0
+						for b.Loop() {
+							runGemmInt8(m, nk.n, nk.k, x, qs[i%copies], ss[i%copies], y, false, c.kern)
+							i++
+						}
+						report(b, nk.n*nk.k, cpu0)
 					})
 				}
 				b.Run(fmt.Sprintf("%s/%s/M=%d/fp32-%s", mode, nk.name, m, Path()), func(b *testing.B) {
