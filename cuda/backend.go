@@ -43,6 +43,12 @@ type Options struct {
 	// instead of 5; the path before the fused GEMV kernels existed), for
 	// A/B benchmarks and tests.
 	NoFusedGEMV bool
+	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
+	// bf16 when every weight matrix is exactly representable in bf16, as
+	// for a model stored in bf16 like weights/chunlian-base, which makes
+	// it lossless; float32 otherwise), "fp32", or "bf16" (rounds float32
+	// weights to nearest-even bf16: lossy for such models).
+	GEMVWeights string
 	// RowLogSumExp makes Forward also compute log Σ exp of every logits
 	// row on the GPU (see LogSumExp), sparing the host a pass over the
 	// vocabulary per row when it needs log-probabilities.
@@ -65,6 +71,9 @@ func (o *Options) defaults() error {
 	if o.MaxBatchTokens == 0 {
 		o.MaxBatchTokens = 8192
 	}
+	if o.GEMVWeights == "" {
+		o.GEMVWeights = "auto"
+	}
 	switch {
 	case o.BlockSize < 1:
 		return fmt.Errorf("cuda: BlockSize %d < 1", o.BlockSize)
@@ -72,6 +81,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("cuda: MemoryFraction %g not in (0, 1]", o.MemoryFraction)
 	case o.Precision != "tf32" && o.Precision != "fp32":
 		return fmt.Errorf("cuda: Precision %q: want tf32 or fp32", o.Precision)
+	case o.GEMVWeights != "auto" && o.GEMVWeights != "fp32" && o.GEMVWeights != "bf16":
+		return fmt.Errorf("cuda: GEMVWeights %q: want auto, fp32 or bf16", o.GEMVWeights)
 	case o.KVCacheBytes < 0 || o.MaxBlocks < 0 || o.MaxBatchTokens < 1:
 		return errors.New("cuda: negative KVCacheBytes/MaxBlocks or MaxBatchTokens < 1")
 	}
@@ -80,12 +91,15 @@ func (o *Options) defaults() error {
 
 // Info describes the device a Backend runs on.
 type Info struct {
-	Name                 string
-	Major, Minor         int // compute capability
-	Multiprocessors      int
-	TotalMemory          int64
-	KVCacheBytes         int64
-	WeightBytes          int64
+	Name            string
+	Major, Minor    int // compute capability
+	Multiprocessors int
+	TotalMemory     int64
+	KVCacheBytes    int64
+	WeightBytes     int64
+	// SmallBatchPath says how steps of ≤ 8 tokens run: "gemv-bf16",
+	// "gemv-fp32" (the fused GEMV kernels) or "cublas".
+	SmallBatchPath       string
 	NVRTCMajor, NVRTCMin int
 	Libraries            []string // paths of driver, NVRTC and cuBLAS as loaded
 }
@@ -158,8 +172,10 @@ type Backend struct {
 
 	// gemvOK: the model's shapes suit the small-batch GEMV kernels (every
 	// K a multiple of 4, gemvMaxM rows of the widest K fit 48 KiB of
-	// shared memory); set in init.
-	gemvOK bool
+	// shared memory); set in init. gemvBF: they read the bf16 copies of
+	// the weights (devLayer.*BF, lmHeadBF; set in uploadWeights).
+	gemvOK, gemvBF bool
+	lmHeadBF       uintptr // [V, d] bf16, when gemvBF
 
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
@@ -170,6 +186,8 @@ type Backend struct {
 type devLayer struct {
 	attnNorm, wqkv, wo uintptr // [d], [qkvDim, d], [d, nH*hd]
 	mlpNorm, wgu, down uintptr // [d], [2ffn, d], [d, ffn]
+	// bf16 copies of the four matrices for the GEMV path (0 unless gemvBF).
+	wqkvBF, woBF, wguBF, downBF uintptr
 }
 
 // launchArgs holds kernel parameters for cuLaunchKernel: ptrs[i] points at
@@ -337,10 +355,18 @@ func (b *Backend) init(m *model.Model) error {
 		return err
 	}
 	b.graphsOn = !b.opt.EagerOnly && b.l.drv.cuGraphLaunch != 0
-	b.gemvOK = gemvShapesOK(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd)
+	b.gemvOK = !b.opt.NoFusedGEMV && gemvShapesOK(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd)
 
 	if err := b.uploadWeights(m); err != nil {
 		return err
+	}
+	switch {
+	case !b.gemvOK:
+		b.info.SmallBatchPath = "cublas"
+	case b.gemvBF:
+		b.info.SmallBatchPath = "gemv-bf16"
+	default:
+		b.info.SmallBatchPath = "gemv-fp32"
 	}
 	if err := b.growScratch(b.opt.MaxBatchTokens); err != nil {
 		return err
@@ -433,6 +459,13 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 	if b.finalNorm, err = up(w.FinalNorm); err != nil {
 		return err
 	}
+	if b.gemvOK && b.gemvBFWanted(m) {
+		b.gemvBF = true
+		if b.lmHeadBF, err = b.uploadBF16(w.LMHead); err != nil {
+			return err
+		}
+		total += int64(len(w.LMHead)) * 2
+	}
 	for i, L := range w.Layers {
 		p := fmt.Sprintf("layer %d ", i)
 		if err := errors.Join(check(p+"attn_norm", L.AttnNorm, dm), check(p+"q", L.Wq, nq*dm), check(p+"k", L.Wk, nkv*dm),
@@ -453,6 +486,17 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 		}{{&dl.attnNorm, L.AttnNorm}, {&dl.wqkv, qkv}, {&dl.wo, L.Wo}, {&dl.mlpNorm, L.MLPNorm}, {&dl.wgu, gu}, {&dl.down, L.WDown}} {
 			if *x.dst, err = up(x.src); err != nil {
 				return err
+			}
+		}
+		if b.gemvBF {
+			for _, x := range []struct {
+				dst *uintptr
+				src []float32
+			}{{&dl.wqkvBF, qkv}, {&dl.woBF, L.Wo}, {&dl.wguBF, gu}, {&dl.downBF, L.WDown}} {
+				if *x.dst, err = b.uploadBF16(x.src); err != nil {
+					return err
+				}
+				total += int64(len(x.src)) * 2
 			}
 		}
 		b.layers = append(b.layers, dl)

@@ -255,10 +255,14 @@ func TestForwardMatchesCPU(t *testing.T) {
 	gpuOrSkip(t)
 	for name, cfg := range testConfigs() {
 		// -eager: no CUDA graphs (batches of 3 and 5 tokens then run
-		// unpadded); -unfused: Options.NoFusedGEMV (cuBLAS at every size).
-		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "tf32-unfused", "fp32-eager-unfused"} {
+		// unpadded); -unfused: Options.NoFusedGEMV (cuBLAS at every size);
+		// -bf16w: the model's weight matrices rounded to bf16 first, so
+		// the GEMV path reads its bf16 copies (lossless, like the shipped
+		// model).
+		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "tf32-unfused", "fp32-eager-unfused", "fp32-bf16w", "tf32-eager-bf16w"} {
 			prec, _, _ := strings.Cut(variant, "-")
 			eager, unfused := strings.Contains(variant, "-eager"), strings.Contains(variant, "-unfused")
+			bf16w := strings.Contains(variant, "-bf16w")
 			t.Run(name+"/"+variant, func(t *testing.T) {
 				tol := tolFP32
 				if prec == "tf32" {
@@ -268,11 +272,21 @@ func TestForwardMatchesCPU(t *testing.T) {
 				if cfg.TieWordEmbeddings {
 					m.Weights.LMHead = m.Weights.Embed
 				}
+				if bf16w {
+					roundModelBF16(m)
+				}
 				const bs = 16
 				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, NoFusedGEMV: unfused})
 				t.Logf("device %+v", g.Info())
-				if name != "odd-ffn" && !g.gemvOK {
-					t.Fatalf("%s: GEMV path unexpectedly off", name)
+				wantPath := "gemv-fp32"
+				switch {
+				case unfused || name == "odd-ffn":
+					wantPath = "cublas"
+				case bf16w:
+					wantPath = "gemv-bf16"
+				}
+				if got := g.Info().SmallBatchPath; got != wantPath {
+					t.Fatalf("small-batch path %q, want %q", got, wantPath)
 				}
 				r := rand.New(rand.NewPCG(1, 2))
 				pool := newBlockPool(64, r)
@@ -342,6 +356,26 @@ func TestForwardMatchesCPU(t *testing.T) {
 					t.Errorf("steps did not run as graphs: %+v", gs)
 				}
 			})
+		}
+	}
+}
+
+// roundModelBF16 rounds every weight matrix of m to bfloat16 in place (the
+// norms stay float32, as they do in the backend).
+func roundModelBF16(m *model.Model) {
+	round := func(s []float32) {
+		for i, h := range toBF16(s) {
+			s[i] = math.Float32frombits(uint32(h) << 16)
+		}
+	}
+	w := m.Weights
+	round(w.Embed)
+	if len(w.LMHead) > 0 && &w.LMHead[0] != &w.Embed[0] {
+		round(w.LMHead)
+	}
+	for _, L := range w.Layers {
+		for _, s := range [][]float32{L.Wq, L.Wk, L.Wv, L.Wo, L.WGate, L.WUp, L.WDown} {
+			round(s)
 		}
 	}
 }

@@ -3,6 +3,10 @@ package cuda
 import (
 	"errors"
 	"math"
+	"runtime"
+	"unsafe"
+
+	"chunlian/model"
 )
 
 // The small-batch path: steps of at most gemvMaxM tokens (single-sequence
@@ -23,6 +27,10 @@ import (
 // reading the weights once, which these kernels do with float4 loads of
 // each weight row shared by all M tokens; they multiply in exact float32
 // (no TF32 rounding), so Options.Precision only affects larger batches.
+// Weights: bf16 copies when the model's weights are exactly bf16 (the
+// shipped model is stored in bf16: lossless, half the bytes, and the 33 MB
+// of matrices fit the H200's 50 MB L2 across steps), else float32; see
+// Options.GEMVWeights.
 
 // gemvMaxM is the largest batch (tokens, and logits rows) of the GEMV path;
 // it must equal GEMV_MAX_M in kernels/llama.cu.
@@ -53,7 +61,77 @@ func gemvShapesOK(d, ffn, nq int) bool {
 
 // useGEMV says whether a step of T tokens runs on the small-batch path.
 func (b *Backend) useGEMV(T int) bool {
-	return b.gemvOK && !b.opt.NoFusedGEMV && T >= 1 && T <= gemvMaxM
+	return b.gemvOK && T >= 1 && T <= gemvMaxM
+}
+
+// gemvBFWanted decides Options.GEMVWeights for model m: the bf16 kernels
+// read 8 weights per 16-byte load, so every K must be a multiple of 8.
+func (b *Backend) gemvBFWanted(m *model.Model) bool {
+	c := m.Config
+	for _, k := range []int{c.HiddenSize, c.IntermediateSize, c.NumHeads * b.hd} {
+		if k%8 != 0 {
+			return false
+		}
+	}
+	switch b.opt.GEMVWeights {
+	case "bf16":
+		return true
+	case "fp32":
+		return false
+	}
+	w := m.Weights
+	if !bf16Exact(w.LMHead) {
+		return false
+	}
+	for _, L := range w.Layers {
+		if !bf16Exact(L.Wq) || !bf16Exact(L.Wk) || !bf16Exact(L.Wv) || !bf16Exact(L.Wo) ||
+			!bf16Exact(L.WGate) || !bf16Exact(L.WUp) || !bf16Exact(L.WDown) {
+			return false
+		}
+	}
+	return true
+}
+
+// bf16Exact reports whether every value of s is a bfloat16 (its low 16
+// bits are zero), so that converting to bf16 loses nothing.
+func bf16Exact(s []float32) bool {
+	for _, v := range s {
+		if math.Float32bits(v)&0xffff != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// toBF16 rounds to nearest even bfloat16 (exact for bf16Exact input; NaNs
+// stay NaNs).
+func toBF16(s []float32) []uint16 {
+	out := make([]uint16, len(s))
+	for i, v := range s {
+		u := math.Float32bits(v)
+		if v != v {
+			out[i] = uint16(u>>16) | 0x40
+			continue
+		}
+		out[i] = uint16((u + 0x7fff + (u>>16)&1) >> 16)
+	}
+	return out
+}
+
+// uploadBF16 copies s to a new device buffer as bfloat16.
+func (b *Backend) uploadBF16(s []float32) (uintptr, error) {
+	h := toBF16(s)
+	p, err := b.alloc(int64(len(h)) * 2)
+	if err != nil || len(h) == 0 {
+		return p, err
+	}
+	d := &b.l.drv
+	err = d.call("cuMemcpyHtoDAsync(bf16)", d.cuMemcpyHtoDAsync, p, uintptr(unsafe.Pointer(&h[0])), uintptr(len(h)*2), b.stream)
+	if err == nil {
+		err = b.sync()
+	}
+	runtime.KeepAlive(h)
+	return p, err
 }
 
 // enqueueSmall is enqueue for T ≤ gemvMaxM tokens (see the file comment).
@@ -69,9 +147,20 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
 	u := func(p uintptr) uint64 { return uint64(p) }
 	grid := func(units int) int { return (units + gemvWarps - 1) / gemvWarps }
+	// Kernel names and weight pointers of the chosen weight format.
+	kGemv, kQKV, kGU := "gemv", "gemv_qkv_rope", "gemv_gu_silu"
+	lm := b.lmHead
+	if b.gemvBF {
+		kGemv, kQKV, kGU = "gemv_bf16", "gemv_qkv_rope_bf16", "gemv_gu_silu_bf16"
+		lm = b.lmHeadBF
+	}
 	var errs error
 	for l, L := range b.layers {
 		kc, vc := b.kvSlab(l, 0), b.kvSlab(l, 1)
+		wqkv, wo, wgu, down := L.wqkv, L.wo, L.wgu, L.down
+		if b.gemvBF {
+			wqkv, wo, wgu, down = L.wqkvBF, L.woBF, L.wguBF, L.downBF
+		}
 		// Layer 0 reads the embedding table through the token ids and
 		// writes the residual stream; later layers read the residual.
 		src, ids := u(b.x), uint64(0)
@@ -79,17 +168,17 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 			src, ids = u(b.embed), tokens
 		}
 		errs = errors.Join(
-			b.launchShm("gemv_qkv_rope", grid(b.qkvDim/2), 1, gemvThreads, T*dm*4,
-				u(b.qkv), src, ids, u(b.x), u(L.attnNorm), eps, u(L.wqkv), u(b.cosSin), positions, slots,
+			b.launchShm(kQKV, grid(b.qkvDim/2), 1, gemvThreads, T*dm*4,
+				u(b.qkv), src, ids, u(b.x), u(L.attnNorm), eps, u(wqkv), u(b.cosSin), positions, slots,
 				u(kc), u(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
 			b.launch("paged_attention", (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
-			b.launchShm("gemv", grid(dm), 1, gemvThreads, T*nq*4,
-				u(b.x), u(b.attn), 0, 0, 0, u(L.wo), i32(T), i32(dm), i32(nq), 1),
-			b.launchShm("gemv_gu_silu", grid(ffn), 1, gemvThreads, T*dm*4,
-				u(b.act), u(b.x), u(L.mlpNorm), eps, u(L.wgu), i32(T), i32(dm), i32(ffn)),
-			b.launchShm("gemv", grid(dm), 1, gemvThreads, T*ffn*4,
-				u(b.x), u(b.act), 0, 0, 0, u(L.down), i32(T), i32(dm), i32(ffn), 1),
+			b.launchShm(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
+				u(b.x), u(b.attn), 0, 0, 0, u(wo), i32(T), i32(dm), i32(nq), 1),
+			b.launchShm(kGU, grid(ffn), 1, gemvThreads, T*dm*4,
+				u(b.act), u(b.x), u(L.mlpNorm), eps, u(wgu), i32(T), i32(dm), i32(ffn)),
+			b.launchShm(kGemv, grid(dm), 1, gemvThreads, T*ffn*4,
+				u(b.x), u(b.act), 0, 0, 0, u(down), i32(T), i32(dm), i32(ffn), 1),
 		)
 		if errs != nil {
 			return errs
@@ -99,8 +188,8 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		return nil
 	}
 	if R <= gemvMaxM {
-		errs = b.launchShm("gemv", grid(V), 1, gemvThreads, R*dm*4,
-			u(b.logitBuf), u(b.x), rows, u(b.finalNorm), eps, u(b.lmHead), i32(R), i32(V), i32(dm), 0)
+		errs = b.launchShm(kGemv, grid(V), 1, gemvThreads, R*dm*4,
+			u(b.logitBuf), u(b.x), rows, u(b.finalNorm), eps, u(lm), i32(R), i32(V), i32(dm), 0)
 	} else { // duplicate logits rows can make R > T
 		errs = errors.Join(
 			b.launch("rmsnorm", R, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), eps),

@@ -4,6 +4,10 @@
 # then, through the device tool, with carry [".carry/cuda"]:
 #   bash cuda/h200.sh smoke   # ~3 min: GPU tests, kernel benchmarks, short HTTP + HF smoke
 #   bash cuda/h200.sh full    # ~8 min: the whole benchmark, side by side
+#   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
+#                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
+#                             # users (new defaults) and 1/100 (old path), engine lines
+#                             # and couplet pipeline new vs old, with a CPU profile
 # Logs, JSON and Markdown are written to /tmp/h200 and packed into
 # $OUT/results.tgz (the device tool brings back at most 8 files).
 set -u
@@ -22,6 +26,9 @@ nproc
 nvidia-smi dmon -s um -d 1 -o T > "$OUT/dmon.txt" 2>&1 &
 DMON=$!
 trap 'kill $DMON 2>/dev/null; tar czf "$RES/results.tgz" -C "$OUT" .' EXIT
+# pack: refresh $RES/results.tgz after each stage, so a run killed at the
+# device tool's limit (SIGKILL: no EXIT trap) still brings back what it did.
+pack() { tar czf "$RES/results.tgz" -C "$OUT" . 2>/dev/null; }
 
 case "$MODE" in
 smoke)
@@ -52,6 +59,31 @@ full)
 	grep -hE "^Benchmark" "$OUT/engine_lines.log" "$OUT/cuda_bench.log" "$OUT/couplets.log"
 	tail -9 "$OUT/hf.log"
 	grep -E "^\| engine|^\| naive" "$OUT/engine.md" "$OUT/naive.md"
+	;;
+s2)
+	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
+	timeout 75 $BIN/cuda.test -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	echo "tests rc=$?"
+	grep -E "^(--- |PASS|FAIL|ok)|panic|--- FAIL|_test.go:[0-9]+: .*(want|differs|>)" "$OUT/cuda_test.log" | cut -c1-220 | head -50
+	pack
+	timeout 50 $BIN/cuda.test -test.run XXX -test.bench DecodeStep -test.benchtime 100x -test.count 2 > "$OUT/decode_bench.log" 2>&1
+	grep -E "^Benchmark|SmallBatchPath:|FAIL|panic" "$OUT/decode_bench.log" | sed -E 's/Libraries:\[[^]]*\]//' | cut -c1-200
+	pack
+	timeout 45 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,10,100,1000 --duration 5s \
+		--warmup 1s --server-log-dir "$OUT" --quiet --json "$OUT/http_new.json" --out "$OUT/http_new.md" > "$OUT/http_new.log" 2>&1
+	echo "http new rc=$?"; grep -E "^\| engine" "$OUT/http_new.md"
+	pack
+	timeout 25 $BIN/chunlian bench --spawn engine --server-flags "$SF --gpu-row-lse=false --gpu-fused-gemv=false" \
+		--concurrency 1,100 --duration 5s --warmup 1s --quiet --json "$OUT/http_old.json" --out "$OUT/http_old.md" > "$OUT/http_old.log" 2>&1
+	echo "http old rc=$?"; grep -E "^\| engine" "$OUT/http_old.md"
+	pack
+	timeout 40 $BIN/cuda.test -test.run XXX -test.bench EngineLines -test.benchtime 3x > "$OUT/engine_lines.log" 2>&1
+	grep -E "^Benchmark" "$OUT/engine_lines.log" | cut -c1-170
+	pack
+	timeout 35 $BIN/cuda.test -test.run XXX -test.bench Couplets -test.benchtime 2s \
+		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
+	grep -E "^Benchmark" "$OUT/couplets.log" | cut -c1-170
+	cp "$BIN/cuda.test" "$OUT/" # symbols for the profile
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see

@@ -131,3 +131,39 @@ func TestGEMVShapes(t *testing.T) {
 		}
 	}
 }
+
+func TestBF16Conversion(t *testing.T) {
+	f := math.Float32frombits
+	for _, tc := range []struct {
+		in   float32
+		want uint16
+	}{
+		{1, 0x3f80},
+		{-2, 0xc000},
+		{f(0x3f808000), 0x3f80}, // halfway, even below: down
+		{f(0x3f818000), 0x3f82}, // halfway, odd below: up
+		{f(0x3f808001), 0x3f81}, // above halfway: up
+		{f(0x3f807fff), 0x3f80},
+		{float32(math.Inf(-1)), 0xff80},
+		{0, 0},
+	} {
+		if got := toBF16([]float32{tc.in})[0]; got != tc.want {
+			t.Errorf("toBF16(%#08x) = %#04x, want %#04x", math.Float32bits(tc.in), got, tc.want)
+		}
+	}
+	if got := toBF16([]float32{float32(math.NaN())})[0]; got&0x7f80 != 0x7f80 || got&0x7f == 0 {
+		t.Errorf("NaN → %#04x, not a NaN", got)
+	}
+	for _, tc := range []struct {
+		s    []float32
+		want bool
+	}{
+		{[]float32{1, -2, 0.5, f(0x3f810000)}, true},
+		{[]float32{1, f(0x3f810001)}, false},
+		{nil, true},
+	} {
+		if got := bf16Exact(tc.s); got != tc.want {
+			t.Errorf("bf16Exact(%v) = %v", tc.s, got)
+		}
+	}
+}

@@ -293,7 +293,8 @@ __device__ void load_rows(float* xs, const float* __restrict__ x, const int* __r
 }
 
 // warp_dot: acc[m] = Σ_k w[k] * xs[m, k] for m < M, summed over the warp
-// (every lane gets the sums). w [K] in global memory, xs [M, K] in shared.
+// (every lane gets the sums). w [K] in global memory, float32 (K % 4 == 0)
+// or bfloat16 bits (K % 8 == 0); xs [M, K] in shared memory.
 __device__ __forceinline__ void warp_dot(const float* __restrict__ w, const float* xs, int M, int K,
                                          float acc[GEMV_MAX_M]) {
     int lane = threadIdx.x & (WARP - 1);
@@ -318,14 +319,52 @@ __device__ __forceinline__ void warp_dot(const float* __restrict__ w, const floa
         if (m < M) acc[m] = warp_sum(acc[m]);
 }
 
+// bf16 weights: 8 per 16-byte load; bfloat16 → float32 is exact (the bits
+// shifted into the high half), so a model stored in bf16 computes exactly
+// what the float32 kernel computes, reading half the bytes.
+__device__ __forceinline__ float bf_lo(unsigned int u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
+
+__device__ __forceinline__ void warp_dot(const unsigned short* __restrict__ w, const float* xs, int M,
+                                         int K, float acc[GEMV_MAX_M]) {
+    int lane = threadIdx.x & (WARP - 1);
+    const uint4* w8 = reinterpret_cast<const uint4*>(w);
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    int K8 = K / 8, K4 = K / 4;
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.f;
+#pragma unroll 2
+    for (int k = lane; k < K8; k += WARP) {
+        uint4 a = __ldg(w8 + k);
+        float w0 = bf_lo(a.x), w1 = bf_hi(a.x), w2 = bf_lo(a.y), w3 = bf_hi(a.y);
+        float w4_ = bf_lo(a.z), w5 = bf_hi(a.z), w6 = bf_lo(a.w), w7 = bf_hi(a.w);
+#pragma unroll
+        for (int m = 0; m < GEMV_MAX_M; m++) {
+            if (m < M) {
+                float4 b = x4[m * K4 + 2 * k], c = x4[m * K4 + 2 * k + 1];
+                acc[m] += w0 * b.x + w1 * b.y + w2 * b.z + w3 * b.w + w4_ * c.x + w5 * c.y + w6 * c.z + w7 * c.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++)
+        if (m < M) acc[m] = warp_sum(acc[m]);
+}
+
+// The three GEMV kernels are templates over the weight type WT (float or
+// bf16 bits as unsigned short), instantiated below under extern "C" names:
+// gemv / gemv_bf16, gemv_qkv_rope / gemv_qkv_rope_bf16, gemv_gu_silu /
+// gemv_gu_silu_bf16.
+
 // gemv: y[m, n] = W[n, :] · in(m) (+ y[m, n] when accumulate), where in(m)
 // is row (rows ? rows[m] : m) of x [*, K], RMSNorm'ed with g [K] when
 // g != 0. W [N, K]; y [M, N]. grid = ceil(N / GEMV_WARPS).
 // Used for the attention output and down projections (accumulate into the
 // residual stream) and for the LM head (rows = sampled rows, g = final norm).
-extern "C" __global__ void gemv(float* __restrict__ y, const float* __restrict__ x,
-                                const int* __restrict__ rows, const float* __restrict__ g, float eps,
-                                const float* __restrict__ W, int M, int N, int K, int accumulate) {
+template <typename WT>
+__device__ void gemv_t(float* __restrict__ y, const float* __restrict__ x, const int* __restrict__ rows,
+                       const float* __restrict__ g, float eps, const WT* __restrict__ W, int M, int N, int K,
+                       int accumulate) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     load_rows(xs, x, rows, 0, g, eps, M, K);
@@ -352,13 +391,13 @@ extern "C" __global__ void gemv(float* __restrict__ y, const float* __restrict__
 // W [qkvDim, K] (rows of Wq, Wk, Wv); qkv [M, qkvDim]; cosSin, positions,
 // slots, kcache, vcache as in rope_kv. One warp per row pair:
 // grid = ceil(qkvDim/2 / GEMV_WARPS).
-extern "C" __global__ void gemv_qkv_rope(float* __restrict__ qkv, const float* __restrict__ x,
-                                         const int* __restrict__ ids, float* __restrict__ resid,
-                                         const float* __restrict__ g, float eps,
-                                         const float* __restrict__ W, const float* __restrict__ cosSin,
-                                         const int* __restrict__ positions, const int* __restrict__ slots,
-                                         float* __restrict__ kcache, float* __restrict__ vcache,
-                                         int M, int K, int nH, int nKV) {
+template <typename WT>
+__device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict__ x,
+                                const int* __restrict__ ids, float* __restrict__ resid,
+                                const float* __restrict__ g, float eps, const WT* __restrict__ W,
+                                const float* __restrict__ cosSin, const int* __restrict__ positions,
+                                const int* __restrict__ slots, float* __restrict__ kcache,
+                                float* __restrict__ vcache, int M, int K, int nH, int nKV) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     load_rows(xs, x, ids, ids ? resid : 0, g, eps, M, K);
@@ -402,9 +441,10 @@ extern "C" __global__ void gemv_qkv_rope(float* __restrict__ qkv, const float* _
 // (g) of the residual rows x [M, K], gate row i and up row ffn+i of
 // W [2*ffn, K] in the same warp, act[m, i] = silu(gate) * up.
 // act [M, ffn]. grid = ceil(ffn / GEMV_WARPS).
-extern "C" __global__ void gemv_gu_silu(float* __restrict__ act, const float* __restrict__ x,
-                                        const float* __restrict__ g, float eps,
-                                        const float* __restrict__ W, int M, int K, int ffn) {
+template <typename WT>
+__device__ void gemv_gu_silu_t(float* __restrict__ act, const float* __restrict__ x,
+                               const float* __restrict__ g, float eps, const WT* __restrict__ W, int M,
+                               int K, int ffn) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     load_rows(xs, x, 0, 0, g, eps, M, K);
@@ -422,3 +462,36 @@ extern "C" __global__ void gemv_gu_silu(float* __restrict__ act, const float* __
         }
     }
 }
+
+#define GEMV_ENTRY(NAME, WT)                                                                          \
+    extern "C" __global__ void NAME(float* __restrict__ y, const float* __restrict__ x,               \
+                                    const int* __restrict__ rows, const float* __restrict__ g,        \
+                                    float eps, const WT* __restrict__ W, int M, int N, int K,         \
+                                    int accumulate) {                                                 \
+        gemv_t<WT>(y, x, rows, g, eps, W, M, N, K, accumulate);                                       \
+    }
+GEMV_ENTRY(gemv, float)
+GEMV_ENTRY(gemv_bf16, unsigned short)
+
+#define QKV_ENTRY(NAME, WT)                                                                           \
+    extern "C" __global__ void NAME(float* __restrict__ qkv, const float* __restrict__ x,             \
+                                    const int* __restrict__ ids, float* __restrict__ resid,           \
+                                    const float* __restrict__ g, float eps, const WT* __restrict__ W, \
+                                    const float* __restrict__ cosSin,                                 \
+                                    const int* __restrict__ positions, const int* __restrict__ slots, \
+                                    float* __restrict__ kcache, float* __restrict__ vcache, int M,    \
+                                    int K, int nH, int nKV) {                                         \
+        gemv_qkv_rope_t<WT>(qkv, x, ids, resid, g, eps, W, cosSin, positions, slots, kcache, vcache, \
+                            M, K, nH, nKV);                                                           \
+    }
+QKV_ENTRY(gemv_qkv_rope, float)
+QKV_ENTRY(gemv_qkv_rope_bf16, unsigned short)
+
+#define GU_ENTRY(NAME, WT)                                                                            \
+    extern "C" __global__ void NAME(float* __restrict__ act, const float* __restrict__ x,             \
+                                    const float* __restrict__ g, float eps, const WT* __restrict__ W, \
+                                    int M, int K, int ffn) {                                          \
+        gemv_gu_silu_t<WT>(act, x, g, eps, W, M, K, ffn);                                             \
+    }
+GU_ENTRY(gemv_gu_silu, float)
+GU_ENTRY(gemv_gu_silu_bf16, unsigned short)
