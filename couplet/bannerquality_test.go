@@ -201,7 +201,7 @@ func bqScore(b *testing.B, g *Generator, it bqItem, seed uint64) *bqScored {
 
 func BenchmarkBannerQuality(b *testing.B) {
 	m := defaultModel(b)
-	g, err := New(m, realStack(b, m))
+	g, err := New(m, realStack(b, m), WithBannerSources(testBannerSources()...))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func BenchmarkBannerQuality(b *testing.B) {
 		{"retrieved 8, no model", false, 8, 5, 0},
 		{"model + 2", true, 2, 5, 0},
 		{"model + 4", true, 4, 5, 0},
-		{"model + 8 (default)", true, 8, 5, 0},
+		{"model + 8 lexical, with <eos> (old default)", true, 8, 5, 0},
 		{"model + 16", true, 16, 5, 0},
 		{"model + 32 (reference)", true, 32, 5, 0},
 		{"model + 4, no <eos>", true, 4, 4, 0},
@@ -228,7 +228,7 @@ func BenchmarkBannerQuality(b *testing.B) {
 		{"model + B1-best 2 of 8, no <eos>", true, 2, 4, 8},
 		{"model + B1-best 4 of 8, no <eos>", true, 4, 4, 8},
 		{"model + B1-best 2 of 32, no <eos>", true, 2, 4, 32},
-		{"model + B1-best 4 of 32, no <eos>", true, 4, 4, 32},
+		{"model + B1-best 4 of 32, no <eos> (new default)", true, 4, 4, 32},
 		{"model + B1-best 8 of 32, no <eos>", true, 8, 4, 32},
 	}
 	def := 4
@@ -243,7 +243,7 @@ func BenchmarkBannerQuality(b *testing.B) {
 			}
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "\n%s: %d couplets\n\n", set.name, len(scored))
-			fmt.Fprintln(&sb, "| choice | mean log P per token (B1..B4 <eos>) | same as default | model's own chosen | true 横批 chosen |")
+			fmt.Fprintln(&sb, "| choice | mean log P per token (B1..B4 <eos>) | same as old default | model's own chosen | true 横批 chosen |")
 			fmt.Fprintln(&sb, "|---|---|---|---|---|")
 			for _, c := range configs {
 				var ref, same, own, hit, truthN float64

@@ -56,8 +56,19 @@ func benchStages(b *testing.B, opts ...Option) {
 	b.ReportMetric(rows, "rows/couplet")
 }
 
-// The service defaults (--samples-per-couplet 1, --banner-candidates 8).
-func BenchmarkDefaultStages(b *testing.B) { benchStages(b, WithOversample(1)) }
+// testBannerSources are the service's retrieval lists as seen from the
+// package directory (go test runs there; the service runs from the
+// repository root, where SharedBannersPath is relative to).
+func testBannerSources() []BannerSource {
+	s := DefaultBannerSources()
+	s[0].Path = "../" + SharedBannersPath
+	return s
+}
+
+// The service defaults (--samples-per-couplet 1, 横批 ranking).
+func BenchmarkDefaultStages(b *testing.B) {
+	benchStages(b, WithOversample(1), WithBannerSources(testBannerSources()...))
+}
 
 // No retrieval: the model's own 横批 only.
 func BenchmarkDefaultStagesNoRetrieval(b *testing.B) {
