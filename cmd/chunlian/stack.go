@@ -54,7 +54,11 @@ func defaultStackConfig() stackConfig {
 		// second ranked sample costs ~2× the decode work for a small gain in
 		// quality (docs/BENCHMARKS.md); raise it for quality over throughput.
 		SamplesPerCouplet: 1,
-		BannerCandidates:  8,
+		// 横批: the model's own plus the 4 retrieved candidates (of a
+		// lexical pool of 32) whose first character the model finds
+		// likeliest; ranks better than 8 lexical ones at half the rows
+		// (couplet.BenchmarkBannerQuality).
+		BannerCandidates: couplet.DefaultBannerTopK,
 	}
 }
 
@@ -91,7 +95,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU backend threads; 0 = all cores [CHUNLIAN_THREADS]")
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, "constrained samples drawn and ranked for each returned couplet (quality vs throughput) [CHUNLIAN_SAMPLES_PER_COUPLET]")
-	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet; 0 = the model's own 横批 only [CHUNLIAN_BANNER_CANDIDATES]")
+	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only [CHUNLIAN_BANNER_CANDIDATES]")
 	c.CUDA.register(fs)
 }
 
