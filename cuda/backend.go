@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"time"
 	"unsafe"
 
 	"chunlian/forward"
@@ -53,6 +54,10 @@ type Options struct {
 	// row on the GPU (see LogSumExp), sparing the host a pass over the
 	// vocabulary per row when it needs log-probabilities.
 	RowLogSumExp bool
+	// HandoffSpin is how long the CUDA worker polls for the next call, and
+	// a caller for its result, before parking (see handoff.go): 0 means
+	// DefaultHandoffSpin, negative never polls (plain channel hand-off).
+	HandoffSpin time.Duration
 	// MaxBatchTokens is the initial size of the activation buffers in
 	// tokens (default 8192); they grow on demand when a batch is larger.
 	MaxBatchTokens int
@@ -114,7 +119,8 @@ type Info struct {
 // time (the engine loop), and mu makes concurrent misuse safe anyway.
 type Backend struct {
 	mu     sync.Mutex
-	cmd    chan func()
+	cmd    chan func() // capacity 1: see handoff.go
+	spin   time.Duration
 	closed bool
 	info   Info
 
@@ -214,7 +220,7 @@ func New(m *model.Model, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{cmd: make(chan func()), l: l, opt: o, fn: map[string]uintptr{},
+	b := &Backend{cmd: make(chan func(), 1), spin: handoffSpin(o.HandoffSpin), l: l, opt: o, fn: map[string]uintptr{},
 		allocs: map[uintptr]bool{}, graphs: map[graphKey]uintptr{}, one: new(float32), zero: new(float32), args: &launchArgs{}}
 	*b.one = 1
 	go b.worker()
@@ -225,22 +231,6 @@ func New(m *model.Model, o Options) (*Backend, error) {
 		return nil, err
 	}
 	return b, nil
-}
-
-// worker is the CUDA thread: it never unlocks, so the context stays current
-// on this OS thread for the Backend's whole life.
-func (b *Backend) worker() {
-	runtime.LockOSThread()
-	for f := range b.cmd {
-		f()
-	}
-}
-
-// do runs f on the worker and returns its error.
-func (b *Backend) do(f func() error) error {
-	done := make(chan error, 1)
-	b.cmd <- func() { done <- f() }
-	return <-done
 }
 
 // Info returns the device description.

@@ -47,22 +47,31 @@ func decodeBatch(nSeq, ctx, bs int, withLogits bool) *forward.Batch {
 // single-token sequences with ~24 tokens of context, logits copied back
 // for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
 // not) × fused (the GEMV path for ≤ 8 tokens, the default) / unfused
-// (Options.NoFusedGEMV: cuBLAS + separate kernels, the path before it), and
-// graph-lse (the default with Options.RowLogSumExp). Old and new run in the
-// same process; -test.count N alternates them N times.
+// (Options.NoFusedGEMV: cuBLAS + separate kernels, the path before it),
+// graph-lse (the default with Options.RowLogSumExp), graph-nospin (plain
+// blocking channel hand-off to the CUDA worker, Options.HandoffSpin < 0),
+// graph-fp32w (the GEMV path on float32 weights even where bf16 copies are
+// exact). Old and new run in the same process; -test.count N alternates
+// them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-unfused", "graph-lse", "eager", "eager-unfused"} {
+	for _, mode := range []string{"graph", "graph-unfused", "graph-lse", "graph-nospin", "graph-fp32w", "eager", "eager-unfused"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager"),
 			NoFusedGEMV: strings.HasSuffix(mode, "-unfused"), RowLogSumExp: mode == "graph-lse"}
+		switch mode {
+		case "graph-nospin":
+			o.HandoffSpin = -1
+		case "graph-fp32w":
+			o.GEMVWeights = "fp32"
+		}
 		g, err := New(m, o)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Logf("device %+v", g.Info())
 		sizes := []int{1, 2, 4, 8, 16, 64, 256, 1024}
-		if o.EagerOnly || o.RowLogSumExp {
+		if mode != "graph" && mode != "graph-unfused" {
 			sizes = []int{1, 8, 1024}
 		}
 		for _, n := range sizes {

@@ -505,6 +505,10 @@ func TestDefaultModelMatchesCPU(t *testing.T) {
 				tol = tolTF32
 			}
 			g, c := newPair(t, m, prec, 16, false)
+			t.Logf("small-batch path %s", g.Info().SmallBatchPath)
+			if bf16Exact(m.Weights.LMHead) && g.Info().SmallBatchPath != "gemv-bf16" {
+				t.Errorf("bf16-stored model runs small batches on %q, want gemv-bf16", g.Info().SmallBatchPath)
+			}
 			r := rand.New(rand.NewPCG(9, 9))
 			pool := newBlockPool(64, r)
 			seqs := []*seqSim{{}, {}, {}}

@@ -1,0 +1,91 @@
+package cuda
+
+import (
+	"runtime"
+	"time"
+)
+
+// Hand-off between callers and the CUDA worker.
+//
+// Every CUDA call runs on one goroutine locked to its OS thread (worker),
+// because the context is current per thread. A caller (the engine
+// goroutine, through Forward) sends a closure on b.cmd and waits for its
+// result. With plain blocking channels each call costs two thread
+// wake-ups — the worker's locked thread, then the caller's — of several µs
+// each, against a whole single-sequence decode step of ~100 µs on the GPU.
+// So both sides first poll for up to b.spin: the worker for the next
+// closure after finishing one (the engine's host work between two steps
+// is usually shorter), the caller for its result (a small step's GPU time
+// is usually shorter). Only then do they park on the channel. b.cmd has
+// capacity 1 so that a send never waits for the polling worker to
+// receive; callers are serialised by Backend.mu (New's calls come before
+// the Backend is shared), so at most one closure is ever queued.
+
+// DefaultHandoffSpin is Options.HandoffSpin's default: long enough to
+// cover a small decode step and the engine's work between steps, short
+// enough that an idle backend stops burning a core at once.
+const DefaultHandoffSpin = 300 * time.Microsecond
+
+func handoffSpin(o time.Duration) time.Duration {
+	switch {
+	case o == 0:
+		return DefaultHandoffSpin
+	case o < 0:
+		return 0
+	}
+	return o
+}
+
+// worker is the CUDA thread: it never unlocks, so the context stays current
+// on this OS thread for the Backend's whole life. It returns when b.cmd is
+// closed.
+func (b *Backend) worker() {
+	runtime.LockOSThread()
+	for {
+		f, ok := b.next()
+		if !ok {
+			return
+		}
+		f()
+	}
+}
+
+// next returns the next closure (polling for up to b.spin first), or
+// false once b.cmd is closed.
+func (b *Backend) next() (func(), bool) {
+	if b.spin > 0 {
+		t0 := time.Now()
+		for {
+			select {
+			case f, ok := <-b.cmd:
+				return f, ok
+			default:
+			}
+			if time.Since(t0) > b.spin {
+				break
+			}
+		}
+	}
+	f, ok := <-b.cmd
+	return f, ok
+}
+
+// do runs f on the worker and returns its error.
+func (b *Backend) do(f func() error) error {
+	done := make(chan error, 1)
+	b.cmd <- func() { done <- f() }
+	if b.spin > 0 {
+		t0 := time.Now()
+		for {
+			select {
+			case err := <-done:
+				return err
+			default:
+			}
+			if time.Since(t0) > b.spin {
+				break
+			}
+		}
+	}
+	return <-done
+}
