@@ -5,7 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"sort"
+
 	"strings"
 )
 
@@ -27,6 +27,7 @@ type bannerCand struct {
 	ids   [4]int32
 	text  string
 	prior int // 1 for real 横批 lists (banners.txt), 0 for idioms
+	base  int // prior + spring-theme characters: the context-free part of relevance
 }
 
 // parseBanners reads one candidate per line; lines that are not exactly four
@@ -51,6 +52,12 @@ func (t *tables) parseBanners(r io.Reader, prior int, seen map[string]bool, out 
 		}
 		if ok {
 			c.text, c.prior = line, prior
+			c.base = prior
+			for _, r := range rs {
+				if strings.ContainsRune(springChars, r) {
+					c.base++
+				}
+			}
 			seen[line] = true
 			out = append(out, c)
 		}
@@ -90,23 +97,22 @@ func (t *tables) loadBanners(srcs []BannerSource) (cands []bannerCand, used []st
 	return cands, used
 }
 
-// relevance scores a candidate for a couplet: shared characters count most,
-// then spring theme, then the source prior.
+// relevance scores a candidate for a couplet: shared characters count most
+// (4 each), then spring-theme characters, then the source prior (c.base).
 func relevance(c *bannerCand, context map[rune]bool) int {
-	s := 0
+	s := c.base
 	for _, r := range c.text {
 		if context[r] {
 			s += 4
 		}
-		if strings.ContainsRune(springChars, r) {
-			s++
-		}
 	}
-	return s + c.prior
+	return s
 }
 
 // topBanners returns up to k candidates most relevant to the text, best
-// first (ties keep list order, real 横批 lists first).
+// first (ties keep list order, real 横批 lists first). It keeps a sorted
+// buffer of the best k while scanning (O(n·k) worst case, O(n) typical),
+// instead of sorting all n: it runs once per couplet on the request path.
 func topBanners(cands []bannerCand, text string, k int) []*bannerCand {
 	if k <= 0 || len(cands) == 0 {
 		return nil
@@ -121,16 +127,26 @@ func topBanners(cands []bannerCand, text string, k int) []*bannerCand {
 		c *bannerCand
 		s int
 	}
-	all := make([]scored, 0, len(cands))
+	top := make([]scored, 0, k+1) // [≤k] best so far, by s descending, list order within ties
 	for i := range cands {
-		all = append(all, scored{&cands[i], relevance(&cands[i], ctx)})
+		s := relevance(&cands[i], ctx)
+		if len(top) == k && s <= top[k-1].s {
+			continue
+		}
+		// Insert after every entry with score ≥ s (stable).
+		j := len(top)
+		for j > 0 && top[j-1].s < s {
+			j--
+		}
+		top = append(top, scored{})
+		copy(top[j+1:], top[j:])
+		top[j] = scored{&cands[i], s}
+		if len(top) > k {
+			top = top[:k]
+		}
 	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].s > all[j].s })
-	if len(all) > k {
-		all = all[:k]
-	}
-	out := make([]*bannerCand, len(all))
-	for i, s := range all {
+	out := make([]*bannerCand, len(top))
+	for i, s := range top {
 		out[i] = s.c
 	}
 	return out
