@@ -255,10 +255,12 @@ func BenchmarkEngineOverhead(b *testing.B) {
 				r.Params.Temperature, r.Params.TopP, r.Params.Seed = c.temp, c.topP, 1
 				r.NewProcessor = c.proc
 			}
+			c0 := cpuTime()
 			for b.Loop() {
 				runAll(b, e, reqs)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(c.users*genLen*b.N), "ns/token")
+			b.ReportMetric(float64((cpuTime()-c0).Nanoseconds())/float64(c.users*genLen*b.N), "cpu-ns/token")
 		})
 	}
 }
