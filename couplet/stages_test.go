@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"context"
+	"os"
 	"testing"
 )
 
@@ -61,7 +62,9 @@ func benchStages(b *testing.B, opts ...Option) {
 // repository root, where SharedBannersPath is relative to).
 func testBannerSources() []BannerSource {
 	s := DefaultBannerSources()
-	s[0].Path = "../" + SharedBannersPath
+	if _, err := os.Stat(s[0].Path); err != nil { // not run from the repository root
+		s[0].Path = "../" + SharedBannersPath
+	}
 	return s
 }
 
