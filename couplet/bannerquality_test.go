@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -291,4 +292,56 @@ func BenchmarkBannerQuality(b *testing.B) {
 			b.Log(sb.String())
 		}
 	}
+}
+
+// BenchmarkBannerUpperOnly asks whether 横批 scoring could start before the
+// 下联 is finished (overlapping the lower's decode steps): it scores the
+// same top-32 lexical pool after the full couplet (A: prompt 上联 <sep> 下联
+// <ban>) and after the 上联 alone (B: prompt 上联 <sep> <ban>, a layout the
+// model never saw), picks "B1-best 4 of 32" under each, and reports how
+// often B's pick equals A's and the mean per-token log P under A of each
+// pick. The model's own 横批 is left out of both (it would have to be
+// written under B too).
+func BenchmarkBannerUpperOnly(b *testing.B) {
+	m := defaultModel(b)
+	g, err := New(m, realStack(b, m), WithBannerSources(testBannerSources()...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	items := bqGenerated(b, g, 120)
+	cfg := bqConfig{name: "B1-best 4 of 32", withModel: false, k: 4, nTok: 4, pool: 32}
+	for i := 0; i < b.N; i++ {
+		var same, lpA, lpB float64
+		for j, it := range items {
+			a := bqScore(b, g, it, uint64(j+1))
+			// B: drop the 下联 (and its <sep>… keep <sep>): prompt 上联 <sep> <ban>.
+			L := (len(it.full) - 1 - len(g.prompt(mustPlan(b, g))) - 1) / 2
+			bFull := append(slices.Clone(it.full[:len(it.full)-1-L]), g.t.sp.Banner)
+			itB := it
+			itB.full = bFull
+			sb := bqScore(b, g, itB, uint64(j+1))
+			// Same pool in the same order (the lexical prefilter saw the
+			// whole couplet in both; only the model's context differs).
+			ka, kb := cfg.choose(a), cfg.choose(sb)
+			if a.texts[ka] == sb.texts[kb] {
+				same++
+			}
+			for _, v := range a.lp[ka][:4] {
+				lpA += v / 4
+			}
+			for _, v := range a.lp[kb][:4] {
+				lpB += v / 4
+			}
+		}
+		n := float64(len(items))
+		b.Logf("\n%d generated keyword couplets, retrieved candidates only (%s):\n\n| scored after | same pick as full couplet | mean log P per char (B1..B4 | full couplet) of the pick |\n|---|---|---|\n| full couplet | 100%% | %.3f |\n| 上联 only | %.1f%% | %.3f |\n", len(items), cfg.name, lpA/n, 100*same/n, lpB/n)
+	}
+}
+
+func mustPlan(b *testing.B, g *Generator) *plan {
+	p, err := g.t.prepare(Request{Text: "平安"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
 }
