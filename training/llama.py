@@ -73,10 +73,14 @@ class Layer(nn.Module):
         self.mlp = MLP(d, cfg["intermediate_size"])
         self.input_layernorm = RMSNorm(d, cfg["rms_norm_eps"])
         self.post_attention_layernorm = RMSNorm(d, cfg["rms_norm_eps"])
+        self.dropout = cfg.get("dropout", 0.0)
 
     def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # Residual dropout (training only, cfg["dropout"], default 0): the
+        # exported model has none, as transformers' Llama at inference.
+        p = self.dropout if self.training else 0.0
+        x = x + F.dropout(self.self_attn(self.input_layernorm(x), cos, sin), p)
+        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), p)
 
 
 def rotate_half(x):
@@ -156,10 +160,10 @@ def cfg_from_hf(c):
     }
 
 
-def load_dir(model_dir):
+def load_dir(model_dir, dropout=0.0):
     """A Llama with the weights of an exported model directory (float32)."""
     from safetensors.torch import load_file
-    cfg = cfg_from_hf(json.load(open(os.path.join(model_dir, "config.json"))))
+    cfg = dict(cfg_from_hf(json.load(open(os.path.join(model_dir, "config.json")))), dropout=dropout)
     m = Llama(cfg)
     sd = {k: t.float() for k, t in load_file(os.path.join(model_dir, "model.safetensors")).items()}
     sd.pop("lm_head.weight", None)  # tied

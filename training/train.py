@@ -314,6 +314,8 @@ def parse(argv=None):
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
     ap.add_argument("--mix", default="0.5,0.3,0.2",
                     help="shares of lower, keyword, acrostic mode per epoch (keyword falls back to lower without a word)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="residual dropout after attention and MLP while training (run 3 overfitted without)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="torch.compile the transformer trunk on the GPU")
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
@@ -334,12 +336,12 @@ def train(args):
     data = Data(args.data, v, args, rng)
 
     if args.init:
-        model = L.load_dir(args.init).to(dev)
+        model = L.load_dir(args.init, dropout=args.dropout).to(dev)
         assert model.cfg["vocab_size"] == len(v), (model.cfg["vocab_size"], len(v))
         assert (model.cfg["hidden_size"], model.cfg["num_hidden_layers"]) == (args.d, args.layers)
         log(f"initialised from {args.init}")
     else:
-        model = L.Llama(L.cfg_from_hf(make_config(len(v), args)))
+        model = L.Llama(dict(L.cfg_from_hf(make_config(len(v), args)), dropout=args.dropout))
         model.init_weights()
         model = model.to(dev)
     n_params = sum(p.numel() for p in model.parameters())
@@ -351,8 +353,8 @@ def train(args):
         # Regional compilation: the 8 identical layers share one compiled
         # graph (a whole-model compile takes minutes of the device call).
         # dynamic=True: batches differ in length T and in row count.
-        import torch._dynamo
-        torch._dynamo.config.cache_size_limit = 64
+        import torch._dynamo as dynamo  # (a plain `import torch._dynamo` would make torch local here)
+        dynamo.config.cache_size_limit = 64
         for layer in model.model.layers:
             layer.compile(dynamic=True)
         compiled = True
