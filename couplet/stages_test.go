@@ -3,8 +3,22 @@ package couplet
 import (
 	"context"
 	"os"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
+
+// cpuTime is the process's user + system CPU time so far. On a shared
+// machine CPU time per couplet moves far less with other people's load
+// than wall time does (it still includes cache and SMT interference).
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // benchStages runs single keyword couplets (one at a time, so the engine
 // counters are this call's own) with a Trace and reports, per couplet, the
@@ -25,6 +39,7 @@ func benchStages(b *testing.B, opts ...Option) {
 		sum[n] = &StageTrace{Name: n}
 	}
 	b.ResetTimer()
+	cpu0 := cpuTime(b)
 	for i := 0; i < b.N; i++ {
 		var tr Trace
 		if _, err := g.Generate(ctx, Request{Text: words[i%len(words)], Seed: uint64(i + 1), Trace: &tr}); err != nil {
@@ -42,6 +57,7 @@ func benchStages(b *testing.B, opts ...Option) {
 		}
 	}
 	n := float64(b.N)
+	b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/1000/n, "cpu-ms/couplet")
 	var steps, rows float64
 	for _, name := range names {
 		a := sum[name]
@@ -76,4 +92,35 @@ func BenchmarkDefaultStages(b *testing.B) {
 // No retrieval: the model's own 横批 only.
 func BenchmarkDefaultStagesNoRetrieval(b *testing.B) {
 	benchStages(b, WithOversample(1), WithBannerSources(), WithBannerTopK(0))
+}
+
+// Ten users at once with the service defaults, reporting CPU time and
+// engine steps per couplet besides throughput.
+func BenchmarkDefaultStagesConcurrent10(b *testing.B) {
+	m := defaultModel(b)
+	g, err := New(m, realStack(b, m), WithOversample(1), WithBannerSources(testBannerSources()...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	words := []string{"平安", "富贵", "吉祥", "如意", "福寿", "康宁", "兴旺", "团圆", "和顺", "安康"}
+	b.ResetTimer()
+	cpu0, st0 := cpuTime(b), g.e.Stats()
+	for i := 0; i < b.N; i++ {
+		var wg sync.WaitGroup
+		for u, w := range words {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := g.Generate(context.Background(), Request{Text: w, Seed: uint64(i*len(words) + u + 1)}); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	n := float64(b.N * len(words))
+	st := g.e.Stats()
+	b.ReportMetric(n/b.Elapsed().Seconds(), "couplets/s")
+	b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/1000/n, "cpu-ms/couplet")
+	b.ReportMetric(float64(st.Steps-st0.Steps)/float64(b.N), "steps/round")
 }
