@@ -54,6 +54,13 @@ type Options struct {
 	// row on the GPU (see LogSumExp), sparing the host a pass over the
 	// vocabulary per row when it needs log-probabilities.
 	RowLogSumExp bool
+	// PDL launches the GEMV path's kernels with programmatic dependent
+	// launch (Hopper and later, cuLaunchKernelEx): each kernel is scheduled
+	// while its predecessor runs, prefetches its weight rows into L2, and
+	// waits (griddepcontrol.wait) before touching its inputs, hiding part
+	// of the launch gap between the ~40 small kernels of a step. Ignored
+	// before compute capability 9.0 or without cuLaunchKernelEx.
+	PDL bool
 	// HandoffSpin is how long the CUDA worker polls for the next call, and
 	// a caller for its result, before parking (see handoff.go): 0 means
 	// DefaultHandoffSpin, negative never polls (plain channel hand-off).
@@ -105,6 +112,7 @@ type Info struct {
 	// SmallBatchPath says how steps of ≤ 8 tokens run: "gemv-bf16",
 	// "gemv-fp32" (the fused GEMV kernels) or "cublas".
 	SmallBatchPath       string
+	PDL                  bool // programmatic dependent launches in use (Options.PDL)
 	NVRTCMajor, NVRTCMin int
 	Libraries            []string // paths of driver, NVRTC and cuBLAS as loaded
 }
@@ -186,6 +194,8 @@ type Backend struct {
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
 	args        *launchArgs
+	pdl         bool       // Options.PDL and supported (set in init)
+	pdlCfg      *launchCfg // cuLaunchKernelEx's config, reused (heap: stable address)
 }
 
 // devLayer is one decoder layer's device weights.
@@ -221,7 +231,7 @@ func New(m *model.Model, o Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{cmd: make(chan func(), 1), spin: handoffSpin(o.HandoffSpin), l: l, opt: o, fn: map[string]uintptr{},
-		allocs: map[uintptr]bool{}, graphs: map[graphKey]uintptr{}, one: new(float32), zero: new(float32), args: &launchArgs{}}
+		allocs: map[uintptr]bool{}, graphs: map[graphKey]uintptr{}, one: new(float32), zero: new(float32), args: &launchArgs{}, pdlCfg: &launchCfg{}}
 	*b.one = 1
 	go b.worker()
 	err = b.do(func() error { return b.init(m) })
@@ -346,6 +356,8 @@ func (b *Backend) init(m *model.Model) error {
 	}
 	b.graphsOn = !b.opt.EagerOnly && b.l.drv.cuGraphLaunch != 0
 	b.gemvOK = !b.opt.NoFusedGEMV && gemvShapesOK(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd)
+	b.pdl = b.opt.PDL && b.info.Major >= 9 && b.l.drv.cuLaunchKernelEx != 0
+	b.info.PDL = b.pdl
 
 	if err := b.uploadWeights(m); err != nil {
 		return err
@@ -626,6 +638,52 @@ func (b *Backend) launchShm(name string, gx, gy, block, shm int, args ...uint64)
 	r := sc(d.cuLaunchKernel, b.fn[name], uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, uintptr(shm), b.stream,
 		uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
 	return d.cuErr("launch "+name, r)
+}
+
+// launchCfg is cuda.h's CUlaunchConfig (56 bytes: seven uints, padding,
+// the stream, the attribute pointer, their count) with room for its one
+// attribute, CUlaunchAttribute (id, padding, a 64-byte value union).
+type launchCfg struct {
+	gridX, gridY, gridZ, blockX, blockY, blockZ, shm uint32
+	_                                                uint32
+	stream, attrs                                    uintptr
+	numAttrs                                         uint32
+	_                                                uint32
+	attr                                             struct {
+		id  uint32
+		_   uint32
+		val [16]uint32
+	}
+}
+
+// cuLaunchAttributeProgrammaticStreamSerialization: cuda.h
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+const cuLaunchAttributeProgrammaticStreamSerialization = 6
+
+// launchPDL is launchShm with the programmatic-stream-serialization
+// attribute when b.pdl: the kernel may start before its predecessor on the
+// stream finishes and must call pdl_wait (kernels/llama.cu) before reading
+// anything the predecessor writes and before writing anything. Only for
+// kernels launched right after another kernel of ours (which trigger their
+// dependents only after their own wait).
+func (b *Backend) launchPDL(name string, gx, gy, block, shm int, args ...uint64) error {
+	if !b.pdl {
+		return b.launchShm(name, gx, gy, block, shm, args...)
+	}
+	a := b.args
+	for i, v := range args {
+		a.vals[i] = v
+		a.ptrs[i] = uintptr(unsafe.Pointer(&a.vals[i]))
+	}
+	c := b.pdlCfg
+	*c = launchCfg{gridX: uint32(gx), gridY: uint32(gy), gridZ: 1, blockX: uint32(block), blockY: 1, blockZ: 1,
+		shm: uint32(shm), stream: b.stream, numAttrs: 1}
+	c.attrs = uintptr(unsafe.Pointer(&c.attr))
+	c.attr.id = cuLaunchAttributeProgrammaticStreamSerialization
+	c.attr.val[0] = 1
+	d := &b.l.drv
+	r := sc(d.cuLaunchKernelEx, uintptr(unsafe.Pointer(c)), b.fn[name], uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
+	return d.cuErr("launch (PDL) "+name, r)
 }
 
 func f32(x float32) uint64 { return uint64(math.Float32bits(x)) }

@@ -51,12 +51,12 @@ func decodeBatch(nSeq, ctx, bs int, withLogits bool) *forward.Batch {
 // graph-lse (the default with Options.RowLogSumExp), graph-nospin (plain
 // blocking channel hand-off to the CUDA worker, Options.HandoffSpin < 0),
 // graph-fp32w (the GEMV path on float32 weights even where bf16 copies are
-// exact). Old and new run in the same process; -test.count N alternates
+// exact), graph-pdl / eager-pdl (Options.PDL). Old and new run in the same process; -test.count N alternates
 // them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-unfused", "graph-lse", "graph-nospin", "graph-fp32w", "eager", "eager-unfused"} {
+	for _, mode := range []string{"graph", "graph-unfused", "graph-lse", "graph-nospin", "graph-fp32w", "graph-pdl", "eager", "eager-unfused", "eager-pdl"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager"),
 			NoFusedGEMV: strings.HasSuffix(mode, "-unfused"), RowLogSumExp: mode == "graph-lse"}
 		switch mode {
@@ -64,6 +64,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 			o.HandoffSpin = -1
 		case "graph-fp32w":
 			o.GEMVWeights = "fp32"
+		case "graph-pdl", "eager-pdl":
+			o.PDL = true
 		}
 		g, err := New(m, o)
 		if err != nil {

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -24,7 +25,14 @@ func TestKernelsCompile(t *testing.T) {
 		{16, "compute_80"},
 		{48, "compute_80"},
 		{128, "sm_80"},
+		// CHUNLIAN_CUDA_TEST_ARCH (e.g. sm_90) adds the device's own CUBIN
+		// target: h200.sh runs this first, in its own process, to learn
+		// whether the device's NVRTC compiles the kernels natively.
+		{64, os.Getenv("CHUNLIAN_CUDA_TEST_ARCH")},
 	} {
+		if tc.arch == "" {
+			continue
+		}
 		res, err := f.compileSource("llama.cu", llamaSource, tc.arch, kernelOptions(tc.headDim))
 		if err != nil {
 			t.Fatalf("headDim %d arch %s: %v", tc.headDim, tc.arch, err)

@@ -259,10 +259,12 @@ func TestForwardMatchesCPU(t *testing.T) {
 		// -bf16w: the model's weight matrices rounded to bf16 first, so
 		// the GEMV path reads its bf16 copies (lossless, like the shipped
 		// model).
-		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "tf32-unfused", "fp32-eager-unfused", "fp32-bf16w", "tf32-eager-bf16w"} {
+		// -pdl: Options.PDL (programmatic dependent launches).
+		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "tf32-unfused", "fp32-eager-unfused", "fp32-bf16w",
+			"tf32-eager-bf16w", "fp32-pdl-bf16w", "fp32-eager-pdl"} {
 			prec, _, _ := strings.Cut(variant, "-")
 			eager, unfused := strings.Contains(variant, "-eager"), strings.Contains(variant, "-unfused")
-			bf16w := strings.Contains(variant, "-bf16w")
+			bf16w, pdl := strings.Contains(variant, "-bf16w"), strings.Contains(variant, "-pdl")
 			t.Run(name+"/"+variant, func(t *testing.T) {
 				tol := tolFP32
 				if prec == "tf32" {
@@ -276,7 +278,10 @@ func TestForwardMatchesCPU(t *testing.T) {
 					roundModelBF16(m)
 				}
 				const bs = 16
-				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, NoFusedGEMV: unfused})
+				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, NoFusedGEMV: unfused, PDL: pdl})
+				if pdl && !g.Info().PDL {
+					t.Logf("PDL not supported here (compute capability %d.%d)", g.Info().Major, g.Info().Minor)
+				}
 				t.Logf("device %+v", g.Info())
 				wantPath := "gemv-fp32"
 				switch {

@@ -24,6 +24,9 @@ type driverFns struct {
 	// Optional (graphs are off when any is missing).
 	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiate, cuGraphLaunch uintptr
 	cuGraphDestroy, cuGraphExecDestroy                                          uintptr
+	// Optional: cuLaunchKernelEx (CUDA 12+), for programmatic dependent
+	// launches (Options.PDL); 0 when absent.
+	cuLaunchKernelEx uintptr
 }
 
 func (f *driverFns) load(h uintptr) error {
@@ -66,6 +69,8 @@ func (f *driverFns) load(h uintptr) error {
 	if len(opt) > 0 {
 		f.cuGraphLaunch = 0
 	}
+	var ex []string
+	f.cuLaunchKernelEx = sym(h, "cuLaunchKernelEx", &ex)
 	return nil
 }
 

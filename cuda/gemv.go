@@ -161,6 +161,12 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		if b.gemvBF {
 			wqkv, wo, wgu, down = L.wqkvBF, L.woBF, L.wguBF, L.downBF
 		}
+		// Layer 0's first kernel follows the metadata copy, not a kernel
+		// of ours: no programmatic dependent launch there.
+		qkvLaunch := b.launchPDL
+		if l == 0 {
+			qkvLaunch = b.launchShm
+		}
 		// Layer 0 reads the embedding table through the token ids and
 		// writes the residual stream; later layers read the residual.
 		src, ids := u(b.x), uint64(0)
@@ -168,16 +174,16 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 			src, ids = u(b.embed), tokens
 		}
 		errs = errors.Join(
-			b.launchShm(kQKV, grid(b.qkvDim/2), 1, gemvThreads, T*dm*4,
+			qkvLaunch(kQKV, grid(b.qkvDim/2), 1, gemvThreads, T*dm*4,
 				u(b.qkv), src, ids, u(b.x), u(L.attnNorm), eps, u(wqkv), u(b.cosSin), positions, slots,
 				u(kc), u(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
-			b.launch("paged_attention", (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
+			b.launchPDL("paged_attention", (T*nH+3)/4, 1, 128, 0, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
-			b.launchShm(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
+			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
 				u(b.x), u(b.attn), 0, 0, 0, u(wo), i32(T), i32(dm), i32(nq), 1),
-			b.launchShm(kGU, grid(ffn), 1, gemvThreads, T*dm*4,
+			b.launchPDL(kGU, grid(ffn), 1, gemvThreads, T*dm*4,
 				u(b.act), u(b.x), u(L.mlpNorm), eps, u(wgu), i32(T), i32(dm), i32(ffn)),
-			b.launchShm(kGemv, grid(dm), 1, gemvThreads, T*ffn*4,
+			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*ffn*4,
 				u(b.x), u(b.act), 0, 0, 0, u(down), i32(T), i32(dm), i32(ffn), 1),
 		)
 		if errs != nil {
@@ -188,7 +194,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		return nil
 	}
 	if R <= gemvMaxM {
-		errs = b.launchShm(kGemv, grid(V), 1, gemvThreads, R*dm*4,
+		errs = b.launchPDL(kGemv, grid(V), 1, gemvThreads, R*dm*4,
 			u(b.logitBuf), u(b.x), rows, u(b.finalNorm), eps, u(lm), i32(R), i32(V), i32(dm), 0)
 	} else { // duplicate logits rows can make R > T
 		errs = errors.Join(
@@ -197,7 +203,11 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		)
 	}
 	if errs == nil && b.opt.RowLogSumExp {
-		errs = b.launch("row_lse", R, 1, 256, u(b.lseBuf), u(b.logitBuf), i32(V))
+		lse := b.launchPDL // after the LM head's gemv
+		if R > gemvMaxM {
+			lse = b.launchShm // after cuBLAS
+		}
+		errs = lse("row_lse", R, 1, 256, 0, u(b.lseBuf), u(b.logitBuf), i32(V))
 	}
 	return errs
 }

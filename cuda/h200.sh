@@ -62,6 +62,13 @@ full)
 	;;
 s2)
 	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
+	# Preflight in its own process: does the device's NVRTC build the
+	# kernels as sm_90 CUBIN? (NVRTC 11.8 crashes there.) If not, every
+	# later process loads PTX through the driver's JIT instead.
+	CHUNLIAN_CUDA_TEST_ARCH=sm_90 timeout 60 $BIN/cuda.test -test.run 'TestKernelsCompile$' -test.v > "$OUT/preflight.log" 2>&1
+	PRC=$?
+	if [ $PRC -ne 0 ]; then export CHUNLIAN_CUDA_NVRTC_TARGET=ptx; fi
+	echo "preflight rc=$PRC NVRTC target=${CHUNLIAN_CUDA_NVRTC_TARGET:-cubin}"; grep -E "^(--- |ok|FAIL)|NVRTC" "$OUT/preflight.log" | head -5
 	timeout 75 $BIN/cuda.test -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
 	echo "tests rc=$?"
 	grep -E "^(--- |PASS|FAIL|ok)|panic|--- FAIL|_test.go:[0-9]+: .*(want|differs|>)" "$OUT/cuda_test.log" | cut -c1-220 | head -50

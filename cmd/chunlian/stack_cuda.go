@@ -27,6 +27,7 @@ type cudaConfig struct {
 	// GEMV kernels (cuda.Options.NoFusedGEMV when false). Both default on;
 	// off is the earlier path, kept for A/B runs.
 	RowLSE, FusedGEMV bool
+	PDL               bool // cuda.Options.PDL (programmatic dependent launches; off by default)
 }
 
 func (c *cudaConfig) register(fs *flag.FlagSet) {
@@ -40,6 +41,7 @@ func (c *cudaConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Precision, "gpu-precision", c.Precision, "CUDA GEMM precision: tf32 (tensor cores, fp32 accumulate) or fp32")
 	fs.BoolVar(&c.RowLSE, "gpu-row-lse", c.RowLSE, "CUDA: compute each logits row's log-sum-exp on the GPU for the engine")
 	fs.BoolVar(&c.FusedGEMV, "gpu-fused-gemv", c.FusedGEMV, "CUDA: run steps of ≤ 8 tokens on the fused GEMV kernels")
+	fs.BoolVar(&c.PDL, "gpu-pdl", c.PDL, "CUDA: programmatic dependent launches between the small-batch kernels (Hopper+)")
 }
 
 // newCUDABackend builds the CUDA backend from the stack config.
@@ -53,6 +55,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
 		Precision:      cfg.CUDA.Precision,
 		RowLogSumExp:   cfg.CUDA.RowLSE,
 		NoFusedGEMV:    !cfg.CUDA.FusedGEMV,
+		PDL:            cfg.CUDA.PDL,
 		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
 	})
 }

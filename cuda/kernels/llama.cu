@@ -18,6 +18,30 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Programmatic dependent launch (Hopper+, Options.PDL): a kernel launched
+// with the programmatic-stream-serialization attribute may start while its
+// predecessor still runs. pdl_wait blocks until the predecessor grid has
+// completed and its writes are visible, then lets this grid's own
+// dependents be scheduled (they in turn wait for this grid to complete).
+// Every kernel that can be launched that way calls it before its first
+// read of a predecessor's output and before any write. Without the
+// attribute (or before sm_90) both instructions are no-ops / absent.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// prefetch_l2 asks for bytes at p to be brought into L2 (one 128-byte line
+// per lane and step): weights, which no predecessor writes, so it may run
+// before pdl_wait.
+__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
+    const char* c = reinterpret_cast<const char*>(p);
+    for (int off = (threadIdx.x & 31) * 128; off < bytes; off += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
+
 // block_sum: sum over the whole block (blockDim.x a multiple of 32, ≤ 1024).
 // Every thread gets the result.
 __device__ float block_sum(float v) {
@@ -120,6 +144,7 @@ extern "C" __global__ void paged_attention(float* __restrict__ out, const float*
                                            const int* __restrict__ positions,
                                            const int* __restrict__ blockTables, int btStride,
                                            int T, int nH, int nKV, int blockSize, float scale) {
+    pdl_wait();
     int gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
     int lane = threadIdx.x & (WARP - 1);
     if (gw >= T * nH) return; // whole warp exits together
@@ -223,6 +248,7 @@ __device__ float block_max(float v) {
 // (no Inf - Inf = NaN in the shifted sum).
 // logits [R, V]; out [R]. grid = R, block = 256.
 extern "C" __global__ void row_lse(float* __restrict__ out, const float* __restrict__ logits, int V) {
+    pdl_wait();
     const float* row = logits + (i64)blockIdx.x * V;
     float m = NEG_INF;
     for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, row[i]);
@@ -256,7 +282,8 @@ extern "C" __global__ void row_lse(float* __restrict__ out, const float* __restr
 #define GEMV_THREADS 128
 #define GEMV_WARPS (GEMV_THREADS / WARP)
 
-// load_rows fills xs [M, K] (shared) with input rows and, when g != 0,
+// load_rows first calls pdl_wait, then fills xs [M, K] (shared) with input
+// rows and, when g != 0,
 // applies RMSNorm with weight g [K]: xs[m,k] = x[m,k] * inv_rms(x[m]) * g[k].
 // Row m comes from x + src*K with src = rows ? rows[m] : m. When copy_to != 0,
 // block 0 also writes the raw rows to copy_to [M, K] (the embedding gather of
@@ -265,6 +292,7 @@ __device__ void load_rows(float* xs, const float* __restrict__ x, const int* __r
                           float* __restrict__ copy_to, const float* __restrict__ g, float eps,
                           int M, int K) {
     __shared__ float inv[GEMV_MAX_M];
+    pdl_wait();
     for (int i = threadIdx.x; i < M * K; i += blockDim.x) {
         int m = i / K, k = i - m * K;
         int src = rows ? rows[m] : m;
@@ -367,8 +395,9 @@ __device__ void gemv_t(float* __restrict__ y, const float* __restrict__ x, const
                        int accumulate) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    load_rows(xs, x, rows, 0, g, eps, M, K);
     int n = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (n < N) prefetch_l2(W + (i64)n * K, K * (int)sizeof(WT));
+    load_rows(xs, x, rows, 0, g, eps, M, K);
     if (n >= N) return;
     float acc[GEMV_MAX_M];
     warp_dot(W + (i64)n * K, xs, M, K, acc);
@@ -400,13 +429,17 @@ __device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict
                                 float* __restrict__ vcache, int M, int K, int nH, int nKV) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    load_rows(xs, x, ids, ids ? resid : 0, g, eps, M, K);
     const int half = HEAD_DIM / 2;
     int qkvDim = (nH + 2 * nKV) * HEAD_DIM;
     int u = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
-    if (u >= qkvDim / 2) return;
     int head = u / half, i = u - head * half;
     int r1 = head * HEAD_DIM + i, r2 = r1 + half;
+    if (u < qkvDim / 2) {
+        prefetch_l2(W + (i64)r1 * K, K * (int)sizeof(WT));
+        prefetch_l2(W + (i64)r2 * K, K * (int)sizeof(WT));
+    }
+    load_rows(xs, x, ids, ids ? resid : 0, g, eps, M, K);
+    if (u >= qkvDim / 2) return;
     float a1[GEMV_MAX_M], a2[GEMV_MAX_M];
     warp_dot(W + (i64)r1 * K, xs, M, K, a1);
     warp_dot(W + (i64)r2 * K, xs, M, K, a2);
@@ -447,8 +480,12 @@ __device__ void gemv_gu_silu_t(float* __restrict__ act, const float* __restrict_
                                int K, int ffn) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    load_rows(xs, x, 0, 0, g, eps, M, K);
     int i = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (i < ffn) {
+        prefetch_l2(W + (i64)i * K, K * (int)sizeof(WT));
+        prefetch_l2(W + (i64)(ffn + i) * K, K * (int)sizeof(WT));
+    }
+    load_rows(xs, x, 0, 0, g, eps, M, K);
     if (i >= ffn) return;
     float ag[GEMV_MAX_M], au[GEMV_MAX_M];
     warp_dot(W + (i64)i * K, xs, M, K, ag);
