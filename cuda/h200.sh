@@ -65,18 +65,18 @@ s2)
 	# Preflight in its own process: does the device's NVRTC build the
 	# kernels as sm_90 CUBIN? (NVRTC 11.8 crashes there.) If not, every
 	# later process loads PTX through the driver's JIT instead.
-	CHUNLIAN_CUDA_TEST_ARCH=sm_90 timeout 60 $BIN/cuda.test -test.run 'TestKernelsCompile$' -test.v > "$OUT/preflight.log" 2>&1
+	CHUNLIAN_CUDA_TEST_ARCH=sm_90 timeout 40 $BIN/cuda.test -test.run 'TestKernelsCompile$' -test.v > "$OUT/preflight.log" 2>&1
 	PRC=$?
 	if [ $PRC -ne 0 ]; then export CHUNLIAN_CUDA_NVRTC_TARGET=ptx; fi
 	echo "preflight rc=$PRC NVRTC target=${CHUNLIAN_CUDA_NVRTC_TARGET:-cubin}"; grep -E "^(--- |ok|FAIL)|NVRTC" "$OUT/preflight.log" | head -5
-	timeout 75 $BIN/cuda.test -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	timeout 60 $BIN/cuda.test -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
 	echo "tests rc=$?"
 	grep -E "^(--- |PASS|FAIL|ok)|panic|--- FAIL|_test.go:[0-9]+: .*(want|differs|>)" "$OUT/cuda_test.log" | cut -c1-220 | head -50
 	pack
 	timeout 50 $BIN/cuda.test -test.run XXX -test.bench DecodeStep -test.benchtime 100x -test.count 2 > "$OUT/decode_bench.log" 2>&1
 	grep -E "^Benchmark|SmallBatchPath:|FAIL|panic" "$OUT/decode_bench.log" | sed -E 's/Libraries:\[[^]]*\]//' | cut -c1-200
 	pack
-	timeout 45 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,10,100,1000 --duration 5s \
+	timeout 40 $BIN/chunlian bench --spawn engine --server-flags "$SF" --concurrency 1,10,100,1000 --duration 5s \
 		--warmup 1s --server-log-dir "$OUT" --quiet --json "$OUT/http_new.json" --out "$OUT/http_new.md" > "$OUT/http_new.log" 2>&1
 	echo "http new rc=$?"; grep -E "^\| engine" "$OUT/http_new.md"
 	pack
