@@ -173,7 +173,8 @@ func BenchmarkCouplets(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		gen, err := couplet.New(m, e)
+		// The service defaults (chunlian serve): one sample per couplet.
+		gen, err := couplet.New(m, e, couplet.WithOversample(1))
 		if err != nil {
 			b.Fatal(err)
 		}
