@@ -62,13 +62,14 @@ func BenchmarkEngineLines(b *testing.B) {
 	}
 	// Two backends, alternating under -test.count: "new" is the serve
 	// default (fused GEMV path, row log-sum-exp on the GPU), "old" the
-	// path before them (Options.NoFusedGEMV, host log-sum-exp).
+	// path before them (Options.NoFusedGEMV, host log-sum-exp, blocking
+	// hand-off to the CUDA thread).
 	variants := []struct {
 		name string
 		o    Options
 	}{
 		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true}},
-		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true}},
+		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true, HandoffSpin: -1}},
 	}
 	for _, v := range variants {
 		g, err := New(m, v.o)
@@ -163,7 +164,7 @@ func BenchmarkCouplets(b *testing.B) {
 		o    Options
 	}{
 		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true}},
-		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true}},
+		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true, HandoffSpin: -1}},
 	} {
 		g, err := New(m, v.o)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"chunlian/cuda"
 	"chunlian/forward"
@@ -27,7 +28,8 @@ type cudaConfig struct {
 	// GEMV kernels (cuda.Options.NoFusedGEMV when false). Both default on;
 	// off is the earlier path, kept for A/B runs.
 	RowLSE, FusedGEMV bool
-	PDL               bool // cuda.Options.PDL (programmatic dependent launches; off by default)
+	PDL               bool          // cuda.Options.PDL (programmatic dependent launches; off by default)
+	HandoffSpin       time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
 }
 
 func (c *cudaConfig) register(fs *flag.FlagSet) {
@@ -42,6 +44,7 @@ func (c *cudaConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.RowLSE, "gpu-row-lse", c.RowLSE, "CUDA: compute each logits row's log-sum-exp on the GPU for the engine")
 	fs.BoolVar(&c.FusedGEMV, "gpu-fused-gemv", c.FusedGEMV, "CUDA: run steps of ≤ 8 tokens on the fused GEMV kernels")
 	fs.BoolVar(&c.PDL, "gpu-pdl", c.PDL, "CUDA: programmatic dependent launches between the small-batch kernels (Hopper+)")
+	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default, negative = never)")
 }
 
 // newCUDABackend builds the CUDA backend from the stack config.
@@ -56,6 +59,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
 		RowLogSumExp:   cfg.CUDA.RowLSE,
 		NoFusedGEMV:    !cfg.CUDA.FusedGEMV,
 		PDL:            cfg.CUDA.PDL,
+		HandoffSpin:    cfg.CUDA.HandoffSpin,
 		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
 	})
 }
