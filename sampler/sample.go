@@ -308,14 +308,20 @@ func (s *Sampler) draw(sc *Scratch, w []float32, im int32, rowLSE bool) (int32, 
 		lse = float64(w[im]) - math.Log(float64(pmax))
 	}
 	thr := pmax * float32(math.Exp(negligible))
-	cand := sc.cand[:0]
-	var total float64
+	// Branch-free compaction: every index is written, the count only moves
+	// past candidates (a model's candidates are scattered over the
+	// vocabulary, so a branch per token would mispredict often). probs and
+	// thr are non-negative floats, whose bit patterns (< 2³¹) order like
+	// them: p > thr ⇔ tb − pb < 0, read off the sign bit.
+	cand := sc.cand[:len(probs)]
+	n := 0
+	tb := int32(math.Float32bits(thr))
 	for i, p := range probs {
-		if p > thr {
-			cand = append(cand, int32(i))
-			total += float64(p)
-		}
+		cand[n] = int32(i)
+		n += int(uint32(tb-int32(math.Float32bits(p))) >> 31)
 	}
+	cand = cand[:n]
+	total := sumProbs(probs, cand)
 	topK := s.p.TopK
 	topP := float64(s.p.TopP)
 	useK := topK > 0 && topK < len(cand)
@@ -355,10 +361,7 @@ func (s *Sampler) draw(sc *Scratch, w []float32, im int32, rowLSE bool) (int32, 
 		}
 		cand = k
 	}
-	total = 0
-	for _, t := range cand {
-		total += float64(probs[t])
-	}
+	total = sumProbs(probs, cand)
 	u := s.rng.Float64() * total
 	for _, t := range cand {
 		u -= float64(probs[t])
@@ -421,4 +424,21 @@ func (sc *Scratch) presort(cand []int32, probs []float32, total float64, useK bo
 		return int(a - b)
 	})
 	return k
+}
+
+// sumProbs returns Σ probs[t] over cand in float64, in four interleaved
+// partial sums (one running sum would be a chain of dependent adds).
+func sumProbs(probs []float32, cand []int32) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(cand); i += 4 {
+		s0 += float64(probs[cand[i]])
+		s1 += float64(probs[cand[i+1]])
+		s2 += float64(probs[cand[i+2]])
+		s3 += float64(probs[cand[i+3]])
+	}
+	for ; i < len(cand); i++ {
+		s0 += float64(probs[cand[i]])
+	}
+	return (s0 + s1) + (s2 + s3)
 }
