@@ -41,8 +41,9 @@ type Options struct {
 	EagerOnly bool
 	// NoFusedGEMV runs batches of ≤ gemvMaxM tokens through the same
 	// cuBLAS + separate-kernel path as large ones (9 launches per layer
-	// instead of 5; the path before the fused GEMV kernels existed), for
-	// A/B benchmarks and tests.
+	// instead of 5), and every batch through the one-key-at-a-time
+	// attention kernel: the path before the fused GEMV kernels and
+	// paged_attention_chunked existed, for A/B benchmarks and tests.
 	NoFusedGEMV bool
 	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
 	// bf16 when every weight matrix is exactly representable in bf16, as
@@ -903,7 +904,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			b.launch("rmsnorm", T, 1, 256, u(b.h), u(b.x), u(L.attnNorm), 0, i32(dm), f32(eps)),
 			b.gemm(b.qkv, b.h, L.wqkv, T, b.qkvDim, dm, false),
 			b.launch("rope_kv", T, 1, 128, u(b.qkv), u(b.cosSin), positions, slots, u(kc), u(vc), i32(nH), i32(nKV)),
-			b.launch("paged_attention", (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
+			b.launch(b.attnKernel(), (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
 			b.gemm(b.x, b.attn, L.wo, T, dm, nH*b.hd, true),
 			b.launch("rmsnorm", T, 1, 256, u(b.h), u(b.x), u(L.mlpNorm), 0, i32(dm), f32(eps)),

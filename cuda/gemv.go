@@ -177,7 +177,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 			qkvLaunch(kQKV, grid(b.qkvDim/2), 1, gemvThreads, T*dm*4,
 				u(b.qkv), src, ids, u(b.x), u(L.attnNorm), eps, u(wqkv), u(b.cosSin), positions, slots,
 				u(kc), u(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
-			b.launchPDL("paged_attention", (T*nH+3)/4, 1, 128, 0, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
+			b.launchPDL(b.attnKernel(), (T*nH+3)/4, 1, 128, 0, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
 			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
 				u(b.x), u(b.attn), 0, 0, 0, u(wo), i32(T), i32(dm), i32(nq), 1),
@@ -210,4 +210,14 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		errs = lse("row_lse", R, 1, 256, 0, u(b.lseBuf), u(b.logitBuf), i32(V))
 	}
 	return errs
+}
+
+// attnKernel names the attention kernel: paged_attention_chunked (32 keys
+// per warp step), or the older one-key-at-a-time paged_attention with
+// Options.NoFusedGEMV. Both: grid ceil(T·nH/4), block 128, same arguments.
+func (b *Backend) attnKernel() string {
+	if b.opt.NoFusedGEMV {
+		return "paged_attention"
+	}
+	return "paged_attention_chunked"
 }
