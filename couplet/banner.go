@@ -9,13 +9,12 @@ import (
 	"strings"
 )
 
-// Banner (横批) selection. The model writes one 横批 per sample (forced to
-// four Chinese characters); retrieval adds real 横批 and 4-character idioms.
-// Retrieved candidates are prefiltered by relevance (characters shared with
-// the couplet and keyword, spring theme) and then all candidates, the
-// model's included, are ranked by the model's log-likelihood of
-// `<ban> B1 B2 B3 B4 <eos>` after the couplet (engine prompt scoring; the
-// couplet prefix is shared, so the prefix cache serves most of it).
+// Banner (横批) retrieval. The model writes its own 横批 (four Chinese
+// characters) after each chosen couplet; retrieval adds real 横批 and
+// 4-character idioms. Retrieved candidates are prefiltered here by relevance
+// (characters shared with the couplet and keyword, spring theme) into a
+// pool; bannerstage.go picks the pool's likeliest by the model's first
+// character and ranks them with the model's own by log P(B1..B4 | couplet).
 
 // springChars are characters typical of 春联 banners; a candidate with
 // them is preferred when nothing overlaps with the couplet.

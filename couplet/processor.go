@@ -7,7 +7,9 @@ import (
 )
 
 // constraint is the logits processor of one sample. It enforces the whole
-// output form while the engine decodes:
+// output form while the engine decodes (Generate now stops the request at
+// the end of the 下联, linesLen, and writes the 横批 in a request of its
+// own with bannerProc; the banner positions below still define the form):
 //
 //	keyword/acrostic: U1..UL <sep> L1..LL <ban> B1 B2 B3 B4 <eos>
 //	lower:                     L1..LL <ban> B1 B2 B3 B4 <eos>
