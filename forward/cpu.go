@@ -126,6 +126,8 @@ type CPU struct {
 	// (the channel send orders these writes before the workers' reads).
 	jobBatch *Batch
 	jobLayer int
+	// attnInline is attnInlineMACs (tests change it to cover both ways).
+	attnInline int
 }
 
 var _ Backend = (*CPU)(nil)
@@ -162,7 +164,7 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	if numBlocks < 1 {
 		return nil, fmt.Errorf("forward: KVCacheBytes %d is less than one block (%d bytes)", o.KVCacheBytes, perToken*int64(o.BlockSize))
 	}
-	c := &CPU{m: m, cfg: cfg, blockSize: o.BlockSize, numBlocks: numBlocks}
+	c := &CPU{m: m, cfg: cfg, blockSize: o.BlockSize, numBlocks: numBlocks, attnInline: attnInlineMACs}
 	c.bf16Max = o.BF16MaxRows
 	if c.bf16Max == 0 {
 		c.bf16Max = DefaultBF16MaxRows
@@ -482,11 +484,29 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	return nil
 }
 
+// attnInlineMACs is the attention work (multiply-adds: 2·headDim per
+// query head and context position) below which attention runs on the
+// caller alone: waking the attention workers through their channels costs
+// 5-50 µs on the 2-vCPU VM, more than a decode step's attention at a
+// small batch takes (batch 1 at 40 tokens of context, 6 heads of 64:
+// 31k multiply-adds, a few µs).
+const attnInlineMACs = 1 << 16
+
 // attention fills att for every token of b in layer l, one work item per
-// (sequence, query head), spread over the worker pool.
+// (sequence, query head), spread over the worker pool when there is enough
+// work (attnInlineMACs).
 func (c *CPU) attention(b *Batch, l int) {
 	c.jobBatch, c.jobLayer = b, l
 	c.next.Store(0)
+	var macs int
+	for _, s := range b.Seqs {
+		macs += s.Len * s.CtxLen // an upper bound (a prefill chunk sees less)
+	}
+	if macs*c.cfg.NumHeads*2*c.cfg.HeadDim < c.attnInline {
+		c.attnItems(0)
+		c.jobBatch = nil
+		return
+	}
 	c.wg.Add(len(c.wake))
 	for _, ch := range c.wake {
 		ch <- struct{}{}

@@ -661,3 +661,55 @@ func TestBackendsShareModel(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionInlineAndPooled runs the same lockstep batches (a prefill
+// of 20 tokens per sequence, then decode steps) with attention always on
+// the caller and always spread over the attention workers, and checks
+// both against the dense reference: the inline shortcut for small steps
+// (attnInlineMACs) must not change results.
+func TestAttentionInlineAndPooled(t *testing.T) {
+	m := model.NewRandom(model.TestConfig(), 51)
+	const bs, prompt, steps, n = 8, 20, 6, 3
+	rng := newRNG(51)
+	seqs := make([][]int32, n)
+	refs := make([][][]float32, n)
+	for i := range seqs {
+		seqs[i] = randomTokens(rng, prompt+steps, m.Config.VocabSize)
+		refs[i] = refForward(m, seqs[i])
+	}
+	for _, inline := range []int{0, 1 << 40} {
+		t.Run(fmt.Sprintf("inline<%d", inline), func(t *testing.T) {
+			c, err := NewCPU(m, CPUOptions{BlockSize: bs, Threads: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.attnInline = inline
+			fl := newFreeList(c.NumBlocks(), rng)
+			st := make([]*seqState, n)
+			for i := range st {
+				st[i] = &seqState{tokens: seqs[i]}
+			}
+			V := m.Config.VocabSize
+			for step := 0; step <= steps; step++ {
+				k := 1
+				if step == 0 {
+					k = prompt
+				}
+				var b Batch
+				for _, s := range st {
+					b.LogitRows = append(b.LogitRows, addStep(&b, s, k, bs, fl))
+				}
+				logits := make([]float32, n*V)
+				if err := c.Forward(&b, logits); err != nil {
+					t.Fatal(err)
+				}
+				for i, s := range st {
+					if d := maxAbsDiff(logits[i*V:(i+1)*V], refs[i][s.done-1]); d > 1e-4 {
+						t.Fatalf("step %d seq %d: max |Δlogit| = %g", step, i, d)
+					}
+				}
+			}
+		})
+	}
+}
