@@ -95,10 +95,12 @@ func BenchmarkDecode(b *testing.B) {
 				defer e.Close()
 				reqs := benchRequests(batch, m.Config.VocabSize, promptLen, genLen)
 				runAll(b, e, reqs[:min(8, len(reqs))]) // warm-up (kernel threads, buffers); b.Loop resets the timer
+				c0 := cpuTime()
 				for b.Loop() {
 					runAll(b, e, reqs)
 				}
 				b.ReportMetric(float64(batch*genLen*b.N)/b.Elapsed().Seconds(), "tok/s")
+				b.ReportMetric(float64((cpuTime()-c0).Nanoseconds())/float64(batch*genLen*b.N), "cpu-ns/token")
 			})
 		}
 	}
