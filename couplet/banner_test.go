@@ -3,7 +3,9 @@ package couplet
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
+	"sync"
 	"testing"
 )
 
@@ -68,5 +70,55 @@ func BenchmarkTopBanners(b *testing.B) {
 	}
 	for b.Loop() {
 		topBanners(g.banners, "平安平安二字平安福和睦一家幸福家", DefaultBannerPool)
+	}
+}
+
+// TestForcedBannerConcurrent: the forced 横批 samples of one request share a
+// bannerAssign; an engine may run their processors on different goroutines
+// at once (first step: every sample sees the same <ban> row). Each must
+// force its own slot's candidate, whichever call assigns (run with -race).
+func TestForcedBannerConcurrent(t *testing.T) {
+	const V, k = 50, 6
+	pool := make([]*bannerCand, 20) // [20] first ids 0..19, second..fourth ids 20+
+	for i := range pool {
+		pool[i] = &bannerCand{ids: [4]int32{int32(i), 20 + int32(i%5), 30, 40}}
+	}
+	row := make([]float32, V) // [V] logits at <ban>: id i has logit i%7
+	for i := range row {
+		row[i] = float32(i % 7)
+	}
+	want := assignByFirstChar(pool, row, k)
+	for trial := 0; trial < 20; trial++ {
+		a := &bannerAssign{pool: pool, k: k}
+		got := make([][]int32, k+2) // [k+2] per slot: the token forced at each step, -1 on dead end
+		var wg sync.WaitGroup
+		for slot := range k + 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := forcedBanner{a: a, slot: slot}
+				var gen []int32
+				for step := 0; step < 4; step++ {
+					l := slices.Clone(row)
+					if err := p.Process(gen, l); err != nil {
+						got[slot] = append(got[slot], -1)
+						return
+					}
+					tok := int32(slices.Index(l, slices.Max(l)))
+					gen = append(gen, tok)
+					got[slot] = append(got[slot], tok)
+				}
+			}()
+		}
+		wg.Wait()
+		for slot := range k + 2 {
+			if slot < len(want) {
+				if !slices.Equal(got[slot], want[slot][:]) {
+					t.Fatalf("slot %d forced %v, want %v", slot, got[slot], want[slot])
+				}
+			} else if !slices.Equal(got[slot], []int32{-1}) {
+				t.Fatalf("slot %d beyond the %d candidates forced %v, want a dead end", slot, len(want), got[slot])
+			}
+		}
 	}
 }
