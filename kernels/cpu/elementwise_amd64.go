@@ -1,0 +1,62 @@
+//go:build amd64
+
+package cpu
+
+import "os"
+
+// Dot and Axpy in assembly (elementwise_amd64.s; AVX2+FMA, checked at run
+// time) for the default build, which otherwise has only plain-Go loops:
+// attention calls them once per (query head, context position) on
+// head-sized vectors (64 floats for the shipped model), and in plain Go
+// they took ~15% of a batch-1 decode step. The other elementwise kernels
+// stay plain Go here (their share of a step is smaller). Where the build
+// also has GOEXPERIMENT=simd, the archsimd set (elementwise_simd_amd64.go,
+// initialised after this file) takes over.
+
+//go:noescape
+func dotAVX2(a, b *float32, n int) float32
+
+//go:noescape
+func axpyAVX2(alpha float32, x, y *float32, n int)
+
+var asmElem = func() elemKernels {
+	e := goElem
+	e.name, e.dot, e.axpy = "asm", dotAsm, axpyAsm
+	return e
+}()
+
+func init() {
+	if !asmAVX2 {
+		return
+	}
+	elemSets = append(elemSets, asmElem)
+	if os.Getenv("CHUNLIAN_GEMM") != "go" {
+		elem = asmElem
+	}
+}
+
+// dotAsm is dotGo with the first len(a)&^7 terms in assembly.
+func dotAsm(a, b []float32) float32 {
+	b = b[:len(a)]
+	n8 := len(a) &^ 7
+	var s float32
+	if n8 > 0 {
+		s = dotAVX2(&a[0], &b[0], n8)
+	}
+	for i := n8; i < len(a); i++ {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+// axpyAsm is axpyGo with the first len(x)&^7 elements in assembly.
+func axpyAsm(alpha float32, x, y []float32) {
+	y = y[:len(x)]
+	n8 := len(x) &^ 7
+	if n8 > 0 {
+		axpyAVX2(alpha, &x[0], &y[0], n8)
+	}
+	for i := n8; i < len(x); i++ {
+		y[i] += alpha * x[i]
+	}
+}
