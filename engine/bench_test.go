@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -22,6 +24,21 @@ func baseShape() model.Config {
 	c.NumLayers, c.NumHeads, c.NumKVHeads, c.HeadDim = 8, 6, 6, 64
 	c.TieWordEmbeddings = true
 	return c
+}
+
+// benchSamplingWorkers reads CHUNLIAN_BENCH_SAMPLING_WORKERS (unset = 0,
+// the default), so one test binary can compare sampling on the engine
+// goroutine alone (1) with the parallel phase in back-to-back runs.
+func benchSamplingWorkers(b *testing.B) int {
+	v := os.Getenv("CHUNLIAN_BENCH_SAMPLING_WORKERS")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		b.Fatalf("CHUNLIAN_BENCH_SAMPLING_WORKERS=%q", v)
+	}
+	return n
 }
 
 type benchModel struct {
@@ -88,7 +105,9 @@ func BenchmarkDecode(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer be.Close()
-				e, err := New(be, Config{})
+				cfg := DefaultConfig()
+				cfg.SamplingWorkers = benchSamplingWorkers(b)
+				e, err := New(be, cfg)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -247,7 +266,9 @@ func BenchmarkEngineOverhead(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			e, err := New(&nullBackend{numBlocks: 2 * c.users * (promptLen + genLen) / 16, bs: 16, row: zipf(c.vocab)}, Config{})
+			cfg := DefaultConfig()
+			cfg.SamplingWorkers = benchSamplingWorkers(b)
+			e, err := New(&nullBackend{numBlocks: 2 * c.users * (promptLen + genLen) / 16, bs: 16, row: zipf(c.vocab)}, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
