@@ -715,14 +715,12 @@ func (e *Paged) rowLSE(rows int) []float64 {
 			for i, v := range got {
 				lse[i] = float64(v)
 			}
-			e.rs.haveLSE = true
 			return lse
 		}
 	}
 	for i := range lse {
 		lse[i] = math.NaN()
 	}
-	e.rs.haveLSE = false
 	return lse
 }
 

@@ -34,7 +34,6 @@ type rowSampler struct {
 	tasks   []sampleTask // in row order (the engine lists them so)
 	rowTask []int32      // [rows+1]: row i's tasks are tasks[rowTask[i]:rowTask[i+1]]
 	scratch []*sampler.Scratch
-	haveLSE bool // lse holds every row's log-sum-exp already (from the backend)
 
 	// Per-run inputs, read by the workers.
 	logits []float32 // [rows, V]
@@ -43,8 +42,8 @@ type rowSampler struct {
 	next   atomic.Int64
 }
 
-// run samples every task and fills lse for the rows without tasks (prompt
-// rows, scored by the caller) unless haveLSE, with up to workers
+// run samples every task and fills lse's NaN entries for the rows without
+// tasks (prompt rows, scored by the caller) or with several, with up to workers
 // goroutines, the caller's being one of them. logits is [rows, V], lse
 // [rows]. The results do not depend on workers: every row is done by the
 // same code from the same inputs.
@@ -102,7 +101,9 @@ func (rs *rowSampler) doRow(sc *sampler.Scratch, i int) {
 	row := rs.logits[i*rs.V : (i+1)*rs.V]
 	ts := rs.tasks[rs.rowTask[i]:rs.rowTask[i+1]]
 	lse := rs.lse[i]
-	if !rs.haveLSE && len(ts) != 1 {
+	// A NaN from the backend (say, a row with NaN logits, which the host
+	// LSE skips) counts as unknown too.
+	if lse != lse && len(ts) != 1 {
 		lse = sc.LogSumExp(row)
 		rs.lse[i] = lse
 	}

@@ -163,10 +163,12 @@ func TestRowSamplerWorkers(t *testing.T) {
 }
 
 // lseBackend adds forward.RowLSEBackend to the fake: the float32 row
-// log-sum-exp of each logits row (as a GPU would give), or nil when off.
+// log-sum-exp of each logits row (as a GPU would give) plus lseShift (so
+// a test can tell it was used), nil when off, NaN for every row when nan.
 type lseBackend struct {
 	*fakeBackend
 	off   bool
+	nan   bool
 	lse   []float32
 	calls int // engine goroutine only (Forward and LogSumExp)
 }
@@ -179,7 +181,11 @@ func (b *lseBackend) Forward(bt *forward.Batch, logits []float32) error {
 	}
 	b.lse = b.lse[:0]
 	for i := range bt.LogitRows {
-		b.lse = append(b.lse, float32(sampler.LogSumExp(logits[i*b.vocab:(i+1)*b.vocab])))
+		v := float32(sampler.LogSumExp(logits[i*b.vocab:(i+1)*b.vocab]) + lseShift)
+		if b.nan {
+			v = float32(math.NaN())
+		}
+		b.lse = append(b.lse, v)
 	}
 	return nil
 }
@@ -192,10 +198,14 @@ func (b *lseBackend) LogSumExp() []float32 {
 	return b.lse
 }
 
+// lseShift is added to lseBackend's log-sum-exps: every log-prob the
+// engine reports from them is lseShift lower than the host's.
+const lseShift = 0.25
+
 // TestBackendRowLSE: an engine over a backend that supplies row
-// log-sum-exps uses them (same tokens, log-probs equal up to the float32
-// rounding of the supplied value), and one that returns nil falls back to
-// the host with bit-identical results.
+// log-sum-exps uses them (same tokens, log-probs lower by exactly the
+// backend's shift, up to float32 rounding), and one that returns nil, or
+// NaN rows, falls back to the host with bit-identical results.
 func TestBackendRowLSE(t *testing.T) {
 	const vocab = 200
 	var bad atomic.Int64
@@ -205,8 +215,8 @@ func TestBackendRowLSE(t *testing.T) {
 	}
 	want := runConcurrent(t, plain, equivRequests(9, 32, vocab, &bad))
 	checkDrained(t, plain)
-	for _, off := range []bool{false, true} {
-		b := &lseBackend{fakeBackend: newFake(512, 4, vocab), off: off}
+	for _, mode := range []string{"on", "nil", "nan"} {
+		b := &lseBackend{fakeBackend: newFake(512, 4, vocab), off: mode == "nil", nan: mode == "nan"}
 		e, err := New(b, Config{})
 		if err != nil {
 			t.Fatal(err)
@@ -214,16 +224,16 @@ func TestBackendRowLSE(t *testing.T) {
 		got := runConcurrent(t, e, equivRequests(9, 32, vocab, &bad))
 		checkDrained(t, e) // after Close: b.calls is ours to read
 		if b.calls == 0 {
-			t.Fatalf("off=%v: the engine never asked the backend for row log-sum-exps", off)
+			t.Fatalf("%s: the engine never asked the backend for row log-sum-exps", mode)
 		}
 		for i := range got {
-			if off {
+			if mode != "on" {
 				if err := sameResult(want[i], got[i]); err != nil {
-					t.Errorf("off: request %d: %v", i, err)
+					t.Errorf("%s: request %d: %v", mode, i, err)
 				}
 				continue
 			}
-			if err := closeResult(want[i], got[i], 1e-5); err != nil {
+			if err := closeResult(shifted(want[i], -lseShift), got[i], 1e-5); err != nil {
 				t.Errorf("request %d: %v", i, err)
 			}
 		}
@@ -231,6 +241,24 @@ func TestBackendRowLSE(t *testing.T) {
 	if n := bad.Load(); n != 0 {
 		t.Errorf("%d processor calls overlapped or saw the wrong history", n)
 	}
+}
+
+// shifted returns a copy of r with every log-prob plus d.
+func shifted(r *Result, d float32) *Result {
+	c := *r
+	c.PromptLogProbs = nil
+	for _, v := range r.PromptLogProbs {
+		c.PromptLogProbs = append(c.PromptLogProbs, v+d)
+	}
+	c.Completions = nil
+	for _, comp := range r.Completions {
+		comp.LogProbs = slices.Clone(comp.LogProbs)
+		for j := range comp.LogProbs {
+			comp.LogProbs[j] += d
+		}
+		c.Completions = append(c.Completions, comp)
+	}
+	return &c
 }
 
 // closeResult is sameResult with log-probs compared within tol.
