@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -56,13 +57,17 @@ type CPUOptions struct {
 }
 
 // DefaultBF16MaxRows is the default CPUOptions.BF16MaxRows. A decode
-// step's GEMMs are bound by the weight bytes they stream (the bf16 model,
-// 33 MB, is about the size of the last-level cache) up to a dozen or so
-// rows; the assembly bf16 kernel (4×4 AVX-512 tiles) also computes at a
-// rate close to OpenBLAS's sgemm there, so the bf16 weights win up to 16
-// rows (measured in /work/notes/bench-kernels.md, to be merged into
-// docs/BENCHMARKS.md).
-const DefaultBF16MaxRows = 16
+// step's GEMMs are bound by the weight bytes they stream up to a dozen or
+// so rows, where the bf16 (or int8) weights win by reading half (a
+// quarter) of the bytes. Beyond that the assembly kernels (4×4 AVX-512
+// tiles, split over the pool from ~4 MFLOP) still beat the float32 path
+// on this 2-core machine, whose OpenBLAS threads spin (sched_yield) after
+// every call and take the CPU from the engine's own goroutines: measured
+// at 10 concurrent couplets, 16 → 64 rows took the service from ~42 to
+// ~55 couplets/s, and decode at batch 32/128 gained ~25%
+// (/work/notes/bench-kernels.md). Steps of more rows (long prefill
+// chunks) stay on float32, where OpenBLAS's blocking pays off.
+const DefaultBF16MaxRows = 256
 
 // CPU is the float32 CPU backend. The KV cache of layer l is two slices,
 // kc[l] and vc[l], each laid out as
@@ -168,6 +173,10 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	c.bf16Max = o.BF16MaxRows
 	if c.bf16Max == 0 {
 		c.bf16Max = DefaultBF16MaxRows
+		// CHUNLIAN_BF16_MAX_ROWS replaces the default (A/B runs).
+		if v, err := strconv.Atoi(os.Getenv("CHUNLIAN_BF16_MAX_ROWS")); err == nil && v != 0 {
+			c.bf16Max = v
+		}
 	}
 	c.bf16Min = max(1, o.BF16MinRows)
 	if c.bf16Max > 0 && m.Weights.BF16 != nil && cpu.HasFastBF16() && os.Getenv("CHUNLIAN_BF16") != "0" {

@@ -182,13 +182,26 @@ func (g *bf16Job) run(p, np int) {
 // model but gate/up) therefore run on the caller.
 const bf16SplitBytes = 1 << 20
 
+// splitFlops is the least work (flops) that makes a bf16 or int8 GEMM
+// split over the pool whatever its weight bytes: from a few dozen rows on
+// (prefill chunks, big decode batches) a GEMM computes for ≥ 50 µs, well
+// above a hand-off.
+const splitFlops = 1 << 22
+
+// splitLowP reports whether a bf16 or int8 GEMM of m×n×k reading wbytes of
+// weights is split over the pool (see bf16SplitBytes and splitFlops).
+func splitLowP(m, n, k, wbytes int) bool {
+	flops := 2 * m * n * k
+	return flops >= 1<<16 && (wbytes >= bf16SplitBytes || flops >= splitFlops)
+}
+
 // bf16X is the permuted copy of x for kernels that want one: [m,
 // roundUp(k,32)], grown on demand, guarded by poolMu.
 var bf16X []float32
 
 // runGemmBF16 runs im over the whole product, split by weight rows over
-// the pool when the product is big enough to pay for the hand-off (the same
-// 64k-flop cut as gemmParts) and each part gets ≥ 16 rows. The whole call
+// the pool when the product is big enough to pay for the hand-off
+// (splitLowP) and each part gets ≥ 16 rows. The whole call
 // holds poolMu, also when it runs inline, because of bf16X.
 func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im bf16Impl) {
 	poolMu.Lock()
@@ -202,7 +215,7 @@ func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im
 		x = bf16X[:m*kp]
 	}
 	parts := min(Threads(), max(1, n/16))
-	if 2*m*n*k < 1<<16 || 2*n*k < bf16SplitBytes {
+	if !splitLowP(m, n, k, 2*n*k) {
 		parts = 1
 	}
 	if parts <= 1 {

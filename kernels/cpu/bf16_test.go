@@ -113,12 +113,14 @@ func checkBF16Case(t *testing.T, im bf16Impl, r *rand.Rand, m, n, k int, acc boo
 	}
 }
 
+// (67×203×389 splits over the pool by its flops, 8×6294×384 by its
+// weight bytes; see splitLowP.)
 // TestGemmBF16Exported checks the public entry points (path choice, k=0,
 // accumulate) and that GemmBF16 on bf16 weights matches Gemm on the same
 // weights widened to float32.
 func TestGemmBF16Exported(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	for _, s := range []struct{ m, n, k int }{{1, 384, 384}, {3, 1031, 77}, {8, 6294, 384}, {2, 5, 0}, {0, 4, 4}, {4, 0, 4}} {
+	for _, s := range []struct{ m, n, k int }{{1, 384, 384}, {3, 1031, 77}, {8, 6294, 384}, {67, 203, 389}, {2, 5, 0}, {0, 4, 4}, {4, 0, 4}} {
 		t.Run(fmt.Sprintf("%dx%dx%d", s.m, s.n, s.k), func(t *testing.T) {
 			x := randSlice(r, s.m*s.k)
 			w := randBF16(r, s.n*s.k)

@@ -162,12 +162,12 @@ func (g *int8Job) run(p, np int) {
 }
 
 // runGemmInt8 runs kern over the whole product, split by weight rows over
-// the pool under the same rule as runGemmBF16 (≥ bf16SplitBytes of
-// weights; products below that run on the caller, where a hand-off costs
-// more than it saves).
+// the pool under the same rule as runGemmBF16 (splitLowP: enough weight
+// bytes or enough flops; smaller products run on the caller, where a
+// hand-off costs more than it saves).
 func runGemmInt8(m, n, k int, x []float32, q []int8, s, y []float32, acc bool, kern int8Kernel) {
 	parts := min(Threads(), max(1, n/16))
-	if 2*m*n*k < 1<<16 || n*k < bf16SplitBytes {
+	if !splitLowP(m, n, k, n*k) {
 		parts = 1
 	}
 	if parts <= 1 {

@@ -95,11 +95,13 @@ func checkInt8Case(t *testing.T, kern int8Kernel, r *rand.Rand, m, n, k int, acc
 	}
 }
 
+// (67×203×389 splits over the pool by its flops, 8×6294×384 by its
+// weight bytes; see splitLowP.)
 // TestGemmInt8Exported checks the public entry points, including k=0 and
 // empty shapes, against the reference.
 func TestGemmInt8Exported(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
-	for _, sh := range []struct{ m, n, k int }{{1, 384, 384}, {3, 1031, 77}, {8, 6294, 384}, {2, 5, 0}, {0, 4, 4}, {4, 0, 4}} {
+	for _, sh := range []struct{ m, n, k int }{{1, 384, 384}, {3, 1031, 77}, {8, 6294, 384}, {67, 203, 389}, {2, 5, 0}, {0, 4, 4}, {4, 0, 4}} {
 		t.Run(fmt.Sprintf("%dx%dx%d", sh.m, sh.n, sh.k), func(t *testing.T) {
 			x := randSlice(r, sh.m*sh.k)
 			q, s := QuantizeInt8(sh.n, sh.k, randSlice(r, sh.n*sh.k))
