@@ -1,12 +1,16 @@
 package couplet
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sort"
 	"sync"
 	"testing"
+
+	"chunlian/engine"
 )
 
 // topBannersRef is the straightforward definition: stable sort of every
@@ -120,5 +124,65 @@ func TestForcedBannerConcurrent(t *testing.T) {
 				t.Fatalf("slot %d beyond the %d candidates forced %v, want a dead end", slot, len(want), got[slot])
 			}
 		}
+	}
+}
+
+// refuseBanner wraps an engine and answers every 横批 request (prompt ending
+// in <ban>) with err.
+type refuseBanner struct {
+	engine.Engine
+	ban int32
+	err error
+}
+
+func (r refuseBanner) Generate(ctx context.Context, req *engine.Request) (*engine.Result, error) {
+	if n := len(req.Prompt); n > 0 && req.Prompt[n-1] == r.ban {
+		return nil, r.err
+	}
+	return r.Engine.Generate(ctx, req)
+}
+
+// TestBannerRequestRefused: when the engine refuses the 横批 request (queue
+// full), the couplet keeps its lines and gets the most relevant retrieved
+// 横批; without retrieval lists the error is returned.
+func TestBannerRequestRefused(t *testing.T) {
+	probe := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
+	ban := probe.t.sp.Banner
+	for _, c := range []struct {
+		name    string
+		opts    []Option
+		wantErr bool
+	}{
+		{"retrieval", nil, false},
+		{"retrieval, k=0", []Option{WithBannerTopK(0)}, false},
+		{"no retrieval lists", []Option{WithBannerSources(), WithBannerTopK(0)}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fe := refuseBanner{&fakeEngine{vocab: testModel.Tok.Size()}, ban, engine.ErrQueueFull}
+			opts := c.opts
+			g := newFakeGen(t, fe, opts...)
+			if c.wantErr {
+				// newFakeGen adds inline banners; build without them.
+				var err error
+				g, err = New(testModel, fe, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			cs, err := g.Generate(context.Background(), Request{Text: "平安", Seed: 4})
+			if c.wantErr {
+				if !errors.Is(err, engine.ErrQueueFull) {
+					t.Fatalf("got %v, %v; want ErrQueueFull", cs, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := topBanners(g.banners, "平安"+cs[0].Upper+cs[0].Lower, 1)[0].text
+			if cs[0].Banner != want || !Check(cs[0].Upper, cs[0].Lower, cs[0].Banner).OK() {
+				t.Errorf("got %+v; want the lines with fallback 横批 %s", cs[0], want)
+			}
+		})
 	}
 }

@@ -101,7 +101,8 @@ func (f forcedBanner) Process(gen []int32, logits []float32) error {
 // concurrently, so the engine batches their requests too. It returns the
 // couplets that got a 横批 passing every rule (a couplet is dropped only if
 // its request yields no usable 横批); engine errors and ctx end are
-// returned as they are.
+// returned as they are, except that a refused 横批 request falls back to
+// the most relevant retrieved 横批 (fallbackBanner).
 func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate, tr *Trace) ([]*candidate, error) {
 	sp := g.t.sp
 	stage := startStage(tr, g.e, StageBannerRetrieval)
@@ -158,6 +159,16 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 			defer wg.Done()
 			res, err := g.e.Generate(ctx, req)
 			if err != nil {
+				// The lines are already paid for: on an engine refusal
+				// (queue full, closed) fall back to the most relevant
+				// retrieved 横批, unscored, rather than fail the couplet.
+				if ctx.Err() == nil {
+					if fb := fallbackBanner(pools[ci], g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower); fb != nil {
+						cd.c.Banner = fb.text
+						ok[ci] = Check(cd.c.Upper, cd.c.Lower, cd.c.Banner).Rule4()
+						return
+					}
+				}
 				errs[ci] = err
 				return
 			}
@@ -215,4 +226,17 @@ func bannerSeed(seed uint64, attempt, sample int) uint64 {
 		s = 1
 	}
 	return s
+}
+
+// fallbackBanner is the 横批 used when the 横批 request fails: the pool's
+// most relevant candidate (the retrieval lists' when no pool was built), or
+// nil without retrieval lists.
+func fallbackBanner(pool []*bannerCand, all []bannerCand, text string) *bannerCand {
+	if len(pool) > 0 {
+		return pool[0]
+	}
+	if top := topBanners(all, text, 1); len(top) > 0 {
+		return top[0]
+	}
+	return nil
 }
