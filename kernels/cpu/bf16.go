@@ -173,14 +173,13 @@ func (g *bf16Job) run(p, np int) {
 	}
 }
 
-// bf16SplitBytes is the least weight bytes a bf16 GEMM must read to be
-// split over the pool. Waking a parked pool goroutine costs tens of µs on
-// this (shared, 2-vCPU) machine: measured at M=1 with weights streamed
-// from memory, the 295 KB [384,384] product took 27 µs on one thread and
-// 47 µs split in two, while the 4.8 MB LM head took about the same either
-// way (250 µs). Products under 1 MiB (every layer matrix of the shipped
-// model but gate/up) therefore run on the caller.
-const bf16SplitBytes = 1 << 20
+// bf16SplitBytes is the least weight bytes a bf16 or int8 GEMM must read
+// to be split over the pool. With the channel-woken pool (tens of µs per
+// hand-off) this was 1 MiB; with the spinning hand-off (pool.go) a split
+// pays from about 200 KB: measured at M=1 on int8 weights in cache, one
+// thread vs split in two: [384,384] 147 KB 2.7 vs 2.8 µs, [1152,384] 442
+// KB 8.5 vs 5.9 µs, [2048,384] 786 KB 15 vs 9.4 µs.
+const bf16SplitBytes = 192 << 10
 
 // splitFlops is the least work (flops) that makes a bf16 or int8 GEMM
 // split over the pool whatever its weight bytes: from a few dozen rows on
