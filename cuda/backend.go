@@ -919,7 +919,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, dm, false),
 		)
 		if errs == nil && b.opt.RowLogSumExp {
-			errs = b.launch("row_lse", R, 1, 256, u(b.lseBuf), u(b.logitBuf), i32(c.VocabSize))
+			errs = b.launch("row_lse", R, 1, rowLSEThreads, u(b.lseBuf), u(b.logitBuf), i32(c.VocabSize))
 		}
 	}
 	return errs

@@ -68,7 +68,7 @@ func BenchmarkEngineLines(b *testing.B) {
 		name string
 		o    Options
 	}{
-		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true}},
+		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true, PDL: true}},
 		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true, HandoffSpin: -1}},
 	}
 	for _, v := range variants {
@@ -163,7 +163,7 @@ func BenchmarkCouplets(b *testing.B) {
 		name string
 		o    Options
 	}{
-		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true}},
+		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true, PDL: true}},
 		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true, HandoffSpin: -1}},
 	} {
 		g, err := New(m, v.o)

@@ -207,7 +207,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		if R > gemvMaxM {
 			lse = b.launchShm // after cuBLAS
 		}
-		errs = lse("row_lse", R, 1, 256, 0, u(b.lseBuf), u(b.logitBuf), i32(V))
+		errs = lse("row_lse", R, 1, rowLSEThreads, 0, u(b.lseBuf), u(b.logitBuf), i32(V))
 	}
 	return errs
 }
@@ -221,3 +221,6 @@ func (b *Backend) attnKernel() string {
 	}
 	return "paged_attention_chunked"
 }
+
+// rowLSEThreads is row_lse's block size (one block per logits row).
+const rowLSEThreads = 1024

@@ -31,7 +31,7 @@ func (b *Backend) rowLSEOnDevice(rows [][]float32, V int) ([]float32, error) {
 			return err
 		}
 		defer b.free(o)
-		if err := b.launch("row_lse", len(rows), 1, 256, uint64(o), uint64(in), i32(V)); err != nil {
+		if err := b.launch("row_lse", len(rows), 1, rowLSEThreads, uint64(o), uint64(in), i32(V)); err != nil {
 			return err
 		}
 		d := &b.l.drv

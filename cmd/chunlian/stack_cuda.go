@@ -28,12 +28,12 @@ type cudaConfig struct {
 	// GEMV kernels (cuda.Options.NoFusedGEMV when false). Both default on;
 	// off is the earlier path, kept for A/B runs.
 	RowLSE, FusedGEMV bool
-	PDL               bool          // cuda.Options.PDL (programmatic dependent launches; off by default)
+	PDL               bool          // cuda.Options.PDL (programmatic dependent launches; on by default, measured 7% off a one-sequence step on the H200)
 	HandoffSpin       time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
 }
 
 func (c *cudaConfig) register(fs *flag.FlagSet) {
-	*c = cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16, RowLSE: true, FusedGEMV: true}
+	*c = cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16, RowLSE: true, FusedGEMV: true, PDL: true}
 	if v, ok := os.LookupEnv(cuda.EnvLibDir); ok {
 		c.LibDir = v
 	}

@@ -268,6 +268,7 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
 #pragma unroll
         for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] *= c;
         int n = min(WARP, pos - base + 1); // warp-uniform
+#pragma unroll 8
         for (int u = 0; u < n; u++) {
             float pu = __shfl_sync(0xffffffffu, p, u);
             long long ru = __shfl_sync(0xffffffffu, row, u);
@@ -340,11 +341,14 @@ __device__ float block_max(float v) {
 // (fmaxf drops them from the max, and they add 0 to the sum); a row whose
 // max is -Inf (all -Inf or NaN) gives -Inf, a row holding +Inf gives +Inf
 // (no Inf - Inf = NaN in the shifted sum).
-// logits [R, V]; out [R]. grid = R, block = 256.
+// logits [R, V]; out [R]. grid = R, block = 1024 (rowLSEThreads; any
+// multiple of 32 up to 1024 works). The loops are unrolled so that each
+// thread has several loads in flight.
 extern "C" __global__ void row_lse(float* __restrict__ out, const float* __restrict__ logits, int V) {
     pdl_wait();
     const float* row = logits + (i64)blockIdx.x * V;
     float m = NEG_INF;
+#pragma unroll 8
     for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, row[i]);
     m = block_max(m);
     if (m == NEG_INF || m == -NEG_INF) { // uniform over the block: every thread returns here
@@ -352,6 +356,7 @@ extern "C" __global__ void row_lse(float* __restrict__ out, const float* __restr
         return;
     }
     float s = 0.f;
+#pragma unroll 8
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
         float v = row[i];
         if (v == v) s += expf(v - m);
@@ -386,30 +391,48 @@ __device__ void load_rows(float* xs, const float* __restrict__ x, const int* __r
                           float* __restrict__ copy_to, const float* __restrict__ g, float eps,
                           int M, int K) {
     __shared__ float inv[GEMV_MAX_M];
+    __shared__ int src[GEMV_MAX_M];
     pdl_wait();
-    for (int i = threadIdx.x; i < M * K; i += blockDim.x) {
-        int m = i / K, k = i - m * K;
-        int src = rows ? rows[m] : m;
-        float v = x[(i64)src * K + k];
-        xs[i] = v;
-        if (copy_to && blockIdx.x == 0) copy_to[i] = v;
-    }
-    if (!g) {
-        __syncthreads();
-        return;
+    // Row indices first (one load), so that the copy below has no
+    // dependent load chain; float4 copies, unrolled so that each thread
+    // has several loads in flight (a rolled loop waited a full memory
+    // latency per element, which dominated a decode step).
+    if (threadIdx.x < M) src[threadIdx.x] = rows ? rows[threadIdx.x] : threadIdx.x;
+    __syncthreads();
+    int K4 = K / 4;
+    float4* xs4 = reinterpret_cast<float4*>(xs);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < M * K4; i += blockDim.x) {
+        int m = i / K4, k = i - m * K4;
+        float4 v = x4[(i64)src[m] * K4 + k];
+        xs4[i] = v;
+        if (copy_to && blockIdx.x == 0) reinterpret_cast<float4*>(copy_to)[i] = v;
     }
     __syncthreads();
+    if (!g) return;
     int w = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     for (int m = w; m < M; m += blockDim.x / WARP) {
         float ss = 0.f;
-        for (int k = lane; k < K; k += WARP) { float v = xs[m * K + k]; ss += v * v; }
+        for (int k = lane; k < K4; k += WARP) {
+            float4 v = xs4[m * K4 + k];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
         ss = warp_sum(ss);
         if (lane == 0) inv[m] = 1.0f / sqrtf(ss / (float)K + eps);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < M * K; i += blockDim.x) {
-        int m = i / K, k = i - m * K;
-        xs[i] = xs[i] * inv[m] * g[k];
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < M * K4; i += blockDim.x) {
+        int m = i / K4, k = i - m * K4;
+        float4 v = xs4[i], gv = __ldg(g4 + k);
+        float s = inv[m];
+        v.x = v.x * s * gv.x;
+        v.y = v.y * s * gv.y;
+        v.z = v.z * s * gv.z;
+        v.w = v.w * s * gv.w;
+        xs4[i] = v;
     }
     __syncthreads();
 }
