@@ -14,11 +14,13 @@
 // Threading: one worker goroutine per Backend, locked to its OS thread,
 // owns the CUDA context (the device's primary context), the stream, the
 // cuBLAS handle and all device memory, and makes every CUDA call; the
-// forward.Backend methods hand it closures over a channel (see Backend).
+// forward.Backend methods hand it closures over a channel, both sides
+// polling briefly before they park (handoff.go).
 //
-// Data on the device, all float32: the weights in Hugging Face [out, in]
+// Data on the device, float32 unless noted: the weights in Hugging Face [out, in]
 // layout with Q/K/V and gate/up rows stacked into one matrix each; a RoPE
-// cos/sin table; the paged KV cache as one allocation
+// cos/sin table; bf16 copies of the weight matrices when the model is
+// exactly bf16 (for the GEMV path below); the paged KV cache as one allocation
 // [2·layers, numBlocks+1, blockSize, nKVHeads, headDim] (block numBlocks is
 // reserved for graph padding); activation buffers sized for the largest
 // batch seen. Each step copies one int32 metadata buffer in (tokens,
@@ -30,11 +32,14 @@
 // (optionally gathering the sampled rows before the LM head), RoPE + paged
 // K/V store, paged attention (one warp per token and query head, online
 // softmax over keys 0..position through the block table: prefill, chunked
-// prefill and decode alike), SwiGLU, block copy for copy-on-write, and an
-// optional row log-sum-exp. GEMMs go through cublasGemmEx (TF32 tensor
+// prefill and decode alike; paged_attention_chunked takes 32 keys per warp
+// step), SwiGLU, block copy for copy-on-write, and the row log-sum-exp
+// (Options.RowLogSumExp; the engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (TF32 tensor
 // cores with float32 accumulation by default, or strict float32); the
 // residual adds ride on the GEMMs (beta = 1). Steps of up to 8192 tokens
-// run as CUDA graphs captured per padded size (graph.go).
+// run as CUDA graphs captured per padded size (graph.go). Steps of at most
+// 8 tokens run instead on fused GEMV kernels, 5 launches per layer
+// (gemv.go), optionally with programmatic dependent launches (Options.PDL).
 //
 // Measured on an H200: docs/BENCHMARKS.md, section H200; bash cuda/h200.sh
 // reproduces it.
