@@ -316,6 +316,9 @@ def parse(argv=None):
                     help="shares of lower, keyword, acrostic mode per epoch (keyword falls back to lower without a word)")
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="residual dropout after attention and MLP while training (run 3 overfitted without)")
+    ap.add_argument("--ema", type=float, default=0.0,
+                    help="keep an exponential moving average of the weights with this decay (e.g. 0.999); "
+                         "validation, the best checkpoint and the export then use the average")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="torch.compile the transformer trunk on the GPU")
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
@@ -365,6 +368,34 @@ def train(args):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **extra)
 
+    # EMA of the weights (fp32, like the parameters): validated and exported
+    # instead of the raw weights. swap() exchanges the two sets in place, so
+    # the compiled layers keep their parameters' identity.
+    params = [p for p in model.parameters()]
+    ema = [p.detach().clone() for p in params] if args.ema > 0 else None
+
+    def swap():
+        if ema is not None:
+            with torch.no_grad():
+                for p, e in zip(params, ema):
+                    t = p.detach().clone()
+                    p.copy_(e)
+                    e.copy_(t)
+
+    def val_now():
+        swap()
+        try:
+            return validate(model, data.val, dev)
+        finally:
+            swap()
+
+    def snapshot():
+        swap()
+        try:
+            return {k: t.detach().clone() for k, t in model.state_dict().items()}
+        finally:
+            swap()
+
     total = args.steps if args.steps > 0 else None
     budget = args.minutes * 60
 
@@ -388,7 +419,7 @@ def train(args):
     if args.init:
         # The starting point is a candidate too: if no later validation beats
         # it, the export is the initial model (and the log says so).
-        vl0, vlow0 = validate(model, data.val, dev)
+        vl0, vlow0 = validate(model, data.val, dev)  # (EMA = weights at step 0)
         cw.writerow([0, 0, 0, "0.0", f"{lr_at(0):.3e}", "nan", f"{vl0:.4f}", f"{vlow0:.4f}"])
         log(f"step 0 (init) val {vl0:.4f} val_lower {vlow0:.4f} (ppl {math.exp(vlow0):.2f})")
         best = (vlow0, {k: t.detach().clone() for k, t in model.state_dict().items()}, 0)
@@ -419,6 +450,10 @@ def train(args):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if ema is not None:
+                # Short warm-up of the decay so early weights fade fast.
+                with torch.no_grad():
+                    torch._foreach_lerp_(ema, params, 1 - min(args.ema, (1 + step) / (10 + step)))
             step += 1
             tokens += x.numel()
             run_loss += loss.detach()
@@ -438,7 +473,7 @@ def train(args):
                     log(f"step time {dt * 1e3:.1f} ms -> total steps {total}")
             last = total is not None and step >= total
             if step % args.eval_every == 0 or last or (args.smoke and step % 10 == 0):
-                vl, vlow = validate(model, data.val, dev)
+                vl, vlow = val_now()
                 tl = float(run_loss / run_n) if run_n else float("nan")
                 run_loss, run_n = 0.0, 0
                 el = time.time() - t_start
@@ -448,12 +483,14 @@ def train(args):
                     f"train {tl:.4f} val {vl:.4f} val_lower {vlow:.4f} (ppl {math.exp(vlow):.2f}) "
                     f"{tokens / el / 1e6:.2f}M tok/s {el:.0f}s")
                 if vlow < best[0]:
-                    best = (vlow, {k: t.detach().clone() for k, t in model.state_dict().items()}, step)
+                    best = (vlow, snapshot(), step)
             if last:
                 done = True
                 break
     wall = time.time() - t_start
     curve.close()
+    if ema is not None and best[1] is not None and best[2] == step:
+        model.load_state_dict(best[1])  # the EMA weights, not the raw ones
     if best[1] is not None and best[2] != step:
         log(f"restoring best validation checkpoint from step {best[2]} (val_lower {best[0]:.4f})")
         model.load_state_dict(best[1])
