@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"math"
+	"sort"
 
 	"chunlian/sampler"
 )
@@ -92,36 +93,119 @@ func (c *constraint) linesLen() int {
 
 var negInf = float32(math.Inf(-1))
 
-// force leaves only id allowed.
+// The processors only ever restrict a row to one of three fixed sets of ids
+// (Han characters; Han characters of tone 仄; of tone 平), minus at most a
+// line's worth of single ids (the keyword's first character, the 上联's
+// character at the same slot, earlier 下联 characters). Instead of a pass
+// over the whole row with a class lookup and a rule closure per token, each
+// set is precomputed once per vocabulary (idSet: its ids and its
+// complement), and a call writes -Inf over the complement, then over the
+// few excluded ids, then looks for one live entry among the set's ids,
+// stopping at the first (a model's row is finite almost everywhere, so this
+// reads one or two entries unless the step is a dead end). The row comes
+// out bit-identical to the old per-token loop's (kept in
+// processor_ref_test.go, checked by TestProcessorEquivalence): allowed
+// entries untouched, every other entry -Inf, and ErrDeadEnd exactly when no
+// allowed entry is above -Inf (NaN counts as dead, as before).
+
+// idSet is one allowed set of the processors, over the vocabulary
+// [0, v): allow holds its ids and deny the rest, both ascending.
+type idSet struct {
+	allow, deny []int32
+	v           int // len(tables.class)
+}
+
+// newIDSet splits [0, v) by in.
+func newIDSet(v int, in func(id int32) bool) idSet {
+	s := idSet{v: v}
+	for id := int32(0); int(id) < v; id++ {
+		if in(id) {
+			s.allow = append(s.allow, id)
+		} else {
+			s.deny = append(s.deny, id)
+		}
+	}
+	return s
+}
+
+// buildSets fills the tables' processor sets; newTables calls it.
+func (t *tables) buildSets() {
+	v := len(t.class)
+	t.hanSet = newIDSet(v, func(id int32) bool { return t.class[id] == classHan })
+	t.zeSet = newIDSet(v, func(id int32) bool { return t.class[id] == classHan && t.tone[id] == ToneZe })
+	t.pingSet = newIDSet(v, func(id int32) bool { return t.class[id] == classHan && t.tone[id] == TonePing })
+}
+
+// restrict writes -Inf over every entry of logits outside s (ids of the
+// complement, and any ids beyond the vocabulary a wider row may have).
+func restrict(logits []float32, s *idSet) {
+	deny := s.deny
+	if len(logits) < s.v { // a narrower row: only the ids it has
+		deny = deny[:sort.Search(len(deny), func(i int) bool { return int(deny[i]) >= len(logits) })]
+	}
+	for _, id := range deny {
+		logits[id] = negInf
+	}
+	for i := s.v; i < len(logits); i++ {
+		logits[i] = negInf
+	}
+}
+
+// exclude writes -Inf at id if the row has it.
+func exclude(logits []float32, id int32) {
+	if id >= 0 && int(id) < len(logits) {
+		logits[id] = negInf
+	}
+}
+
+// alive returns nil if some id of s holds a value above -Inf (neither -Inf
+// nor NaN; excluded ids were already set to -Inf), else ErrDeadEnd.
+func alive(logits []float32, s *idSet) error {
+	for _, id := range s.allow {
+		if int(id) >= len(logits) {
+			break
+		}
+		if logits[id] > negInf {
+			return nil
+		}
+	}
+	return sampler.ErrDeadEnd
+}
+
+// allowHan leaves only Chinese-character ids.
+func (t *tables) allowHan(logits []float32) error {
+	restrict(logits, &t.hanSet)
+	return alive(logits, &t.hanSet)
+}
+
+// force leaves only id allowed: ErrDeadEnd (row untouched) if id is outside
+// the row or its entry is -Inf or NaN, else every other entry becomes -Inf.
+// The sampler reads the whole row afterwards (its max scan and softmax run
+// over all of it), so the row must really be filled; fillNegInf does it
+// with memmove-sized copies instead of a store per entry.
 func force(logits []float32, id int32) error {
-	if id < 0 || int(id) >= len(logits) || math.IsNaN(float64(logits[id])) || math.IsInf(float64(logits[id]), -1) {
+	if id < 0 || int(id) >= len(logits) {
 		return sampler.ErrDeadEnd
 	}
 	v := logits[id]
-	for i := range logits {
-		logits[i] = negInf
+	if !(v > negInf) { // -Inf or NaN
+		return sampler.ErrDeadEnd
 	}
+	fillNegInf(logits)
 	logits[id] = v
 	return nil
 }
 
-// allowHan leaves only Chinese-character ids for which ok returns true.
-func (c *constraint) allowHan(logits []float32, ok func(id int32) bool) error {
-	alive := false
-	for i := range logits {
-		id := int32(i)
-		if i >= len(c.t.class) || c.t.class[i] != classHan || (ok != nil && !ok(id)) {
-			logits[i] = negInf
-			continue
-		}
-		if !math.IsInf(float64(logits[i]), -1) && !math.IsNaN(float64(logits[i])) {
-			alive = true
-		}
+// fillNegInf sets every entry of s to -Inf: one store, then copies of the
+// filled prefix doubling in size (copy is a vectorised memmove).
+func fillNegInf(s []float32) {
+	if len(s) == 0 {
+		return
 	}
-	if !alive {
-		return sampler.ErrDeadEnd
+	s[0] = negInf
+	for n := 1; n < len(s); n *= 2 {
+		copy(s[n:], s[:n])
 	}
-	return nil
 }
 
 // Process implements sampler.LogitsProcessor.
@@ -149,7 +233,7 @@ func (c *constraint) Process(generated []int32, logits []float32) error {
 	case pos == L:
 		return force(logits, sp.Banner)
 	case pos <= L+4:
-		return c.allowHan(logits, nil)
+		return c.t.allowHan(logits)
 	case pos == L+5:
 		return force(logits, sp.EOS)
 	}
@@ -181,26 +265,29 @@ func (c *constraint) upperStep(gen []int32, j int, logits []float32) error {
 				return force(logits, k1)
 			}
 		}
-		// Before placement K1 is only allowed where it can start the
-		// keyword, so that emitting it always means "place it here".
-		return c.allowHan(logits, func(id int32) bool {
-			if !placed && id == k1 && !c.kwStart[j] {
-				return false
-			}
-			return j != c.last || t.tone[id] == ToneZe
-		})
+		// Han characters (仄 only on the last slot); before placement K1
+		// is only allowed where it can start the keyword, so that emitting
+		// it always means "place it here".
+		set := &t.hanSet
+		if j == c.last {
+			set = &t.zeSet
+		}
+		restrict(logits, set)
+		if !placed && !c.kwStart[j] {
+			exclude(logits, k1)
+		}
+		return alive(logits, set)
 	}
-	return c.allowHan(logits, func(id int32) bool {
-		if j != c.last {
-			return true
-		}
-		if t.tone[id] != ToneZe {
-			return false
-		}
-		// Acrostic: a last character equal to heads[0] mirrors heads[1]
-		// onto the 下联's last slot, which must be 平.
-		return !(p.mode == ModeAcrostic && id == p.heads[0] && t.tone[p.heads[1]] != TonePing)
-	})
+	if j != c.last {
+		return t.allowHan(logits)
+	}
+	// The last slot: 仄 only. Acrostic: a last character equal to heads[0]
+	// mirrors heads[1] onto the 下联's last slot, which must be 平.
+	restrict(logits, &t.zeSet)
+	if p.mode == ModeAcrostic && t.tone[p.heads[1]] != TonePing {
+		exclude(logits, p.heads[0])
+	}
+	return alive(logits, &t.zeSet)
 }
 
 func (c *constraint) lowerStep(upper, lower []int32, j int, logits []float32) error {
@@ -216,18 +303,20 @@ func (c *constraint) lowerStep(upper, lower []int32, j int, logits []float32) er
 			return force(logits, lower[k])
 		}
 	}
-	needPing := upper[j] == upper[c.last]
-	return c.allowHan(logits, func(id int32) bool {
-		if id == upper[j] || (needPing && t.tone[id] != TonePing) {
-			return false
+	// Han characters (平 only where u[j] == u[last]), not u[j], not an
+	// earlier 下联 character.
+	set := &t.hanSet
+	if upper[j] == upper[c.last] {
+		set = &t.pingSet
+	}
+	restrict(logits, set)
+	exclude(logits, upper[j])
+	for k := 0; k < j; k++ {
+		if p.template[k] == -1 {
+			exclude(logits, lower[k])
 		}
-		for k := 0; k < j; k++ {
-			if p.template[k] == -1 && lower[k] == id {
-				return false
-			}
-		}
-		return true
-	})
+	}
+	return alive(logits, set)
 }
 
 // bannerProc is the processor of a 横批 written on its own after a
@@ -239,7 +328,7 @@ type bannerProc struct{ t *tables }
 func (b bannerProc) Process(generated []int32, logits []float32) error {
 	switch pos := len(generated); {
 	case pos < 4:
-		return (&constraint{t: b.t}).allowHan(logits, nil)
+		return b.t.allowHan(logits)
 	case pos == 4:
 		return force(logits, b.t.sp.EOS)
 	}

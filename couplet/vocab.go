@@ -42,6 +42,9 @@ type tables struct {
 	han   []int32    // ids of all Han tokens, ascending
 	// maxChars is the longest Length whose Layout fits in sp.MaxLine tokens.
 	maxChars int
+	// The processors' allowed sets (processor.go): Han ids, Han ids of
+	// tone 仄, Han ids of tone 平.
+	hanSet, zeSet, pingSet idSet
 }
 
 func newTables(v Vocab, sp Specials) (*tables, error) {
@@ -76,6 +79,7 @@ func newTables(v Vocab, sp Specials) (*tables, error) {
 		}
 	}
 	sort.Slice(t.han, func(i, j int) bool { return t.han[i] < t.han[j] })
+	t.buildSets()
 	var ping, ze int
 	for _, id := range t.han {
 		switch t.tone[id] {

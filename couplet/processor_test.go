@@ -1,0 +1,290 @@
+package couplet
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"chunlian/model"
+	"chunlian/sampler"
+)
+
+// procTables are the vocabularies the processor tests run on: the random
+// test model's synthetic one and, when embedded, the shipped model's (6294
+// ids, the service's case).
+func procTables(tb testing.TB) map[string]*tables {
+	out := map[string]*tables{"test": newFakeGen(tb, &fakeEngine{vocab: testModel.Tok.Size()}).t}
+	if m, err := model.Default(); err == nil {
+		g, err := New(m, &fakeEngine{vocab: m.Tok.Size()}, WithBannerSources())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out["default"] = g.t
+	}
+	return out
+}
+
+// rowKind is one way of filling a random logits row.
+type rowKind int
+
+const (
+	rowNormal rowKind = iota // finite N(0, 3²)
+	rowSpecial               // finite, with -Inf, +Inf, NaNs (two payloads), ±0 sprinkled
+	rowSparse                // all -Inf or NaN except a few finite entries (dead ends)
+	rowDead                  // all -Inf
+	numRowKinds
+)
+
+// randRow returns a row of n entries of the given kind.
+func randRow(rng *rand.Rand, n int, kind rowKind) []float32 {
+	row := make([]float32, n)
+	nan2 := math.Float32frombits(0x7fc00001)
+	for i := range row {
+		switch kind {
+		case rowNormal:
+			row[i] = float32(rng.NormFloat64() * 3)
+		case rowSpecial:
+			switch rng.IntN(12) {
+			case 0:
+				row[i] = negInf
+			case 1:
+				row[i] = float32(math.NaN())
+			case 2:
+				row[i] = nan2
+			case 3:
+				row[i] = float32(math.Inf(1))
+			case 4:
+				row[i] = float32(math.Copysign(0, -1))
+			default:
+				row[i] = float32(rng.NormFloat64() * 3)
+			}
+		case rowSparse, rowDead:
+			row[i] = negInf
+			if rng.IntN(8) == 0 {
+				row[i] = float32(math.NaN())
+			}
+		}
+	}
+	if kind == rowSparse && n > 0 {
+		for range rng.IntN(4) {
+			row[rng.IntN(n)] = float32(rng.NormFloat64())
+		}
+	}
+	return row
+}
+
+// sameRow reports the first index where a and b differ bitwise, or -1.
+func sameRow(a, b []float32) int {
+	if len(a) != len(b) {
+		return 0
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// randPlan returns a random plan for t: half from prepare (a valid
+// request), half built directly (any template, heads and 上联 ids,
+// including non-Han ones, which prepare would reject).
+func randPlan(rng *rand.Rand, t *tables) *plan {
+	modes := []Mode{ModeKeyword, ModeAcrostic, ModeLower}
+	han := func() int32 { return t.han[rng.IntN(len(t.han))] }
+	anyID := func() int32 { return int32(rng.IntN(len(t.class))) }
+	if rng.IntN(2) == 0 {
+		for {
+			req := Request{Mode: modes[rng.IntN(3)], Length: MinLength + rng.IntN(t.maxChars-MinLength+1), Seed: 1}
+			n := 2
+			if req.Mode == ModeLower {
+				n = req.Length
+			}
+			var rs []rune
+			pool := t.han
+			if rng.IntN(2) == 0 { // a small alphabet: repeated characters
+				pool = t.han[:min(len(t.han), 6)]
+			}
+			for range n {
+				rs = append(rs, t.char[pool[rng.IntN(len(pool))]])
+			}
+			if req.Mode == ModeLower && len(rs) > 7 {
+				lay := Layout(len(rs))
+				var withPunct []rune
+				k := 0
+				for _, r := range lay {
+					if r != 0 {
+						withPunct = append(withPunct, r)
+					} else {
+						withPunct = append(withPunct, rs[k])
+						k++
+					}
+				}
+				rs = withPunct
+			}
+			req.Text = string(rs)
+			if p, err := t.prepare(req); err == nil {
+				return p
+			}
+		}
+	}
+	var punct []int32
+	for id, c := range t.class {
+		if c == classPunct {
+			punct = append(punct, int32(id))
+		}
+	}
+	L := 1 + rng.IntN(16)
+	p := &plan{mode: modes[rng.IntN(3)], lineLen: L, template: make([]int32, L)}
+	for j := range p.template {
+		p.template[j] = -1
+		if rng.IntN(5) == 0 && len(punct) > 0 {
+			p.template[j] = punct[rng.IntN(len(punct))]
+		}
+	}
+	pick := func() int32 {
+		if rng.IntN(4) == 0 {
+			return anyID()
+		}
+		return han()
+	}
+	p.heads = [2]int32{pick(), pick()}
+	if p.mode == ModeLower {
+		small := rng.IntN(2) == 0
+		for j := range L {
+			id := pick()
+			if small {
+				id = t.han[rng.IntN(min(len(t.han), 4))]
+			}
+			if p.template[j] != -1 {
+				id = p.template[j]
+			}
+			p.upper = append(p.upper, id)
+		}
+	}
+	return p
+}
+
+// TestProcessorEquivalence: the set-based processors leave exactly the
+// rows the old per-token loop left (bitwise, NaN payloads included) and
+// return the same errors, for random plans of every mode, random histories
+// (mostly following the rules, sometimes not) and random rows of every
+// kind and of the vocabulary's width or narrower or wider.
+func TestProcessorEquivalence(t *testing.T) {
+	for name, tb := range procTables(t) {
+		// The shipped vocabulary is 15× the test one: fewer plans there.
+		plans := map[string]int{"test": 200, "default": 40}[name]
+		if testing.Short() {
+			plans /= 5
+		}
+		t.Run(name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(11, uint64(len(tb.class))))
+			V := len(tb.class)
+			widths := []int{V, V - 1 - rng.IntN(V/2), V + 1 + rng.IntN(9)}
+			// A pool of rows per width and kind, drawn once.
+			pool := make([][numRowKinds][][]float32, len(widths))
+			for w, n := range widths {
+				for kind := range numRowKinds {
+					for range 6 {
+						pool[w][kind] = append(pool[w][kind], randRow(rng, n, kind))
+					}
+				}
+			}
+			// check runs both processors on rows of every kind at the
+			// vocabulary's width and on one other random row, and returns
+			// the ids allowed on a normal full-width row.
+			check := func(what string, gen []int32, newP, oldP sampler.LogitsProcessor) (allowed []int32) {
+				t.Helper()
+				type variant struct{ w, kind int }
+				vs := []variant{{1 + rng.IntN(len(widths)-1), rng.IntN(int(numRowKinds))}}
+				for kind := range int(numRowKinds) {
+					vs = append(vs, variant{0, kind})
+				}
+				for _, v := range vs {
+					rows := pool[v.w][v.kind]
+					row := rows[rng.IntN(len(rows))]
+					want := append([]float32(nil), row...)
+					wantErr := oldP.Process(gen, want)
+					got := append([]float32(nil), row...)
+					gotErr := newP.Process(gen, got)
+					if gotErr != wantErr || (gotErr != nil && !errors.Is(gotErr, sampler.ErrDeadEnd)) {
+						t.Fatalf("%s gen=%v width %d kind %d: err %v, want %v", what, gen, len(row), v.kind, gotErr, wantErr)
+					}
+					if i := sameRow(got, want); i >= 0 {
+						t.Fatalf("%s gen=%v width %d kind %d: row[%d] = %v, want %v", what, gen, len(row), v.kind, i, got[i], want[i])
+					}
+					if v.w == 0 && rowKind(v.kind) == rowNormal && wantErr == nil {
+						for i, x := range want {
+							if x > negInf {
+								allowed = append(allowed, int32(i))
+							}
+						}
+					}
+				}
+				return allowed
+			}
+			var steps, deadEnds int
+			for pi := range plans {
+				p := randPlan(rng, tb)
+				c := newConstraint(tb, p, rng.IntN(2) == 0)
+				what := fmt.Sprintf("plan %d (%s, L=%d, heads %v, template %v, upper %v)", pi, p.mode, p.lineLen, p.heads, p.template, p.upper)
+				var gen []int32
+				for len(gen) <= c.genLen()+1 {
+					allowed := check(what, gen, c, refProc{c})
+					steps++
+					next := int32(rng.IntN(V))
+					switch {
+					case len(allowed) > 0 && rng.IntN(10) != 0:
+						next = allowed[rng.IntN(len(allowed))]
+					case len(allowed) == 0:
+						deadEnds++
+					}
+					gen = append(gen, next)
+				}
+			}
+			for range plans {
+				var gen []int32
+				for range 7 {
+					check("banner", gen, bannerProc{tb}, refBanner{tb})
+					gen = append(gen, tb.han[rng.IntN(len(tb.han))])
+				}
+			}
+			t.Logf("%d plans, %d steps (%d with nothing allowed on a normal row)", plans, steps, deadEnds)
+		})
+	}
+}
+
+// TestForce: force's cases, including the row left untouched on a dead end.
+func TestForce(t *testing.T) {
+	nan := float32(math.NaN())
+	for _, tc := range []struct {
+		row  []float32
+		id   int32
+		dead bool
+	}{
+		{[]float32{1, 2, 3}, 1, false},
+		{[]float32{1, 2, 3}, 0, false},
+		{[]float32{1, 2, 3}, 2, false},
+		{[]float32{5}, 0, false},
+		{[]float32{1, float32(math.Inf(1)), 3}, 1, false},
+		{[]float32{1, 2, 3}, 3, true},
+		{[]float32{1, 2, 3}, -1, true},
+		{[]float32{}, 0, true},
+		{[]float32{1, negInf, 3}, 1, true},
+		{[]float32{1, nan, 3}, 1, true},
+		{make([]float32, 1000), 999, false},
+		{make([]float32, 1025), 0, false},
+	} {
+		got := append([]float32(nil), tc.row...)
+		want := append([]float32(nil), tc.row...)
+		err, wantErr := force(got, tc.id), refForce(want, tc.id)
+		if (err != nil) != tc.dead || err != wantErr {
+			t.Errorf("force(%v, %d) = %v, want dead end %v (old: %v)", tc.row, tc.id, err, tc.dead, wantErr)
+		}
+		if i := sameRow(got, want); i >= 0 {
+			t.Errorf("force(%v, %d): row[%d] = %v, want %v", tc.row, tc.id, i, got[i], want[i])
+		}
+	}
+}
