@@ -1,0 +1,87 @@
+package cpu
+
+import "math"
+
+// Kernels of the sampler's per-vocabulary loops (package sampler runs them
+// on every logits row it samples: ~6k floats, dozens of rows per couplet).
+// Like the other elementwise kernels they come from elem: plain Go, or
+// AVX2/FMA assembly on amd64 (sample_amd64.s) unless CHUNLIAN_GEMM=go.
+
+// ScanMax returns the largest entry of x, the first index holding it and
+// whether x has NaNs (which it skips); m is -Inf and im 0 when no entry is
+// above -Inf (x empty, all -Inf or NaN).
+func ScanMax(x []float32) (m float32, im int, hasNaN bool) { return elem.scanMax(x) }
+
+// ExpSum sets dst[i] = exp(fl(src[i]·scale) − shift) for i < len(src) and
+// returns Σ dst[i] in float64. The product is rounded to float32 before the
+// subtraction (no FMA), so with shift = fl(max·scale) the max entry gives
+// exactly 1 and every other entry at most 1 (scale > 0): dst is then
+// softmax(src·scale) times Σ, the unnormalised softmax. Arguments below
+// expMin (≈ −87.3, −Inf included) give 0, above ≈ 88.7 +Inf, NaN gives
+// NaN. exp is expf's polynomial (relative error ~1e-7). dst may alias src
+// and must be at least as long; the summation order (so the last bits of
+// the sum) depends on the implementation, never on the call.
+func ExpSum(dst, src []float32, scale, shift float32) float64 {
+	return elem.expSum(dst[:len(src)], src, scale, shift)
+}
+
+// CompactGreater writes the indices i with x[i] > thr, ascending, to
+// idx[:n] and returns n and Σ x[i] over them (float64). idx must be at
+// least len(x) long: the vector kernel stores whole blocks, so idx[n:]
+// holds garbage afterwards.
+func CompactGreater(idx []int32, x []float32, thr float32) (n int, sum float64) {
+	return elem.compact(idx[:len(x)], x, thr)
+}
+
+func scanMaxGo(x []float32) (m float32, im int, hasNaN bool) {
+	m = float32(math.Inf(-1))
+	for i, v := range x {
+		if v > m {
+			m, im = v, i
+		} else if v != v {
+			hasNaN = true
+		}
+	}
+	return m, im, hasNaN
+}
+
+func expSumGo(dst, src []float32, scale, shift float32) float64 {
+	dst = dst[:len(src)]
+	var sum float64
+	for i, v := range src {
+		e := expf(float32(v*scale) - shift)
+		dst[i] = e
+		sum += float64(e)
+	}
+	return sum
+}
+
+// compactGo is branch-free: every index is written, the count only moves
+// past the kept ones (they are scattered over a vocabulary, so a branch
+// per entry would mispredict often). The sum is then taken over the kept
+// entries in four interleaved partial sums.
+func compactGo(idx []int32, x []float32, thr float32) (int, float64) {
+	idx = idx[:len(x)]
+	n := 0
+	for i, v := range x {
+		idx[n] = int32(i)
+		k := 0
+		if v > thr {
+			k = 1
+		}
+		n += k
+	}
+	var s0, s1, s2, s3 float64
+	kept := idx[:n]
+	i := 0
+	for ; i+4 <= len(kept); i += 4 {
+		s0 += float64(x[kept[i]])
+		s1 += float64(x[kept[i+1]])
+		s2 += float64(x[kept[i+2]])
+		s3 += float64(x[kept[i+3]])
+	}
+	for ; i < len(kept); i++ {
+		s0 += float64(x[kept[i]])
+	}
+	return n, (s0 + s1) + (s2 + s3)
+}
