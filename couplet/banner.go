@@ -24,6 +24,7 @@ const springChars = "春福新年喜庆吉祥瑞安康泰乐丰财富贵顺和�
 // vocabulary.
 type bannerCand struct {
 	ids   [4]int32
+	runes [4]rune // the characters of text
 	text  string
 	prior int // 1 for real 横批 lists (banners.txt), 0 for idioms
 	base  int // prior + spring-theme characters: the context-free part of relevance
@@ -47,7 +48,7 @@ func (t *tables) parseBanners(r io.Reader, prior int, seen map[string]bool, out 
 				ok = false
 				break
 			}
-			c.ids[i] = id
+			c.ids[i], c.runes[i] = id, ch
 		}
 		if ok {
 			c.text, c.prior = line, prior
@@ -97,15 +98,46 @@ func (t *tables) loadBanners(srcs []BannerSource) (cands []bannerCand, used []st
 }
 
 // relevance scores a candidate for a couplet: shared characters count most
-// (4 each), then spring-theme characters, then the source prior (c.base).
-func relevance(c *bannerCand, context map[rune]bool) int {
+// (4 each, per position of the candidate), then spring-theme characters,
+// then the source prior (c.base).
+func relevance(c *bannerCand, context *runeSet) int {
 	s := c.base
-	for _, r := range c.text {
-		if context[r] {
+	for _, r := range c.runes {
+		if context.has(r) {
 			s += 4
 		}
 	}
 	return s
+}
+
+// runeSet is the set of a context's Chinese characters for relevance,
+// which looks up every character of every candidate (thousands per call):
+// a 4096-bit filter on the low 12 bits of each rune rejects almost all of
+// them with one bit test (a context has a few dozen characters), and the
+// few that pass are checked exactly against the runes. A map lookup per
+// character was most of topBanners' time.
+type runeSet struct {
+	filter [64]uint64
+	runes  []rune
+}
+
+func (s *runeSet) add(r rune) {
+	if !s.has(r) {
+		s.filter[r>>6&63] |= 1 << (r & 63)
+		s.runes = append(s.runes, r)
+	}
+}
+
+func (s *runeSet) has(r rune) bool {
+	if s.filter[r>>6&63]&(1<<(r&63)) == 0 {
+		return false
+	}
+	for _, x := range s.runes {
+		if x == r {
+			return true
+		}
+	}
+	return false
 }
 
 // topBanners returns up to k candidates most relevant to the text, best
@@ -116,10 +148,11 @@ func topBanners(cands []bannerCand, text string, k int) []*bannerCand {
 	if k <= 0 || len(cands) == 0 {
 		return nil
 	}
-	ctx := map[rune]bool{}
+	var ctx runeSet
+	ctx.runes = make([]rune, 0, 64)
 	for _, r := range text {
 		if IsHan(r) {
-			ctx[r] = true
+			ctx.add(r)
 		}
 	}
 	type scored struct {
@@ -128,7 +161,7 @@ func topBanners(cands []bannerCand, text string, k int) []*bannerCand {
 	}
 	top := make([]scored, 0, k+1) // [≤k] best so far, by s descending, list order within ties
 	for i := range cands {
-		s := relevance(&cands[i], ctx)
+		s := relevance(&cands[i], &ctx)
 		if len(top) == k && s <= top[k-1].s {
 			continue
 		}

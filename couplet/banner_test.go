@@ -13,8 +13,20 @@ import (
 	"chunlian/engine"
 )
 
+// relevanceRef is relevance's definition (and its code before runeSet):
+// the candidate's text decoded, a map of the context's characters.
+func relevanceRef(c *bannerCand, context map[rune]bool) int {
+	s := c.base
+	for _, r := range c.text {
+		if context[r] {
+			s += 4
+		}
+	}
+	return s
+}
+
 // topBannersRef is the straightforward definition: stable sort of every
-// candidate by relevance, best first, then the first k.
+// candidate by relevanceRef, best first, then the first k.
 func topBannersRef(cands []bannerCand, text string, k int) []*bannerCand {
 	ctx := map[rune]bool{}
 	for _, r := range text {
@@ -27,7 +39,7 @@ func topBannersRef(cands []bannerCand, text string, k int) []*bannerCand {
 		idx[i] = i
 	}
 	sort.SliceStable(idx, func(a, b int) bool {
-		return relevance(&cands[idx[a]], ctx) > relevance(&cands[idx[b]], ctx)
+		return relevanceRef(&cands[idx[a]], ctx) > relevanceRef(&cands[idx[b]], ctx)
 	})
 	var out []*bannerCand
 	for _, i := range idx[:min(k, len(idx))] {
@@ -66,14 +78,96 @@ func TestTopBanners(t *testing.T) {
 	}
 }
 
+// topBannersOld is topBanners before runeSet (a map of the context's
+// characters, relevanceRef), the "old" side of BenchmarkTopBanners.
+func topBannersOld(cands []bannerCand, text string, k int) []*bannerCand {
+	if k <= 0 || len(cands) == 0 {
+		return nil
+	}
+	ctx := map[rune]bool{}
+	for _, r := range text {
+		if IsHan(r) {
+			ctx[r] = true
+		}
+	}
+	type scored struct {
+		c *bannerCand
+		s int
+	}
+	top := make([]scored, 0, k+1)
+	for i := range cands {
+		s := relevanceRef(&cands[i], ctx)
+		if len(top) == k && s <= top[k-1].s {
+			continue
+		}
+		j := len(top)
+		for j > 0 && top[j-1].s < s {
+			j--
+		}
+		top = append(top, scored{})
+		copy(top[j+1:], top[j:])
+		top[j] = scored{&cands[i], s}
+		if len(top) > k {
+			top = top[:k]
+		}
+	}
+	out := make([]*bannerCand, len(top))
+	for i, s := range top {
+		out[i] = s.c
+	}
+	return out
+}
+
+// TestRuneSet: membership agrees with a map for random runes, including
+// runes that share the filter's bit (equal low 12 bits) with a member.
+func TestRuneSet(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for trial := 0; trial < 200; trial++ {
+		var s runeSet
+		want := map[rune]bool{}
+		var probes []rune
+		for range rng.IntN(80) {
+			r := rune(0x3400 + rng.IntN(0x6000))
+			s.add(r)
+			want[r] = true
+			probes = append(probes, r, r+4096, r-4096, r^1, r+64)
+		}
+		for range 50 {
+			probes = append(probes, rune(rng.IntN(0x30000)))
+		}
+		for _, r := range probes {
+			if s.has(r) != want[r] {
+				t.Fatalf("trial %d: has(%U) = %v, want %v", trial, r, s.has(r), want[r])
+			}
+		}
+		if len(s.runes) != len(want) {
+			t.Fatalf("trial %d: %d runes kept, want %d distinct", trial, len(s.runes), len(want))
+		}
+	}
+}
+
+// BenchmarkTopBanners: one 横批 prefilter over the shipped and test lists,
+// old (map) and new (runeSet) in the same run.
 func BenchmarkTopBanners(b *testing.B) {
 	m := defaultModel(b)
 	g, err := New(m, &fakeEngine{vocab: m.Tok.Size()}, WithBannerSources(testBannerSources()...))
 	if err != nil {
 		b.Fatal(err)
 	}
-	for b.Loop() {
-		topBanners(g.banners, "平安平安二字平安福和睦一家幸福家", DefaultBannerPool)
+	const text = "平安平安二字平安福和睦一家幸福家"
+	if fmt.Sprint(topBanners(g.banners, text, DefaultBannerPool)) != fmt.Sprint(topBannersOld(g.banners, text, DefaultBannerPool)) {
+		b.Fatal("old and new differ")
+	}
+	b.Logf("%d candidates", len(g.banners))
+	for _, impl := range []struct {
+		name string
+		f    func([]bannerCand, string, int) []*bannerCand
+	}{{"old", topBannersOld}, {"new", topBanners}} {
+		b.Run(impl.name, func(b *testing.B) {
+			for b.Loop() {
+				impl.f(g.banners, text, DefaultBannerPool)
+			}
+		})
 	}
 }
 

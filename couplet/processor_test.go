@@ -30,10 +30,10 @@ func procTables(tb testing.TB) map[string]*tables {
 type rowKind int
 
 const (
-	rowNormal rowKind = iota // finite N(0, 3²)
-	rowSpecial               // finite, with -Inf, +Inf, NaNs (two payloads), ±0 sprinkled
-	rowSparse                // all -Inf or NaN except a few finite entries (dead ends)
-	rowDead                  // all -Inf
+	rowNormal  rowKind = iota // finite N(0, 3²)
+	rowSpecial                // finite, with -Inf, +Inf, NaNs (two payloads), ±0 sprinkled
+	rowSparse                 // all -Inf or NaN except a few finite entries (dead ends)
+	rowDead                   // all -Inf
 	numRowKinds
 )
 
@@ -287,4 +287,80 @@ func TestForce(t *testing.T) {
 			t.Errorf("force(%v, %d): row[%d] = %v, want %v", tc.row, tc.id, i, got[i], want[i])
 		}
 	}
+}
+
+// BenchmarkProcessRow is the cost of one processor call on one row of the
+// shipped vocabulary (the test one without it), old (processor_ref_test.go)
+// against new in the same run, per step kind of the service's default
+// request (keyword 平安, 7 characters): "upper" cycles through the 上联's
+// slots, "lower" through the 下联's, "banner" through the 横批 request's
+// four free slots, "force" is a forced step (<sep>). Each op copies a
+// fresh row first, as the sampler does (the "copy" case is that alone).
+func BenchmarkProcessRow(b *testing.B) {
+	tbs := procTables(b)
+	tb := tbs["default"]
+	if tb == nil {
+		tb = tbs["test"]
+	}
+	p, err := tb.prepare(Request{Text: "平安", Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := newConstraint(tb, p)
+	rng := rand.New(rand.NewPCG(3, 4))
+	V := len(tb.class)
+	row := randRow(rng, V, rowNormal)
+	// One rule-abiding history: the 上联, <sep>, the 下联.
+	var gen []int32
+	for len(gen) < c.linesLen() {
+		w := append([]float32(nil), randRow(rng, V, rowNormal)...)
+		if err := c.Process(gen, w); err != nil {
+			b.Fatal(err)
+		}
+		var ok []int32
+		for i, v := range w {
+			if v > negInf {
+				ok = append(ok, int32(i))
+			}
+		}
+		gen = append(gen, ok[rng.IntN(len(ok))])
+	}
+	L := p.lineLen
+	var upperPos, lowerPos, bannerPos [][]int32 // histories of each kind
+	for j := 0; j < L; j++ {
+		upperPos = append(upperPos, gen[:j])
+		lowerPos = append(lowerPos, gen[:L+1+j])
+	}
+	for j := 0; j < 4; j++ {
+		bannerPos = append(bannerPos, tb.han[:j])
+	}
+	w := make([]float32, V)
+	run := func(name string, hists [][]int32, old, cur sampler.LogitsProcessor) {
+		for _, impl := range []struct {
+			name string
+			p    sampler.LogitsProcessor
+		}{{"old", old}, {"new", cur}} {
+			b.Run(name+"/"+impl.name, func(b *testing.B) {
+				i := 0
+				for b.Loop() {
+					copy(w, row)
+					if err := impl.p.Process(hists[i], w); err != nil {
+						b.Fatal(err)
+					}
+					if i++; i == len(hists) {
+						i = 0
+					}
+				}
+			})
+		}
+	}
+	run("upper", upperPos, refProc{c}, c)
+	run("lower", lowerPos, refProc{c}, c)
+	run("banner", bannerPos, refBanner{tb}, bannerProc{tb})
+	run("force", [][]int32{gen[:L]}, refProc{c}, c)
+	b.Run("copy", func(b *testing.B) {
+		for b.Loop() {
+			copy(w, row)
+		}
+	})
 }
