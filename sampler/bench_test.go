@@ -2,6 +2,7 @@ package sampler
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -42,6 +43,64 @@ func BenchmarkSample(b *testing.B) {
 			c0 := cpuTime()
 			for b.Loop() {
 				s.Sample(row, hist, hist, tc.proc)
+			}
+			b.ReportMetric(float64((cpuTime()-c0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// BenchmarkSampleRow: one SampleWith call on a row of V = 6294 (the
+// shipped vocabulary) Zipf-like logits, a fresh row each call from a set
+// of 64 (as engine's BenchmarkSampleRows: the token of rank r has logit
+// 8 − 2.5·ln(1+r)), with the couplet pipeline's parameters (T = 0.8,
+// top-p 0.95) and a processor that forbids a tenth of the vocabulary, with
+// the row's log-sum-exp known (lse, as from the GPU's row_lse) or not.
+// CHUNLIAN_GEMM=go runs the kernels' plain-Go versions for A/B.
+func BenchmarkSampleRow(b *testing.B) {
+	const V, nrows = 6294, 64
+	rng := rand.New(rand.NewPCG(3, 4))
+	rows := make([][]float32, nrows)
+	lses := make([]float64, nrows)
+	for i := range rows {
+		rows[i] = make([]float32, V)
+		for r, tok := range rng.Perm(V) {
+			rows[i][tok] = float32(8 - 2.5*math.Log(1+float64(r)) + 0.1*rng.NormFloat64())
+		}
+		lses[i] = LogSumExp(rows[i])
+	}
+	mask := LogitsProcessorFunc(func(_ []int32, l []float32) error {
+		for i := 0; i < len(l); i += 10 {
+			l[i] = float32(math.Inf(-1))
+		}
+		return nil
+	})
+	couplet := Params{Temperature: 0.8, TopP: 0.95, Seed: 1}
+	for _, tc := range []struct {
+		name string
+		p    Params
+		proc LogitsProcessor
+		lse  bool
+	}{
+		{"couplet+processor/lse", couplet, mask, true},
+		{"couplet+processor", couplet, mask, false},
+		{"couplet/lse", couplet, nil, true},
+		{"greedy", Params{}, nil, false},
+		{"T=1", Params{Temperature: 1, Seed: 1}, nil, false},
+		{"top-k 50/lse", Params{Temperature: 0.8, TopK: 50, Seed: 1}, nil, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s := New(tc.p, 0)
+			sc := NewScratch()
+			hist := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+			i := 0
+			c0 := cpuTime()
+			for b.Loop() {
+				lse := math.NaN()
+				if tc.lse {
+					lse = lses[i%nrows]
+				}
+				s.SampleWith(sc, rows[i%nrows], lse, hist, hist, tc.proc)
+				i++
 			}
 			b.ReportMetric(float64((cpuTime()-c0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})

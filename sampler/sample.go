@@ -124,23 +124,14 @@ func logSumExp(row, scratch []float32) float64 {
 }
 
 // scanMax returns the largest entry of row, the first index holding it and
-// whether row has NaNs (which it skips); m is -Inf (and im the first index
-// of a -Inf, or 0) when no entry is above -Inf.
-func scanMax(row []float32) (m float32, im int, hasNaN bool) {
-	m = float32(math.Inf(-1))
-	for i, v := range row {
-		if v > m {
-			m, im = v, i
-		} else if v != v {
-			hasNaN = true
-		}
-	}
-	return m, im, hasNaN
-}
+// whether row has NaNs (which it skips); m is -Inf and im 0 when no entry
+// is above -Inf. It is cpu.ScanMax (vectorised on amd64).
+func scanMax(row []float32) (m float32, im int, hasNaN bool) { return cpu.ScanMax(row) }
 
-// lseFrom finishes logSumExp given scanMax's results, through the kernels'
-// vectorised Softmax: softmax at the max element is 1/Σexp(x-m), so
-// lse = m − log(softmax[argmax]). Rows with NaNs take a scalar loop.
+// lseFrom finishes logSumExp given scanMax's results: lse = m + log Σ
+// exp(x−m), the sum from the kernels' vectorised ExpSum (scale 1, shift m),
+// the very call draw makes at T = 1, so draw's row log-sum-exp is
+// bit-identical. Rows with NaNs take a scalar loop.
 func lseFrom(row, scratch []float32, m float32, im int, hasNaN bool) float64 {
 	if math.IsInf(float64(m), 0) {
 		return float64(m)
@@ -154,9 +145,7 @@ func lseFrom(row, scratch []float32, m float32, im int, hasNaN bool) float64 {
 		}
 		return float64(m) + math.Log(sum)
 	}
-	copy(scratch, row)
-	cpu.Softmax(scratch)
-	return float64(m) - math.Log(float64(scratch[im]))
+	return float64(m) + math.Log(cpu.ExpSum(scratch, row, 1, m))
 }
 
 // LogProb returns log softmax(row)[tok].
@@ -212,7 +201,7 @@ func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, ge
 		tok := int32(im)
 		if s.p.Temperature != 0 {
 			var rowLSE float64
-			tok, rowLSE = s.draw(sc, row, int32(im), lse != lse && s.p.Temperature == 1)
+			tok, rowLSE = s.draw(sc, row, m, int32(im), lse != lse && s.p.Temperature == 1)
 			if lse != lse && s.p.Temperature == 1 {
 				lse = rowLSE
 			}
@@ -253,7 +242,7 @@ func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, ge
 	}
 	tok := int32(wim)
 	if s.p.Temperature != 0 {
-		tok, _ = s.draw(sc, w, int32(wim), false)
+		tok, _ = s.draw(sc, w, wm, int32(wim), false)
 	}
 	if lse != lse {
 		lse = lseFrom(row, sc.lse[:V], m, im, hasNaN)
@@ -285,43 +274,33 @@ const numBuckets = 0x3F8 + 1
 func bucketOf(p float32) int { return int(math.Float32bits(p) >> 20) }
 
 // draw samples from softmax(w/T) restricted by top-k, top-p and min-p. w
-// holds no NaN and im is the first index of its maximum (finite). With
-// rowLSE (only when w is the raw row and T == 1) it also returns
-// LogSumExp(w), read off the softmax it computes anyway: bit-identical to
-// logSumExp(w), which runs the same Softmax over the same values.
-func (s *Sampler) draw(sc *Scratch, w []float32, im int32, rowLSE bool) (int32, float64) {
-	// probs = softmax(w/T) (-Inf entries get 0). Tokens below e^negligible
-	// of the most likely one are never drawn.
+// holds no NaN, m is its maximum (finite) and im the first index of it.
+// With rowLSE (only when w is the raw row and T == 1) it also returns
+// LogSumExp(w), read off the exponentials it computes anyway:
+// bit-identical to logSumExp(w), which makes the same ExpSum call.
+func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32, rowLSE bool) (int32, float64) {
+	// probs[i] = exp(w[i]/T − m/T) in one pass (cpu.ExpSum): softmax(w/T)
+	// times its sum, with the max exactly 1 and -Inf entries 0. Nothing
+	// below needs it normalised: the candidate and min-p thresholds are
+	// relative to the max, top-p to the candidates' total, and the draw
+	// scales u by the total. Tokens below e^negligible of the most likely
+	// one are never drawn.
 	probs := sc.probs[:len(w)]
-	if T := s.p.Temperature; T == 1 {
-		copy(probs, w)
-	} else {
-		invT := 1 / T
-		for i, v := range w {
-			probs[i] = v * invT
-		}
+	invT := float32(1)
+	if T := s.p.Temperature; T != 1 {
+		invT = 1 / T
 	}
-	cpu.Softmax(probs)
-	pmax := probs[im]
+	sum := cpu.ExpSum(probs, w, invT, m*invT)
 	var lse float64
 	if rowLSE {
-		lse = float64(w[im]) - math.Log(float64(pmax))
+		lse = float64(m) + math.Log(sum)
 	}
+	pmax := probs[im] // 1
 	thr := pmax * float32(math.Exp(negligible))
-	// Branch-free compaction: every index is written, the count only moves
-	// past candidates (a model's candidates are scattered over the
-	// vocabulary, so a branch per token would mispredict often). probs and
-	// thr are non-negative floats, whose bit patterns (< 2³¹) order like
-	// them: p > thr ⇔ tb − pb < 0, read off the sign bit.
-	cand := sc.cand[:len(probs)]
-	n := 0
-	tb := int32(math.Float32bits(thr))
-	for i, p := range probs {
-		cand[n] = int32(i)
-		n += int(uint32(tb-int32(math.Float32bits(p))) >> 31)
-	}
-	cand = cand[:n]
-	total := sumProbs(probs, cand)
+	// The candidates and their total in one vectorised pass.
+	n, total := cpu.CompactGreater(sc.cand[:len(probs)], probs, thr)
+	cand := sc.cand[:n]
+	candidates := n
 	topK := s.p.TopK
 	topP := float64(s.p.TopP)
 	useK := topK > 0 && topK < len(cand)
@@ -361,7 +340,9 @@ func (s *Sampler) draw(sc *Scratch, w []float32, im int32, rowLSE bool) (int32, 
 		}
 		cand = k
 	}
-	total = sumProbs(probs, cand)
+	if len(cand) != candidates {
+		total = sumProbs(probs, cand)
+	}
 	u := s.rng.Float64() * total
 	for _, t := range cand {
 		u -= float64(probs[t])
