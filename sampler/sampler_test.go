@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"testing"
+
+	"chunlian/kernels/cpu"
 )
 
 var inf = float32(math.Inf(1))
@@ -430,6 +432,70 @@ func TestDistributionSparse(t *testing.T) {
 		// p < 1e-5 at 12 degrees of freedom.
 		if chi2 > 45 {
 			t.Errorf("%+v: chi² = %.1f; counts %v", p, chi2, counts)
+		}
+	}
+}
+
+// TestPresort checks presort's contract on both its paths (threshold fast
+// path and histogram): the result is a prefix of the candidates sorted by
+// probability (descending, ties by id) holding at least k tokens (top-k)
+// or topP of the candidates' mass (top-p), on rows where each fast-path
+// level succeeds, where it succeeds with more tokens than it sorts
+// directly, and where it fails.
+func TestPresort(t *testing.T) {
+	const V = 6294
+	rows := map[string][]float32{}
+	zipf := make([]float32, V)
+	sin := make([]float32, V)
+	ties := make([]float32, V)
+	steep := make([]float32, V)
+	for i := range zipf {
+		zipf[i] = float32(8 - 2.5*math.Log(1+float64((i*7919)%V)))
+		sin[i] = float32(math.Sin(float64(i)*0.37)) * 4
+		ties[i] = float32(i % 5)
+		steep[i] = float32(-i) * 0.01
+	}
+	rows["zipf"], rows["sin"], rows["ties"], rows["steep"] = zipf, sin, ties, steep
+	levels := presortLevels
+	defer func() { presortLevels = levels }()
+	for name, row := range rows {
+		for _, T := range []float32{0.5, 0.8, 1.5} {
+			sc := NewScratch()
+			sc.grow(V)
+			probs := sc.probs[:V]
+			m, _, _ := scanMax(row)
+			cpu.ExpSum(probs, row, 1/T, m*(1/T))
+			n, total := cpu.CompactGreater(sc.cand[:V], probs, float32(math.Exp(negligible)))
+			ref := sortByProb(slices.Clone(sc.cand[:n]), probs)
+			for _, tc := range []struct {
+				useK bool
+				k    int
+				p    float64
+			}{{true, 1, 0}, {true, 5, 0}, {true, 50, 0}, {true, 900, 0}, {false, 0, 0.3}, {false, 0, 0.9}, {false, 0, 0.95}, {false, 0, 0.999}} {
+				for _, fast := range []bool{true, false} {
+					presortLevels = levels
+					if !fast {
+						presortLevels = [len(levels)]float32{2, 2} // above every prob: never enough
+					}
+					cand := slices.Clone(sc.cand[:n])
+					got := sc.presort(cand, probs, 1, total, tc.useK, tc.k, tc.p)
+					if len(got) > len(ref) || !slices.Equal(got, ref[:len(got)]) {
+						t.Fatalf("%s T=%v %+v fast=%v: %d tokens, not a prefix of the sorted candidates", name, T, tc, fast, len(got))
+					}
+					if tc.useK && len(got) < min(tc.k, len(ref)) {
+						t.Fatalf("%s T=%v %+v fast=%v: %d tokens < k", name, T, tc, fast, len(got))
+					}
+					if !tc.useK {
+						var mass float64
+						for _, tok := range got {
+							mass += float64(probs[tok])
+						}
+						if mass < tc.p*total*(1-1e-9) {
+							t.Fatalf("%s T=%v %+v fast=%v: mass %v < %v", name, T, tc, fast, mass, tc.p*total)
+						}
+					}
+				}
+			}
 		}
 	}
 }
