@@ -1,10 +1,12 @@
 package couplet
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 
 	"chunlian/model"
@@ -363,4 +365,92 @@ func BenchmarkProcessRow(b *testing.B) {
 			copy(w, row)
 		}
 	})
+}
+
+// BenchmarkSampleRow is one sampler call (the service's defaults:
+// temperature 0.8, top-p 0.95, the row's log-sum-exp known) on a row the
+// processors restrict to the Han characters ("han", a 横批 slot) or force
+// to one token ("forced", <sep>; "forced-old" with the old force). Nearly
+// all of a forced row's cost is the sampler's passes over a row whose
+// outcome is already fixed; see the notes at force.
+func BenchmarkSampleRow(b *testing.B) {
+	tbs := procTables(b)
+	tb := tbs["default"]
+	if tb == nil {
+		tb = tbs["test"]
+	}
+	p, err := tb.prepare(Request{Text: "平安", Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := newConstraint(tb, p)
+	rng := rand.New(rand.NewPCG(3, 4))
+	row := randRow(rng, len(tb.class), rowNormal)
+	lse := sampler.LogSumExp(row)
+	upper := make([]int32, p.lineLen)
+	for i := range upper {
+		upper[i] = tb.han[i]
+	}
+	for _, tc := range []struct {
+		name string
+		gen  []int32
+		proc sampler.LogitsProcessor
+	}{
+		{"han", nil, bannerProc{tb}},
+		{"forced", upper, c},
+		{"forced-old", upper, refProc{c}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s := sampler.New(sampler.Params{Temperature: DefaultTemperature, TopP: DefaultTopP, Seed: 1}, 0)
+			sc := sampler.NewScratch()
+			for b.Loop() {
+				if _, _, err := s.SampleWith(sc, row, lse, nil, tc.gen, tc.proc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// rowCounter runs after a sample's own processor and counts the rows it
+// sees and those left with exactly one entry above -Inf (forced).
+type rowCounter struct{ rows, forced *atomic.Int64 }
+
+func (c rowCounter) Process(_ []int32, logits []float32) error {
+	n := 0
+	for _, v := range logits {
+		if v > negInf {
+			n++
+		}
+	}
+	c.rows.Add(1)
+	if n == 1 {
+		c.forced.Add(1)
+	}
+	return nil
+}
+
+// BenchmarkDefaultRowKinds reports how many rows the sampler draws from per
+// couplet with the service's defaults (one sample per couplet, 横批
+// ranking) and how many of them the processors force to one token (the
+// forced 横批 samples, the keyword's second character, <sep>, mirrored
+// repetitions): the rows a forced-token fast path in the sampler would
+// skip.
+func BenchmarkDefaultRowKinds(b *testing.B) {
+	m := defaultModel(b)
+	var rows, forced atomic.Int64
+	g, err := New(m, extraProc{realStack(b, m), rowCounter{&rows, &forced}}, WithOversample(1), WithBannerSources(testBannerSources()...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	words := []string{"平安", "富贵", "吉祥", "如意", "福寿", "康宁", "兴旺", "团圆", "和顺", "安康"}
+	n := 0
+	for b.Loop() {
+		if _, err := g.Generate(context.Background(), Request{Text: words[n%len(words)], Seed: uint64(n + 1)}); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64(rows.Load())/float64(n), "rows/couplet")
+	b.ReportMetric(float64(forced.Load())/float64(n), "forced-rows/couplet")
 }
