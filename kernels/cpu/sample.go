@@ -17,8 +17,9 @@ func ScanMax(x []float32) (m float32, im int, hasNaN bool) { return elem.scanMax
 // subtraction (no FMA), so with shift = fl(max·scale) the max entry gives
 // exactly 1 and every other entry at most 1 (scale > 0): dst is then
 // softmax(src·scale) times Σ, the unnormalised softmax. Arguments below
-// expMin (≈ −87.3, −Inf included) give 0, above ≈ 88.7 +Inf, NaN gives
-// NaN. exp is expf's polynomial (relative error ~1e-7). dst may alias src
+// expMin (≈ −87.3, −Inf included; from ≈ −86.99 in the assembly, where
+// e^x < 2.4e-38) give 0, above ≈ 88.7 +Inf, NaN gives NaN. exp is expf's
+// polynomial (relative error ~1e-7). dst may alias src
 // and must be at least as long; the summation order (so the last bits of
 // the sum) depends on the implementation, never on the call.
 func ExpSum(dst, src []float32, scale, shift float32) float64 {

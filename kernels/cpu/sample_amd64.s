@@ -7,22 +7,25 @@
 // sample_amd64_gen.py.
 
 // EXP8 computes P = exp(X·Y15 − Y14) on 8 lanes; clobbers X, M, N.
-// Y13 = expMin, Y12 = expHi (89: e^89 overflows to +Inf as in expf).
-// Lanes whose argument is below expMin (−Inf included) give 0, NaN stays
-// NaN: M = !(x < expMin) is true for NaN, and VMAXPS/VMINPS with x as the
-// second (Intel) source pass a NaN x through. n = round-to-even(x·log2e),
-// r = x − n·ln2 (two-part ln2), e^r by the Cephes polynomial of expf,
-// 2^n as the two normal factors 2^(n>>1)·2^(n−n>>1).
+// Y13 = expMin, Y12 = 89 (e^89 overflows to +Inf as in expf). X is
+// clamped to [expMin, 89] by VMAXPS/VMINPS with X as the second (Intel)
+// source, so a NaN passes through (and makes P NaN). n = round-to-even
+// (x·log2e) by adding magic = 1.5·2²³ + 126 (t's low mantissa bits are
+// then n + 126 and t − magic is n), r = x − n·ln2 (two-part ln2), e^r by
+// expf's Cephes polynomial, and 2^n as 2·2^(n−1), the factor 2^(n−1) made
+// by shifting t's bits into the exponent field: one normal factor for n
+// in [−125, 128]. n = −126 (x < −86.99, e^x < 2.4e-38, −Inf included)
+// gives the factor 0, so P = 0 there without a mask; n = 128 gives +Inf.
 #define EXP8(X, M, N, P) \
 	VMULPS Y15, X, X \
 	VSUBPS Y14, X, X \
-	VCMPPS $5, Y13, X, M \
 	VMAXPS X, Y13, X \
 	VMINPS X, Y12, X \
-	VMULPS ·expC+64(SB), X, N \
-	VROUNDPS $0, N, N \
-	VFMADD231PS ·expC+96(SB), N, X \
-	VFMADD231PS ·expC+128(SB), N, X \
+	VMOVUPS ·expC+384(SB), N \
+	VFMADD231PS ·expC+64(SB), X, N \
+	VSUBPS ·expC+384(SB), N, M \
+	VFMADD231PS ·expC+96(SB), M, X \
+	VFMADD231PS ·expC+128(SB), M, X \
 	VMOVUPS ·expC+160(SB), P \
 	VFMADD213PS ·expC+192(SB), X, P \
 	VFMADD213PS ·expC+224(SB), X, P \
@@ -32,15 +35,8 @@
 	VMULPS X, P, P \
 	VFMADD213PS X, X, P \
 	VADDPS ·expC+352(SB), P, P \
-	VANDPS M, P, P \
-	VCVTPS2DQ N, N \
-	VPSRAD $1, N, M \
-	VPSUBD M, N, N \
-	VPADDD ·expC+384(SB), M, M \
-	VPADDD ·expC+384(SB), N, N \
-	VPSLLD $23, M, M \
+	VADDPS P, P, P \
 	VPSLLD $23, N, N \
-	VMULPS M, P, P \
 	VMULPS N, P, P
 
 // ACC8 adds the 8 floats of YP (XP its low half) to the float64
@@ -273,7 +269,7 @@ TEXT ·compactAVX2(SB), NOSPLIT, $0-48
 	SHLQ $2, DX
 	VBROADCASTSS thr+24(FP), Y15
 	VPXOR Y14, Y14, Y14 // first index of the block, in every lane
-	VMOVDQU ·expC+448(SB), Y13 // 8
+	VMOVDQU ·expC+416(SB), Y13 // 8
 	LEAQ ·compactLUT(SB), R8
 	VXORPD Y8, Y8, Y8
 	VXORPD Y9, Y9, Y9

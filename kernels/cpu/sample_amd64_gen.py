@@ -29,8 +29,7 @@ consts = [
     ("P4", f32bits(1.6666665459e-1)),
     ("P5", f32bits(5.0000001201e-1)),
     ("one", f32bits(1.0)),
-    ("bias", 127),
-    ("iota", None),
+    ("magic", f32bits(1.5 * 2**23 + 126)),  # x·log2e + magic rounds to n; its low bits are n + 126
     ("eight", 8),
 ]
 e("// expC: one 32-byte vector per constant, in this order:")
@@ -39,8 +38,7 @@ for i, (name, _) in enumerate(consts):
 off = 0
 for name, bits in consts:
     for l in range(8):
-        v = l if name == "iota" else bits
-        e(f"DATA ·expC+{off}(SB)/4, ${v:#010x}")
+        e(f"DATA ·expC+{off}(SB)/4, ${bits:#010x}")
         off += 4
 e(f"GLOBL ·expC(SB), RODATA|NOPTR, ${off}")
 e("")

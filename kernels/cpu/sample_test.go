@@ -151,6 +151,7 @@ func TestExpSum(t *testing.T) {
 						if got != w && !(w > math.MaxFloat32 && math.IsInf(got, 1)) {
 							t.Fatalf("%s scale %v: [%d] exp(%v) = %v, want %v", row.name, scale, i, arg, got, w)
 						}
+					case arg < expFlush && got == 0: // the assembly's range
 					case math.Abs(got-w) > 3e-7*w:
 						t.Fatalf("%s scale %v: [%d] exp(%v) = %v, want %v", row.name, scale, i, arg, got, w)
 					}
@@ -180,6 +181,41 @@ func TestExpSum(t *testing.T) {
 						t.Fatalf("%s: in place [%d] = %v, want %v", row.name, i, in[i], dst[i])
 					}
 				}
+			}
+		}
+	})
+}
+
+// expFlush: the assembly exp gives 0 below about −86.99 (e^x < 2.4e-38),
+// expf only below expMin.
+const expFlush = -86.98
+
+// TestExpRange: ExpSum (scale 1, shift 0) is e^x over expf's whole range,
+// 0 below it (from expFlush in the assembly) and +Inf above.
+func TestExpRange(t *testing.T) {
+	forEachElem(t, func(t *testing.T) {
+		var x []float32
+		for v := -100.0; v < 100; v += 0.0137 {
+			x = append(x, float32(v))
+		}
+		x = append(x, expMin, expMax, 0, -0.34657359, 0.34657359, negInf, posInf)
+		dst := make([]float32, len(x))
+		ExpSum(dst, x, 1, 0)
+		for i, v := range x {
+			w := math.Exp(float64(v))
+			got := float64(dst[i])
+			switch {
+			case v < expMin:
+				if got != 0 {
+					t.Fatalf("exp(%v) = %v, want 0", v, got)
+				}
+			case v < expFlush && got == 0:
+			case v > expMax:
+				if !math.IsInf(got, 1) {
+					t.Fatalf("exp(%v) = %v, want +Inf", v, got)
+				}
+			case math.Abs(got-w) > 3e-7*w:
+				t.Fatalf("exp(%v) = %v, want %v", v, got, w)
 			}
 		}
 	})
