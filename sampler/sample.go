@@ -281,7 +281,7 @@ func bucketOf(p float32) int { return int(math.Float32bits(p) >> 20) }
 // LogSumExp(w), read off the exponentials it computes anyway:
 // bit-identical to logSumExp(w), which makes the same ExpSum call.
 func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32, rowLSE bool) (int32, float64) {
-	// probs[i] = exp(w[i]/T − m/T) in one pass (cpu.ExpSum): softmax(w/T)
+	// probs[i] = exp(w[i]/T − m/T) in one pass (cpu.Exp): softmax(w/T)
 	// times its sum, with the max exactly 1 and -Inf entries 0. Nothing
 	// below needs it normalised: the candidate and min-p thresholds are
 	// relative to the max, top-p to the candidates' total, and the draw
@@ -292,10 +292,11 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32, rowLSE boo
 	if T := s.p.Temperature; T != 1 {
 		invT = 1 / T
 	}
-	sum := cpu.ExpSum(probs, w, invT, m*invT)
 	var lse float64
 	if rowLSE {
-		lse = float64(m) + math.Log(sum)
+		lse = float64(m) + math.Log(cpu.ExpSum(probs, w, invT, m*invT))
+	} else {
+		cpu.Exp(probs, w, invT, m*invT) // the same entries, no sum
 	}
 	pmax := probs[im] // 1
 	thr := pmax * float32(math.Exp(negligible))

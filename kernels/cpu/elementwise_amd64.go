@@ -22,7 +22,7 @@ func axpyAVX2(alpha float32, x, y *float32, n int)
 var asmElem = func() elemKernels {
 	e := goElem
 	e.name, e.dot, e.axpy = "asm", dotAsm, axpyAsm
-	e.softmax, e.scanMax, e.expSum, e.compact = softmaxAsm, scanMaxAsm, expSumAsm, compactAsm
+	e.softmax, e.scanMax, e.expSum, e.exp, e.compact = softmaxAsm, scanMaxAsm, expSumAsm, expAsm, compactAsm
 	return e
 }()
 

@@ -26,7 +26,7 @@ import (
 var simdElem = elemKernels{
 	name: "simd", dot: dotSIMD, axpy: axpySIMD, sumSq: sumSqSIMD, scaleMul: scaleMulSIMD,
 	siluMul: siluMulSIMD, add: addSIMD, rope: ropeSIMD, softmax: asmElem.softmax,
-	scanMax: asmElem.scanMax, expSum: asmElem.expSum, compact: asmElem.compact,
+	scanMax: asmElem.scanMax, expSum: asmElem.expSum, exp: asmElem.exp, compact: asmElem.compact,
 }
 
 func init() {

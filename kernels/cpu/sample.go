@@ -26,6 +26,9 @@ func ExpSum(dst, src []float32, scale, shift float32) float64 {
 	return elem.expSum(dst[:len(src)], src, scale, shift)
 }
 
+// Exp is ExpSum without the sum (the same entries, a quarter cheaper).
+func Exp(dst, src []float32, scale, shift float32) { elem.exp(dst[:len(src)], src, scale, shift) }
+
 // CompactGreater writes the indices i with x[i] > thr, ascending, to
 // idx[:n] and returns n and Σ x[i] over them (float64). idx must be at
 // least len(x) long: the vector kernel stores whole blocks, so idx[n:]
@@ -61,6 +64,13 @@ func expSumGo(dst, src []float32, scale, shift float32) float64 {
 // past the kept ones (they are scattered over a vocabulary, so a branch
 // per entry would mispredict often). The sum is then taken over the kept
 // entries in four interleaved partial sums.
+func expGo(dst, src []float32, scale, shift float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = expf(float32(v*scale) - shift)
+	}
+}
+
 func compactGo(idx []int32, x []float32, thr float32) (int, float64) {
 	idx = idx[:len(x)]
 	n := 0

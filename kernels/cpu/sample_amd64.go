@@ -17,6 +17,9 @@ import "math"
 func expSumAVX2(dst, src *float32, n int, scale, shift float32) float64
 
 //go:noescape
+func expAVX2(dst, src *float32, n int, scale, shift float32)
+
+//go:noescape
 func scaleAVX2(x *float32, n int, s float32)
 
 //go:noescape
@@ -68,6 +71,17 @@ func expSumAsm(dst, src []float32, scale, shift float32) float64 {
 		sum += float64(e)
 	}
 	return sum
+}
+
+func expAsm(dst, src []float32, scale, shift float32) {
+	dst = dst[:len(src)]
+	n8 := len(src) &^ 7
+	if n8 > 0 {
+		expAVX2(&dst[0], &src[0], n8, scale, shift)
+	}
+	for i := n8; i < len(src); i++ {
+		dst[i] = expf(float32(src[i]*scale) - shift)
+	}
 }
 
 func compactAsm(idx []int32, x []float32, thr float32) (int, float64) {

@@ -99,6 +99,44 @@ reduce:
 	MOVSD X8, ret+32(FP)
 	RET
 
+// func expAVX2(dst, src *float32, n int, scale, shift float32)
+// expSumAVX2 without the sum.
+TEXT ·expAVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHLQ $2, CX // bytes
+	VBROADCASTSS scale+24(FP), Y15
+	VBROADCASTSS shift+28(FP), Y14
+	VMOVUPS ·expC+0(SB), Y13
+	VMOVUPS ·expC+32(SB), Y12
+	XORQ AX, AX
+	MOVQ CX, DX
+	ANDQ $-64, DX // bytes in whole 16-float blocks
+	CMPQ AX, DX
+	JGE tail
+loop16:
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS 32(SI)(AX*1), Y4
+	EXP8(Y0, Y1, Y2, Y3)
+	EXP8(Y4, Y5, Y6, Y7)
+	VMOVUPS Y3, (DI)(AX*1)
+	VMOVUPS Y7, 32(DI)(AX*1)
+	ADDQ $64, AX
+	CMPQ AX, DX
+	JLT loop16
+tail:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (SI)(AX*1), Y0
+	EXP8(Y0, Y1, Y2, Y3)
+	VMOVUPS Y3, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP tail
+done:
+	VZEROUPPER
+	RET
+
 // func scaleAVX2(x *float32, n int, s float32)
 TEXT ·scaleAVX2(SB), NOSPLIT, $0-20
 	MOVQ x+0(FP), SI

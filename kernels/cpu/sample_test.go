@@ -171,6 +171,14 @@ func TestExpSum(t *testing.T) {
 				case math.Abs(sum-want) > 1e-12*want:
 					t.Fatalf("%s scale %v: sum %v, want %v", row.name, scale, sum, want)
 				}
+				// Exp gives the same entries.
+				ex := make([]float32, len(row.x))
+				Exp(ex, row.x, scale, shift)
+				for i := range ex {
+					if !sameBits(ex[i], dst[i]) && !(ex[i] != ex[i] && dst[i] != dst[i]) {
+						t.Fatalf("%s: Exp [%d] = %v, ExpSum's %v", row.name, i, ex[i], dst[i])
+					}
+				}
 				// In place gives the same entries and sum.
 				in := slices.Clone(row.x)
 				if s2 := ExpSum(in, in, scale, shift); !sameBits(float32(s2), float32(sum)) && !(s2 != s2 && sum != sum) {
@@ -333,6 +341,11 @@ func BenchmarkSampleKernels(b *testing.B) {
 		b.Run("expSum/"+set.name, func(b *testing.B) {
 			for b.Loop() {
 				set.expSum(x, row, 1/0.8, m/0.8)
+			}
+		})
+		b.Run("exp/"+set.name, func(b *testing.B) {
+			for b.Loop() {
+				set.exp(x, row, 1/0.8, m/0.8)
 			}
 		})
 		b.Run("compact/"+set.name, func(b *testing.B) {
