@@ -49,6 +49,8 @@
 	VADDPD YP, B, B
 
 // func expSumAVX2(dst, src *float32, n int, scale, shift float32) float64
+// The sum adds the two 8-float halves of each 16-float block in float32,
+// then the 8 lanes into float64 accumulators.
 TEXT ·expSumAVX2(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -74,8 +76,8 @@ loop16:
 	EXP8(Y4, Y5, Y6, Y7)
 	VMOVUPS Y3, (DI)(AX*1)
 	VMOVUPS Y7, 32(DI)(AX*1)
+	VADDPS Y7, Y3, Y3 // pairs in float32 (one rounding), then float64
 	ACC8(X3, Y3, Y0, Y8, Y9)
-	ACC8(X7, Y7, Y4, Y10, Y11)
 	ADDQ $64, AX
 	CMPQ AX, DX
 	JLT loop16
