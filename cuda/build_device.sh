@@ -20,4 +20,16 @@ export GOEXPERIMENT=${GOEXPERIMENT:-}
 (cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/cuda.test" ./cuda/ &&
 	CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/chunlian" ./cmd/chunlian)
 { git rev-parse HEAD; git log -1 --format=%s; go env GOEXPERIMENT; date -u; } > .carry/cuda/BUILD.txt
+# BASE=<commit>: also build that commit's chunlian as chunlian-base (the
+# comparison build of `h200.sh s3`), and gzip the binaries so that both
+# builds, cuda.test and the tree fit the device tool's 64 MiB.
+if [ -n "${BASE:-}" ]; then
+	B=$(mktemp -d)
+	git archive "$BASE" | tar -xf - -C "$B"
+	: > "$B/weights/chunlian-base/model.safetensors"
+	(cd "$B" && CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/.carry/cuda/chunlian-base" ./cmd/chunlian)
+	rm -rf "$B"
+	{ git rev-parse "$BASE"; git log -1 --format=%s "$BASE"; } > .carry/cuda/BASE.txt
+	gzip -f .carry/cuda/chunlian .carry/cuda/chunlian-base .carry/cuda/cuda.test
+fi
 ls -la .carry/cuda

@@ -4,6 +4,10 @@
 # then, through the device tool, with carry [".carry/cuda"]:
 #   bash cuda/h200.sh smoke   # ~3 min: GPU tests, kernel benchmarks, short HTTP + HF smoke
 #   bash cuda/h200.sh full    # ~8 min: the whole benchmark, side by side
+#   bash cuda/h200.sh s3      # ≤ 420 s: the final side-by-side run (issue 7): GPU tests,
+#                             # transformers baselines, HTTP 1..1000 users for this build,
+#                             # the previous build ($BASE, see build_device.sh) and naive,
+#                             # engine lines, couplet pipeline with a CPU profile
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -91,6 +95,41 @@ s2)
 		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
 	grep -E "^Benchmark" "$OUT/couplets.log" | cut -c1-170
 	cp "$BIN/cuda.test" "$OUT/" # symbols for the profile
+	;;
+s3)
+	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
+	# Binaries travel gzipped (two chunlian builds + cuda.test + the tree's
+	# 33 MB of weights must fit the device tool's 64 MiB).
+	for f in $BIN/*.gz; do gunzip -c "$f" > "/tmp/$(basename "$f" .gz)" && chmod +x "/tmp/$(basename "$f" .gz)"; done
+	X=/tmp
+	timeout 60 $X/cuda.test -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	echo "tests rc=$?"
+	grep -E "^(--- |PASS|FAIL|ok)|panic|--- FAIL" "$OUT/cuda_test.log" | cut -c1-200 | head -40
+	pack
+	timeout 120 python3 bench/hf_baseline.py --model weights/chunlian-base --seq-requests 30 --batches 128,1024 \
+		--batch-repeats 3 --json "$OUT/hf.json" > "$OUT/hf.log" 2>&1
+	echo "hf rc=$?"; tail -12 "$OUT/hf.log"
+	pack
+	L=1,10,100,300,1000
+	timeout 50 $X/chunlian bench --spawn engine --server-flags "$SF" --concurrency $L --duration 5s \
+		--warmup 1s --server-log-dir "$OUT" --quiet --json "$OUT/http_new.json" --out "$OUT/http_new.md" > "$OUT/http_new.log" 2>&1
+	echo "http new rc=$?"; grep -E "^\| engine" "$OUT/http_new.md"
+	pack
+	timeout 50 $X/chunlian-base bench --spawn engine --server-flags "$SF" --concurrency $L --duration 5s \
+		--warmup 1s --quiet --json "$OUT/http_base.json" --out "$OUT/http_base.md" > "$OUT/http_base.log" 2>&1
+	rc=$?; echo "http base ($(head -1 $BIN/BASE.txt 2>/dev/null)) rc=$rc"; grep -E "^\| engine" "$OUT/http_base.md"
+	pack
+	timeout 30 $X/chunlian bench --spawn naive --server-flags "$SF" --concurrency 1,10 --duration 5s \
+		--warmup 1s --quiet --json "$OUT/http_naive.json" --out "$OUT/http_naive.md" > "$OUT/http_naive.log" 2>&1
+	echo "http naive rc=$?"; grep -E "^\| naive" "$OUT/http_naive.md"
+	pack
+	timeout 45 $X/cuda.test -test.run XXX -test.bench EngineLines -test.benchtime 3x > "$OUT/engine_lines.log" 2>&1
+	grep -E "^Benchmark" "$OUT/engine_lines.log" | cut -c1-170
+	pack
+	timeout 35 $X/cuda.test -test.run XXX -test.bench Couplets -test.benchtime 2s \
+		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
+	grep -E "^Benchmark" "$OUT/couplets.log" | cut -c1-170
+	cp "$X/cuda.test" "$OUT/" # symbols for the profile
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
