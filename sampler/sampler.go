@@ -1,6 +1,20 @@
 // Package sampler turns a row of logits into the next token, per request:
 // temperature (0 = greedy), top-k, top-p, min-p, repetition penalty, and a
 // per-request seed so that the same seed and prompt give the same output.
+//
+// Every per-vocabulary loop of a Sample call runs on the vectorised
+// kernels of chunlian/kernels/cpu (AVX2/FMA assembly on amd64, plain Go
+// elsewhere or with CHUNLIAN_GEMM=go): the max scan (cpu.ScanMax), the
+// temperature-scaled exponentials (cpu.Exp / cpu.ExpSum: draw works on
+// exp(w/T − m/T), the softmax times its sum, never normalised), the
+// candidate compaction with its total (cpu.CompactGreater) and the
+// log-sum-exp (m + log cpu.ExpSum). top-k/top-p first gather the tokens
+// above pmax·2^-6 or 2^-14 (presort) and sort only those when they
+// suffice. A couplet row (V = 6294, T 0.8, top-p 0.95, processor, LSE
+// known) went from ~62 µs to ~6 µs of CPU (BenchmarkSampleRow). The same
+// seed gives the same tokens on one kernel set; between sets (or versus
+// the scalar code before) draws may differ where float rounding moves a
+// boundary.
 package sampler
 
 import "errors"
