@@ -31,6 +31,7 @@ type stackConfig struct {
 	MaxNumBatchedTokens int                               // tokens per engine step
 	MaxQueue            int                               // waiting requests before ErrQueueFull
 	Threads             int                               // CPU backend threads; 0 = GOMAXPROCS
+	CPUInt8             bool                              // CPU backend: small-batch GEMMs on int8 weight copies
 	PrefixCaching       bool                              // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int                               // constrained samples drawn and ranked per returned couplet
 	BannerCandidates    int                               // retrieved 横批 candidates scored by the model per couplet
@@ -81,6 +82,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	c.envInt("CHUNLIAN_MAX_QUEUE", &c.MaxQueue)
 	c.envInt("CHUNLIAN_THREADS", &c.Threads)
 	c.envBool("CHUNLIAN_PREFIX_CACHING", &c.PrefixCaching)
+	c.envBool("CHUNLIAN_INT8", &c.CPUInt8)
 	c.envInt("CHUNLIAN_SAMPLES_PER_COUPLET", &c.SamplesPerCouplet)
 	c.envInt("CHUNLIAN_BANNER_CANDIDATES", &c.BannerCandidates)
 
@@ -93,6 +95,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step [CHUNLIAN_MAX_NUM_BATCHED_TOKENS]")
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503) [CHUNLIAN_MAX_QUEUE]")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU backend threads; 0 = all cores [CHUNLIAN_THREADS]")
+	fs.BoolVar(&c.CPUInt8, "cpu-int8", c.CPUInt8, "CPU backend: run GEMMs of 1..256 rows on int8 copies of the weights (per-row scales; ~1.3x faster decode here, logits differ from bf16 by up to ~0.4, see docs/BENCHMARKS.md) [CHUNLIAN_INT8]")
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, "constrained samples drawn and ranked for each returned couplet (quality vs throughput) [CHUNLIAN_SAMPLES_PER_COUPLET]")
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only [CHUNLIAN_BANNER_CANDIDATES]")
@@ -235,6 +238,7 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 			BlockSize:    cfg.BlockSize,
 			KVCacheBytes: int64(cfg.KVCacheBytes),
 			Threads:      cfg.Threads,
+			Int8:         cfg.CPUInt8,
 		})
 	case "cuda":
 		s.Backend, err = newCUDABackend(cfg, m) // stack_cuda.go

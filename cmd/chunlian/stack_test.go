@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"chunlian/couplet"
+	"chunlian/forward"
 	"chunlian/model"
 )
 
@@ -102,6 +103,7 @@ func TestStackConfigValidate(t *testing.T) {
 		{env: [2]string{"CHUNLIAN_MAX_QUEUE", "lots"}, want: "CHUNLIAN_MAX_QUEUE"},
 		{env: [2]string{"CHUNLIAN_KV_CACHE_MEMORY", "big"}, want: "CHUNLIAN_KV_CACHE_MEMORY"},
 		{env: [2]string{"CHUNLIAN_PREFIX_CACHING", "maybe"}, want: "CHUNLIAN_PREFIX_CACHING"},
+		{env: [2]string{"CHUNLIAN_INT8", "yes please"}, want: "CHUNLIAN_INT8"},
 	} {
 		if tc.env[0] != "" {
 			t.Setenv(tc.env[0], tc.env[1])
@@ -114,6 +116,32 @@ func TestStackConfigValidate(t *testing.T) {
 		if tc.env[0] != "" {
 			os.Unsetenv(tc.env[0]) // t.Setenv restores the original at the end
 		}
+	}
+}
+
+// --cpu-int8 reaches the CPU backend: its small-batch GEMMs run on int8
+// weight copies only with the flag.
+func TestCPUInt8Flag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--backend", "cpu"}, false},
+		{[]string{"--backend", "cpu", "--cpu-int8"}, true},
+	} {
+		c := parseStack(t, append(tc.args, "--kv-cache-memory", "1MiB", "--threads", "1")...)
+		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cb, ok := st.Backend.(*forward.CPU)
+		if !ok {
+			t.Fatalf("%v: backend %T, want *forward.CPU", tc.args, st.Backend)
+		}
+		if got := cb.UsesInt8(); got != tc.want {
+			t.Errorf("%v: UsesInt8 = %v, want %v", tc.args, got, tc.want)
+		}
+		st.Close()
 	}
 }
 
