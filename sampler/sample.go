@@ -304,6 +304,12 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32, rowLSE boo
 	n, total := cpu.CompactGreater(sc.cand[:len(probs)], probs, thr)
 	cand := sc.cand[:n]
 	candidates := n
+	if n == 0 {
+		// No finite exponentials: the max is +Inf, or w/T overflowed
+		// (a tiny T). The max token is the limit of the distribution.
+		// (The scalar code before panicked here.)
+		return im, lse
+	}
 	topK := s.p.TopK
 	topP := float64(s.p.TopP)
 	useK := topK > 0 && topK < len(cand)

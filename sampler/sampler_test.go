@@ -499,3 +499,25 @@ func TestPresort(t *testing.T) {
 		}
 	}
 }
+
+// TestInfiniteScaledRows: a +Inf logit, or logits that overflow once
+// divided by a tiny temperature, leave no finite probability; the max
+// token is drawn instead of failing.
+func TestInfiniteScaledRows(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		row  []float32
+		p    Params
+		want int32
+	}{
+		{"+Inf logit", []float32{0, 1, inf, 2, inf}, Params{Temperature: 0.8, TopP: 0.9, Seed: 1}, 2},
+		{"tiny T", []float32{1e10, -3e10, 2e10, 0}, Params{Temperature: 1e-30, Seed: 1}, 2},
+	} {
+		for _, proc := range []LogitsProcessor{nil, LogitsProcessorFunc(func([]int32, []float32) error { return nil })} {
+			tok, _, err := New(tc.p, 0).Sample(tc.row, nil, nil, proc)
+			if err != nil || tok != tc.want {
+				t.Errorf("%s (processor %v): token %d, err %v; want %d", tc.name, proc != nil, tok, err, tc.want)
+			}
+		}
+	}
+}
