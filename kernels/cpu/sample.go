@@ -31,7 +31,8 @@ func ExpSum(dst, src []float32, scale, shift float32) float64 {
 func Exp(dst, src []float32, scale, shift float32) { elem.exp(dst[:len(src)], src, scale, shift) }
 
 // CompactGreater writes the indices i with x[i] > thr, ascending, to
-// idx[:n] and returns n and Σ x[i] over them (float64). idx must be at
+// idx[:n] and returns n and Σ x[i] over them (float64; the assembly adds
+// pairs in float32 first, relative error ≤ 6e-8). idx must be at
 // least len(x) long: the vector kernel stores whole blocks, so idx[n:]
 // holds garbage afterwards.
 func CompactGreater(idx []int32, x []float32, thr float32) (n int, sum float64) {

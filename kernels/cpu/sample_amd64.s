@@ -301,7 +301,9 @@ none:
 // Σ x[i] over them. Per 8 floats: the compare mask's 8 bits select a row
 // of compactLUT (the set lanes' positions, ascending), which plus the
 // block's first index (Y14) is stored whole at idx[cnt]; cnt moves by the
-// popcount. Stores reach idx[cnt+7] ≤ idx[i+7]: within idx[0:n].
+// popcount. Stores reach idx[cnt+7] ≤ idx[i+7]: within idx[0:n]. A
+// 16-float block with nothing kept skips all that (one branch). The sum
+// adds each block's two halves in float32, then float64.
 TEXT ·compactAVX2(SB), NOSPLIT, $0-48
 	MOVQ idx+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -328,6 +330,9 @@ loop16:
 	VCMPPS $14, Y15, Y4, Y5
 	VMOVMSKPS Y1, BX
 	VMOVMSKPS Y5, R9
+	MOVQ BX, R11
+	ORQ R9, R11
+	JZ none16 // nothing kept in these 16 (most blocks of a peaked row)
 	VANDPS Y1, Y0, Y0
 	VANDPS Y5, Y4, Y4
 	MOVQ BX, R11
@@ -344,8 +349,15 @@ loop16:
 	POPCNTL R9, R9
 	ADDQ R9, CX
 	VPADDD Y13, Y14, Y14
+	VADDPS Y4, Y0, Y0 // pairs in float32 (one rounding), then float64
 	ACC8(X0, Y0, Y3, Y8, Y9)
-	ACC8(X4, Y4, Y7, Y10, Y11)
+	ADDQ $64, AX
+	CMPQ AX, R10
+	JLT loop16
+	JMP tail
+none16:
+	VPADDD Y13, Y14, Y14
+	VPADDD Y13, Y14, Y14
 	ADDQ $64, AX
 	CMPQ AX, R10
 	JLT loop16
