@@ -32,9 +32,12 @@ type Sampler struct {
 // over from one call to the next except the dedup generation counter.
 type Scratch struct {
 	work  []float32 // [V] logits after processors, penalty and temperature
-	probs []float32 // [V] softmax(work / T)
+	probs []float32 // [≤V] unnormalised softmax(work / T) of the candidates, packed like cand
 	lse   []float32 // [V] scratch of logSumExp
-	cand  []int32   // [≤V] candidate token ids still allowed
+	cand  []int32   // [V] candidate token ids, ascending
+	vals  []float32 // [V] their logits, packed like cand
+	pos   []int32   // [V] positions into cand still allowed
+	iota  []int32   // [V] 0, 1, 2, …
 	top   []int32   // [V] the heaviest candidates (presort's fast path)
 	stamp []uint32  // [V] repetition-penalty dedup marks (== gen means seen)
 	gen   uint32
@@ -52,7 +55,13 @@ func (sc *Scratch) grow(V int) {
 	if cap(sc.work) < V {
 		sc.work = make([]float32, V)
 		sc.probs = make([]float32, V)
-		sc.cand = make([]int32, 0, V)
+		sc.cand = make([]int32, V)
+		sc.vals = make([]float32, V)
+		sc.pos = make([]int32, V)
+		sc.iota = make([]int32, V)
+		for i := range sc.iota {
+			sc.iota[i] = int32(i)
+		}
 		sc.top = make([]int32, V)
 		sc.stamp = make([]uint32, V)
 		sc.lse = make([]float32, V)
@@ -131,9 +140,8 @@ func logSumExp(row, scratch []float32) float64 {
 func scanMax(row []float32) (m float32, im int, hasNaN bool) { return cpu.ScanMax(row) }
 
 // lseFrom finishes logSumExp given scanMax's results: lse = m + log Σ
-// exp(x−m), the sum from the kernels' vectorised ExpSum (scale 1, shift m),
-// the very call draw makes at T = 1, so draw's row log-sum-exp is
-// bit-identical. Rows with NaNs take a scalar loop.
+// exp(x−m), the sum from the kernels' vectorised ExpSum (scale 1, shift
+// m). Rows with NaNs take a scalar loop.
 func lseFrom(row, scratch []float32, m float32, im int, hasNaN bool) float64 {
 	if math.IsInf(float64(m), 0) {
 		return float64(m)
@@ -180,8 +188,7 @@ func (s *Sampler) scratch() *Scratch {
 }
 
 // SampleWith is Sample working in sc, with lse = LogSumExp(row) when known
-// and NaN when not (it is then computed, or read off the temperature-1
-// softmax when that is the raw row's own). sc must not be in use by another
+// and NaN when not (it is then computed). sc must not be in use by another
 // goroutine; the same inputs, Sampler state and lse give the same token
 // and log-prob whichever Scratch is used.
 func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
@@ -202,11 +209,7 @@ func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, ge
 		}
 		tok := int32(im)
 		if s.p.Temperature != 0 {
-			var rowLSE float64
-			tok, rowLSE = s.draw(sc, row, m, int32(im), lse != lse && s.p.Temperature == 1)
-			if lse != lse && s.p.Temperature == 1 {
-				lse = rowLSE
-			}
+			tok = s.draw(sc, row, m, int32(im))
 		}
 		if lse != lse {
 			lse = lseFrom(row, sc.lse[:V], m, im, false)
@@ -244,7 +247,7 @@ func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, ge
 	}
 	tok := int32(wim)
 	if s.p.Temperature != 0 {
-		tok, _ = s.draw(sc, w, wm, int32(wim), false)
+		tok = s.draw(sc, w, wm, int32(wim))
 	}
 	if lse != lse {
 		lse = lseFrom(row, sc.lse[:V], m, im, hasNaN)
@@ -277,47 +280,55 @@ func bucketOf(p float32) int { return int(math.Float32bits(p) >> 20) }
 
 // draw samples from softmax(w/T) restricted by top-k, top-p and min-p. w
 // holds no NaN, m is its maximum (finite) and im the first index of it.
-// With rowLSE (only when w is the raw row and T == 1) it also returns
-// LogSumExp(w), read off the exponentials it computes anyway:
-// bit-identical to logSumExp(w), which makes the same ExpSum call.
-func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32, rowLSE bool) (int32, float64) {
-	// probs[i] = exp(w[i]/T − m/T) in one pass (cpu.Exp): softmax(w/T)
-	// times its sum, with the max exactly 1 and -Inf entries 0. Nothing
-	// below needs it normalised: the candidate and min-p thresholds are
-	// relative to the max, top-p to the candidates' total, and the draw
-	// scales u by the total. Tokens below e^negligible of the most likely
-	// one are never drawn.
-	probs := sc.probs[:len(w)]
+//
+// Tokens below e^negligible of the most likely one are never drawn, so
+// only the candidates w[i] > m + negligible·T are gathered, with their
+// logits, in one vectorised pass (cpu.CompactGreaterVals), and only their
+// probabilities are computed: probs[j] = exp(vals[j]/T − m/T) (cpu.ExpSum),
+// softmax(w/T) times its sum, the max exactly 1 (so pmax = 1), with the
+// candidates' total. Nothing below needs them normalised: the min-p
+// threshold is relative to the max, top-p to the candidates' total, and
+// the draw scales u by the total. Everything works on positions j into
+// the packed arrays (ascending j is ascending token id), so sorting by
+// (probability, position) is sorting by (probability, id) as before.
+func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
+	T := s.p.Temperature
 	invT := float32(1)
-	if T := s.p.Temperature; T != 1 {
+	if T != 1 {
 		invT = 1 / T
 	}
-	var lse float64
-	if rowLSE {
-		lse = float64(m) + math.Log(cpu.ExpSum(probs, w, invT, m*invT))
-	} else {
-		cpu.Exp(probs, w, invT, m*invT) // the same entries, no sum
+	n := cpu.CompactGreaterVals(sc.cand[:len(w)], sc.vals[:len(w)], w, m+negligible*T)
+	probs := sc.probs[:n]
+	total := cpu.ExpSum(probs, sc.vals[:n], invT, m*invT)
+	if n == 0 || !(total >= 1) {
+		// No finite probabilities: the max is +Inf, or w/T overflowed (a
+		// tiny T). The max token is the limit of the distribution. (The
+		// scalar code before panicked here.)
+		return im
 	}
-	pmax := probs[im] // 1
-	thr := pmax * float32(math.Exp(negligible))
-	// The candidates and their total in one vectorised pass.
-	n, total := cpu.CompactGreater(sc.cand[:len(probs)], probs, thr)
+	const pmax = 1
 	cand := sc.cand[:n]
-	candidates := n
-	if n == 0 {
-		// No finite exponentials: the max is +Inf, or w/T overflowed
-		// (a tiny T). The max token is the limit of the distribution.
-		// (The scalar code before panicked here.)
-		return im, lse
-	}
 	topK := s.p.TopK
 	topP := float64(s.p.TopP)
-	useK := topK > 0 && topK < len(cand)
+	useK := topK > 0 && topK < n
 	useP := topP > 0 && topP < 1
+	mp := s.p.MinP
+	if !useK && !useP && !(mp > 0) {
+		u := s.rng.Float64() * total
+		for j, p := range probs {
+			u -= float64(p)
+			if u < 0 {
+				return cand[j]
+			}
+		}
+		return cand[n-1] // rounding left u ≥ 0 at the end
+	}
+	sel := sc.pos[:n]
+	copy(sel, sc.iota[:n])
 	if useK || useP {
-		cand = sc.presort(cand, probs, pmax, total, useK, topK, topP)
-		if useK && topK < len(cand) {
-			cand = cand[:topK]
+		sel = sc.presort(sel, probs, pmax, total, useK, topK, topP)
+		if useK && topK < len(sel) {
+			sel = sel[:topK]
 		}
 		if useP {
 			// The nucleus is taken over the mass left after top-k: all of
@@ -325,41 +336,41 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32, rowLSE boo
 			kept := total
 			if useK {
 				kept = 0
-				for _, t := range cand {
-					kept += float64(probs[t])
+				for _, j := range sel {
+					kept += float64(probs[j])
 				}
 			}
 			var cum float64
-			for i, t := range cand {
-				cum += float64(probs[t])
+			for i, j := range sel {
+				cum += float64(probs[j])
 				if cum >= topP*kept {
-					cand = cand[:i+1]
+					sel = sel[:i+1]
 					break
 				}
 			}
 		}
 	}
-	if mp := s.p.MinP; mp > 0 {
-		k := cand[:0]
+	if mp > 0 {
+		k := sel[:0]
 		thr := mp * pmax
-		for _, t := range cand {
-			if probs[t] >= thr {
-				k = append(k, t)
+		for _, j := range sel {
+			if probs[j] >= thr {
+				k = append(k, j)
 			}
 		}
-		cand = k
+		sel = k
 	}
-	if len(cand) != candidates {
-		total = sumProbs(probs, cand)
+	if len(sel) != n {
+		total = sumProbs(probs, sel)
 	}
 	u := s.rng.Float64() * total
-	for _, t := range cand {
-		u -= float64(probs[t])
+	for _, j := range sel {
+		u -= float64(probs[j])
 		if u < 0 {
-			return t, lse
+			return cand[j]
 		}
 	}
-	return cand[len(cand)-1], lse // rounding left u ≥ 0 at the end
+	return cand[sel[len(sel)-1]] // rounding left u ≥ 0 at the end
 }
 
 // presortLevels are the thresholds, relative to the most likely token,

@@ -5,13 +5,14 @@
 // Every per-vocabulary loop of a Sample call runs on the vectorised
 // kernels of chunlian/kernels/cpu (AVX2/FMA assembly on amd64, plain Go
 // elsewhere or with CHUNLIAN_GEMM=go): the max scan (cpu.ScanMax), the
-// temperature-scaled exponentials (cpu.Exp / cpu.ExpSum: draw works on
-// exp(w/T − m/T), the softmax times its sum, never normalised), the
-// candidate compaction with its total (cpu.CompactGreater) and the
-// log-sum-exp (m + log cpu.ExpSum). top-k/top-p first gather the tokens
-// above pmax·2^-6 or 2^-14 (presort) and sort only those when they
-// suffice. A couplet row (V = 6294, T 0.8, top-p 0.95, processor, LSE
-// known) went from ~62 µs to ~6 µs of CPU (BenchmarkSampleRow). The same
+// gathering of the candidates (logit above max + negligible·T) with their
+// logits (cpu.CompactGreaterVals), their temperature-scaled exponentials
+// and total (cpu.ExpSum: draw works on exp(w/T − m/T) of the candidates
+// only, the softmax times its sum, never normalised) and the log-sum-exp
+// (m + log cpu.ExpSum over the row). top-k/top-p first gather the
+// candidates above pmax·2^-6 or 2^-14 (presort) and sort only those when
+// they suffice. A couplet row (V = 6294, T 0.8, top-p 0.95, processor,
+// LSE known) went from ~62 µs to ~4 µs of CPU (BenchmarkSampleRow). The same
 // seed gives the same tokens on one kernel set; between sets (or versus
 // the scalar code before) draws may differ where float rounding moves a
 // boundary.

@@ -25,17 +25,19 @@ type elemKernels struct {
 	add      func(dst, src []float32)             // dst += src
 	rope     func(a, b, cos, sin []float32)       // rotate pairs (a[i], b[i])
 	softmax  func(x []float32)                    // in place, len(x) ≥ 1
-	// The sampler's kernels (sample.go): ScanMax, ExpSum, Exp, CompactGreater.
-	scanMax func(x []float32) (float32, int, bool)
-	expSum  func(dst, src []float32, scale, shift float32) float64
-	exp     func(dst, src []float32, scale, shift float32)
-	compact func(idx []int32, x []float32, thr float32) (int, float64)
+	// The sampler's kernels (sample.go): ScanMax, ExpSum, Exp,
+	// CompactGreater, CompactGreaterVals.
+	scanMax     func(x []float32) (float32, int, bool)
+	expSum      func(dst, src []float32, scale, shift float32) float64
+	exp         func(dst, src []float32, scale, shift float32)
+	compactVals func(idx []int32, vals, x []float32, thr float32) int
+	compact     func(idx []int32, x []float32, thr float32) (int, float64)
 }
 
 var goElem = elemKernels{
 	name: "go", dot: dotGo, axpy: axpyGo, sumSq: sumSqGo, scaleMul: scaleMulGo,
 	siluMul: siluMulGo, add: addGo, rope: ropeGo, softmax: softmaxGo,
-	scanMax: scanMaxGo, expSum: expSumGo, exp: expGo, compact: compactGo,
+	scanMax: scanMaxGo, expSum: expSumGo, exp: expGo, compact: compactGo, compactVals: compactValsGo,
 }
 
 var (

@@ -23,6 +23,7 @@ var asmElem = func() elemKernels {
 	e := goElem
 	e.name, e.dot, e.axpy = "asm", dotAsm, axpyAsm
 	e.softmax, e.scanMax, e.expSum, e.exp, e.compact = softmaxAsm, scanMaxAsm, expSumAsm, expAsm, compactAsm
+	e.compactVals = compactValsAsm
 	return e
 }()
 

@@ -27,6 +27,7 @@ var simdElem = elemKernels{
 	name: "simd", dot: dotSIMD, axpy: axpySIMD, sumSq: sumSqSIMD, scaleMul: scaleMulSIMD,
 	siluMul: siluMulSIMD, add: addSIMD, rope: ropeSIMD, softmax: asmElem.softmax,
 	scanMax: asmElem.scanMax, expSum: asmElem.expSum, exp: asmElem.exp, compact: asmElem.compact,
+	compactVals: asmElem.compactVals,
 }
 
 func init() {

@@ -39,6 +39,13 @@ func CompactGreater(idx []int32, x []float32, thr float32) (n int, sum float64) 
 	return elem.compact(idx[:len(x)], x, thr)
 }
 
+// CompactGreaterVals writes the indices i with x[i] > thr, ascending, to
+// idx[:n] and the x[i] themselves to vals[:n], and returns n. idx and vals
+// must be at least len(x) long (garbage after n, as CompactGreater).
+func CompactGreaterVals(idx []int32, vals, x []float32, thr float32) int {
+	return elem.compactVals(idx[:len(x)], vals[:len(x)], x, thr)
+}
+
 func scanMaxGo(x []float32) (m float32, im int, hasNaN bool) {
 	m = float32(math.Inf(-1))
 	for i, v := range x {
@@ -66,6 +73,22 @@ func expSumGo(dst, src []float32, scale, shift float32) float64 {
 // past the kept ones (they are scattered over a vocabulary, so a branch
 // per entry would mispredict often). The sum is then taken over the kept
 // entries in four interleaved partial sums.
+// compactValsGo is compactGo's branch-free loop, storing the value too.
+func compactValsGo(idx []int32, vals, x []float32, thr float32) int {
+	idx, vals = idx[:len(x)], vals[:len(x)]
+	n := 0
+	for i, v := range x {
+		idx[n] = int32(i)
+		vals[n] = v
+		k := 0
+		if v > thr {
+			k = 1
+		}
+		n += k
+	}
+	return n
+}
+
 func expGo(dst, src []float32, scale, shift float32) {
 	dst = dst[:len(src)]
 	for i, v := range src {

@@ -20,6 +20,9 @@ func expSumAVX2(dst, src *float32, n int, scale, shift float32) float64
 func expAVX2(dst, src *float32, n int, scale, shift float32)
 
 //go:noescape
+func compactValsAVX2(idx *int32, vals *float32, x *float32, n int, thr float32) (cnt int)
+
+//go:noescape
 func scaleAVX2(x *float32, n int, s float32)
 
 //go:noescape
@@ -100,6 +103,23 @@ func compactAsm(idx []int32, x []float32, thr float32) (int, float64) {
 		}
 	}
 	return n, sum
+}
+
+func compactValsAsm(idx []int32, vals, x []float32, thr float32) int {
+	idx, vals = idx[:len(x)], vals[:len(x)]
+	n8 := len(x) &^ 7
+	var n int
+	if n8 > 0 {
+		n = compactValsAVX2(&idx[0], &vals[0], &x[0], n8, thr)
+	}
+	for i := n8; i < len(x); i++ {
+		if v := x[i]; v > thr {
+			idx[n] = int32(i)
+			vals[n] = v
+			n++
+		}
+	}
+	return n
 }
 
 // softmaxAsm is softmaxGo on the kernels above: max, exp and sum in one

@@ -389,3 +389,87 @@ reduce:
 	MOVQ CX, cnt+32(FP)
 	MOVSD X8, sum+40(FP)
 	RET
+
+// func compactValsAVX2(idx *int32, vals *float32, x *float32, n int, thr float32) (cnt int)
+// compactAVX2 without the sum, storing the kept values as well: the same
+// table row, as VPERMPS indices, packs the block's kept floats to the
+// front, stored whole at vals[cnt]. Stores reach idx and vals [cnt+7] ≤
+// [i+7]: within [0:n].
+TEXT ·compactValsAVX2(SB), NOSPLIT, $0-48
+	MOVQ idx+0(FP), DI
+	MOVQ vals+8(FP), R12
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), DX
+	SHLQ $2, DX
+	VBROADCASTSS thr+32(FP), Y15
+	VPXOR Y14, Y14, Y14 // first index of the block, in every lane
+	VMOVDQU ·expC+416(SB), Y13 // 8
+	LEAQ ·compactLUT(SB), R8
+	XORQ AX, AX
+	XORQ CX, CX
+	MOVQ DX, R10
+	ANDQ $-64, R10
+	CMPQ AX, R10
+	JGE tail
+loop16:
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS 32(SI)(AX*1), Y4
+	VCMPPS $14, Y15, Y0, Y1 // x > thr
+	VCMPPS $14, Y15, Y4, Y5
+	VMOVMSKPS Y1, BX
+	VMOVMSKPS Y5, R9
+	MOVQ BX, R11
+	ORQ R9, R11
+	JZ none16
+	MOVQ BX, R11
+	SHLQ $5, R11
+	VMOVDQU (R8)(R11*1), Y2
+	VPADDD Y2, Y14, Y3
+	VMOVDQU Y3, (DI)(CX*4)
+	VPERMPS Y0, Y2, Y3
+	VMOVUPS Y3, (R12)(CX*4)
+	POPCNTL BX, BX
+	ADDQ BX, CX
+	VPADDD Y13, Y14, Y14
+	MOVQ R9, R11
+	SHLQ $5, R11
+	VMOVDQU (R8)(R11*1), Y6
+	VPADDD Y6, Y14, Y7
+	VMOVDQU Y7, (DI)(CX*4)
+	VPERMPS Y4, Y6, Y7
+	VMOVUPS Y7, (R12)(CX*4)
+	POPCNTL R9, R9
+	ADDQ R9, CX
+	VPADDD Y13, Y14, Y14
+	ADDQ $64, AX
+	CMPQ AX, R10
+	JLT loop16
+	JMP tail
+none16:
+	VPADDD Y13, Y14, Y14
+	VPADDD Y13, Y14, Y14
+	ADDQ $64, AX
+	CMPQ AX, R10
+	JLT loop16
+tail:
+	CMPQ AX, DX
+	JGE done
+	VMOVUPS (SI)(AX*1), Y0
+	VCMPPS $14, Y15, Y0, Y1
+	VMOVMSKPS Y1, BX
+	MOVQ BX, R11
+	SHLQ $5, R11
+	VMOVDQU (R8)(R11*1), Y2
+	VPADDD Y2, Y14, Y3
+	VMOVDQU Y3, (DI)(CX*4)
+	VPERMPS Y0, Y2, Y3
+	VMOVUPS Y3, (R12)(CX*4)
+	POPCNTL BX, BX
+	ADDQ BX, CX
+	VPADDD Y13, Y14, Y14
+	ADDQ $32, AX
+	JMP tail
+done:
+	VZEROUPPER
+	MOVQ CX, cnt+40(FP)
+	RET

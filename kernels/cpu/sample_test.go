@@ -264,6 +264,26 @@ func TestCompactGreater(t *testing.T) {
 							t.Fatalf("%s: CompactGreater wrote past len(x)", row.name)
 						}
 					}
+					vals := make([]float32, len(x)+8)
+					idx2 := make([]int32, len(x)+8)
+					for i := range vals {
+						vals[i], idx2[i] = -5, -7
+					}
+					n2 := CompactGreaterVals(idx2[:len(x)], vals[:len(x)], x, thr)
+					if !slices.Equal(idx2[:n2], want) {
+						t.Fatalf("%s thr %v: CompactGreaterVals kept %d indices, want %d; first difference at %d", row.name, thr, n2, len(want),
+							firstDiff(idx2[:n2], want))
+					}
+					for j, i := range want {
+						if !sameBits(vals[j], x[i]) {
+							t.Fatalf("%s thr %v: vals[%d] = %v, want x[%d] = %v", row.name, thr, j, vals[j], i, x[i])
+						}
+					}
+					for i := len(x); i < len(vals); i++ {
+						if vals[i] != -5 || idx2[i] != -7 {
+							t.Fatalf("%s: CompactGreaterVals wrote past len(x)", row.name)
+						}
+					}
 					if !(math.Abs(sum-wsum) <= 6e-8*abs) && !(sum == wsum) { // pairs in float32
 						t.Fatalf("%s thr %v: sum %v, want %v", row.name, thr, sum, wsum)
 					}
@@ -351,6 +371,11 @@ func BenchmarkSampleKernels(b *testing.B) {
 		b.Run("compact/"+set.name, func(b *testing.B) {
 			for b.Loop() {
 				set.compact(idx, probs, 3.8e-11)
+			}
+		})
+		b.Run("compactVals/"+set.name, func(b *testing.B) { // sampler's candidates, in the logit domain
+			for b.Loop() {
+				set.compactVals(idx, x, row, m-24*0.8)
 			}
 		})
 		b.Run("compact-sparse/"+set.name, func(b *testing.B) { // presort's first level
