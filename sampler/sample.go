@@ -314,14 +314,7 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 	useP := topP > 0 && topP < 1
 	mp := s.p.MinP
 	if !useK && !useP && !(mp > 0) {
-		u := s.rng.Float64() * total
-		for j, p := range probs {
-			u -= float64(p)
-			if u < 0 {
-				return cand[j]
-			}
-		}
-		return cand[n-1] // rounding left u ≥ 0 at the end
+		return cand[pick(probs, s.rng.Float64()*total)]
 	}
 	sel := sc.pos[:n]
 	copy(sel, sc.iota[:n])
@@ -371,6 +364,32 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 		}
 	}
 	return cand[sel[len(sel)-1]] // rounding left u ≥ 0 at the end
+}
+
+// pick returns the first j with probs[0] + … + probs[j] > u (the last
+// index if rounding leaves u ≥ the total). A running u -= probs[j] is a
+// chain of dependent float64 subtractions (4 cycles each) over, on a
+// row where every token is a candidate, thousands of entries; pick steps
+// over whole blocks of 8 (each summed as a tree) and walks one by one only
+// inside the block where u falls.
+func pick(probs []float32, u float64) int {
+	j := 0
+	for ; j+8 <= len(probs); j += 8 {
+		b := probs[j : j+8 : j+8]
+		s := ((float64(b[0]) + float64(b[1])) + (float64(b[2]) + float64(b[3]))) +
+			((float64(b[4]) + float64(b[5])) + (float64(b[6]) + float64(b[7])))
+		if u < s {
+			break
+		}
+		u -= s
+	}
+	for ; j < len(probs); j++ {
+		u -= float64(probs[j])
+		if u < 0 {
+			return j
+		}
+	}
+	return len(probs) - 1
 }
 
 // presortLevels are the thresholds, relative to the most likely token,

@@ -521,3 +521,27 @@ func TestInfiniteScaledRows(t *testing.T) {
 		}
 	}
 }
+
+// TestPick: pick returns the first index whose prefix sum exceeds u, for
+// u at and around every boundary, over lengths around the block size.
+func TestPick(t *testing.T) {
+	for n := 1; n <= 40; n++ {
+		probs := make([]float32, n)
+		for i := range probs {
+			probs[i] = float32(1 + i%3) // prefix sums are small integers: exact
+		}
+		var cum float64
+		for j, p := range probs {
+			lo := cum
+			cum += float64(p)
+			for _, u := range []float64{lo, lo + 0.5, math.Nextafter(cum, 0)} {
+				if got := pick(probs, u); got != j {
+					t.Fatalf("n=%d u=%v: pick = %d, want %d", n, u, got, j)
+				}
+			}
+		}
+		if got := pick(probs, cum); got != n-1 {
+			t.Fatalf("n=%d u=total: pick = %d, want the last index", n, got)
+		}
+	}
+}
