@@ -297,7 +297,11 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 	if T != 1 {
 		invT = 1 / T
 	}
-	n := cpu.CompactGreaterVals(sc.cand[:len(w)], sc.vals[:len(w)], w, m+negligible*T)
+	thr := m + negligible*T
+	if !(thr < m) { // |m| so large that 24·T is below its rounding
+		thr = math.Nextafter32(m, float32(math.Inf(-1)))
+	}
+	n := cpu.CompactGreaterVals(sc.cand[:len(w)], sc.vals[:len(w)], w, thr)
 	probs := sc.probs[:n]
 	total := cpu.ExpSum(probs, sc.vals[:n], invT, m*invT)
 	if n == 0 || !(total >= 1) {
@@ -401,11 +405,13 @@ const presortMaxSort = 256
 
 // presort returns the candidates that can be in the top k (useK) or else in
 // the top-p nucleus, sorted by probability (descending, ties by id).
-// Sorting the whole vocabulary every step would dominate sampling (and a
-// histogram of ~2000 candidates cost ~4 µs, most of a row's sampling, on
-// peaked rows whose nucleus is a few tokens). Fast path: the tokens above
-// pmax·2^-6 (then 2^-14, for top-p alone), gathered by one vectorised pass over probs each
-// (cpu.CompactGreater), are a prefix of the sorted candidates; when there
+// cand must list every index of probs above e^negligible·pmax (draw
+// passes all its candidates). Sorting the whole vocabulary every step
+// would dominate sampling (and a histogram of ~2000 candidates cost ~4 µs,
+// most of a row's sampling, on peaked rows whose nucleus is a few tokens).
+// Fast path: the tokens above pmax·2^-6 (then 2^-14, for top-p alone),
+// gathered by one vectorised pass over probs each (cpu.CompactGreater),
+// are a prefix of the sorted candidates; when there
 // are at least k of them (useK), or they hold topP·total of the mass with
 // a margin against rounding, they are all that is needed: sorted at once
 // if there are at most presortMaxSort, else histogrammed instead of the

@@ -545,3 +545,23 @@ func TestPick(t *testing.T) {
 		}
 	}
 }
+
+// TestHugeTies: tied maxima stay candidates when the logits are so large
+// that max + negligible·T rounds to the max itself.
+func TestHugeTies(t *testing.T) {
+	row := []float32{3e9, 0, 3e9, -5, 1}
+	for _, proc := range []LogitsProcessor{nil, LogitsProcessorFunc(func([]int32, []float32) error { return nil })} {
+		s := New(Params{Temperature: 1, Seed: 7}, 0)
+		counts := map[int32]int{}
+		for i := 0; i < 2000; i++ {
+			tok, _, err := s.Sample(row, nil, nil, proc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[tok]++
+		}
+		if counts[0]+counts[2] != 2000 || counts[0] < 800 || counts[2] < 800 {
+			t.Errorf("processor %v: counts %v, want tokens 0 and 2 about equally", proc != nil, counts)
+		}
+	}
+}
