@@ -55,7 +55,10 @@ func BenchmarkSample(b *testing.B) {
 // 8 − 2.5·ln(1+r)), with the couplet pipeline's parameters (T = 0.8,
 // top-p 0.95) and a processor that forbids a tenth of the vocabulary, with
 // the row's log-sum-exp known (lse, as from the GPU's row_lse) or not.
-// CHUNLIAN_GEMM=go runs the kernels' plain-Go versions for A/B.
+// CHUNLIAN_GEMM=go runs the kernels' plain-Go versions for A/B. The
+// forced cases are a row a Forcer forces to one token, through Forced or
+// with Forced hidden ("full"); forceProc fills the row with a store per
+// entry, couplet's force with copies (its BenchmarkSampleRow).
 func BenchmarkSampleRow(b *testing.B) {
 	const V, nrows = 6294, 64
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -87,6 +90,12 @@ func BenchmarkSampleRow(b *testing.B) {
 		{"greedy", Params{}, nil, false},
 		{"T=1", Params{Temperature: 1, Seed: 1}, nil, false},
 		{"top-k 50/lse", Params{Temperature: 0.8, TopK: 50, Seed: 1}, nil, true},
+		// A row forced to one token (a Forcer): through Forced, or with
+		// Forced hidden (the full path: copy, processor, scans, draw).
+		{"forced/lse", couplet, forceProc{1234}, true},
+		{"forced/lse/full", couplet, processOnly{forceProc{1234}}, true},
+		{"forced", couplet, forceProc{1234}, false},
+		{"forced/full", couplet, processOnly{forceProc{1234}}, false},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			s := New(tc.p, 0)

@@ -190,7 +190,10 @@ func (s *Sampler) scratch() *Scratch {
 // SampleWith is Sample working in sc, with lse = LogSumExp(row) when known
 // and NaN when not (it is then computed). sc must not be in use by another
 // goroutine; the same inputs, Sampler state and lse give the same token
-// and log-prob whichever Scratch is used.
+// and log-prob whichever Scratch is used. A proc that implements Forcer is
+// asked first; when it forces a token, Process is not called and the
+// result (token, log-prob, error, random stream) is the one Process's
+// forced row would give (sampleForced).
 func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, generated []int32, proc LogitsProcessor) (int32, float32, error) {
 	V := len(row)
 	if V == 0 {
@@ -199,6 +202,11 @@ func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, ge
 	sc.grow(V)
 	rp := s.p.RepetitionPenalty
 	penalty := rp > 0 && rp != 1
+	if f, ok := proc.(Forcer); ok {
+		if tok, ok := f.Forced(generated, row); ok {
+			return s.sampleForced(sc, row, lse, tok, prompt, generated)
+		}
+	}
 	m, im, hasNaN := scanMax(row)
 
 	// Fast path: nothing edits the row, so it is used as it is (no copy).
@@ -250,6 +258,46 @@ func (s *Sampler) SampleWith(sc *Scratch, row []float32, lse float64, prompt, ge
 		tok = s.draw(sc, w, wm, int32(wim))
 	}
 	if lse != lse {
+		lse = lseFrom(row, sc.lse[:V], m, im, hasNaN)
+	}
+	return tok, float32(float64(row[tok]) - lse), nil
+}
+
+// sampleForced is SampleWith for a row that proc forces to tok (see
+// Forcer), computing only what the full path's result depends on. There,
+// the processed row w holds v = row[tok] (NaN counts as -Inf) and -Inf
+// everywhere else: its max is v at tok, the penalty can only rescale v,
+// and the draw gathers the single candidate tok. Here draw runs on the
+// one-entry row [v], which takes the same steps on the same values (one
+// candidate, the same threshold, ExpSum of the same single value, the
+// same top-k/top-p/min-p decisions), so it draws from the random stream
+// exactly when the full path does and returns its only index.
+func (s *Sampler) sampleForced(sc *Scratch, row []float32, lse float64, tok int32, prompt, generated []int32) (int32, float32, error) {
+	V := len(row)
+	if tok < 0 || int(tok) >= V {
+		return 0, 0, ErrDeadEnd
+	}
+	v := row[tok]
+	if !(v > float32(math.Inf(-1))) { // -Inf or NaN: the processor's dead end
+		return 0, 0, ErrDeadEnd
+	}
+	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 && (slices.Contains(prompt, tok) || slices.Contains(generated, tok)) {
+		if v > 0 {
+			v /= rp
+		} else {
+			v *= rp
+		}
+		if !(v > float32(math.Inf(-1))) {
+			return 0, 0, ErrDeadEnd
+		}
+	}
+	if s.p.Temperature != 0 {
+		w := sc.work[:1]
+		w[0] = v
+		s.draw(sc, w, v, 0)
+	}
+	if lse != lse {
+		m, im, hasNaN := scanMax(row)
 		lse = lseFrom(row, sc.lse[:V], m, im, hasNaN)
 	}
 	return tok, float32(float64(row[tok]) - lse), nil
