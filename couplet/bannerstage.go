@@ -89,11 +89,22 @@ type forcedBanner struct {
 }
 
 func (f forcedBanner) Process(gen []int32, logits []float32) error {
+	id, _ := f.Forced(gen, logits)
+	return force(logits, id)
+}
+
+// Forced implements sampler.Forcer: every step is forced, to the slot's
+// candidate's next character, or to -1 (outside every row: a dead end)
+// when the pool has fewer candidates than samples or the four are written.
+// Its first call (or Process's) may assign the slots from logits; the raw
+// row the sampler passes here and the processed copy Process sees give
+// the same assignment (NaN and -Inf entries are both skipped).
+func (f forcedBanner) Forced(gen []int32, logits []float32) (int32, bool) {
 	ids, ok := f.a.slot(f.slot, logits)
 	if !ok || len(gen) >= len(ids) {
-		return sampler.ErrDeadEnd // fewer candidates than samples
+		return -1, true // fewer candidates than samples
 	}
-	return force(logits, ids[len(gen)])
+	return ids[len(gen)], true
 }
 
 // chooseBanners gives every chosen couplet its 横批 (see above) and adds

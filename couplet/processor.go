@@ -20,6 +20,13 @@ import (
 // sample), so it holds nothing mutable: a constraint is created per sample
 // and used only by the engine goroutine, but would be safe to share too.
 //
+// It is also a sampler.Forcer: Forced names the steps below that allow a
+// single token (template punctuation, acrostic heads, K2 after K1, K1 at
+// the deadline, mirrored repetitions, <sep>, <ban>, <eos>) from generated
+// alone, and the sampler then returns that token without copying or
+// scanning the row. Process calls Forced first, so the two cannot
+// disagree; bannerProc and forcedBanner do the same.
+//
 // Rules, by position:
 //   - template punctuation is forced in both lines (rule 1);
 //   - every other line slot and banner slot allows Chinese characters only
@@ -180,9 +187,11 @@ func (t *tables) allowHan(logits []float32) error {
 
 // force leaves only id allowed: ErrDeadEnd (row untouched) if id is outside
 // the row or its entry is -Inf or NaN, else every other entry becomes -Inf.
-// The sampler reads the whole row afterwards (its max scan and softmax run
-// over all of it), so the row must really be filled; fillNegInf does it
-// with memmove-sized copies instead of a store per entry.
+// It is what the sampler.Forcer contract calls "force id": the processors
+// report every step they force through Forced, and the sampler then skips
+// Process (and the row) altogether. Process still fills the row, for
+// callers that run it directly: fillNegInf does it with memmove-sized
+// copies instead of a store per entry.
 func force(logits []float32, id int32) error {
 	if id < 0 || int(id) >= len(logits) {
 		return sampler.ErrDeadEnd
@@ -208,20 +217,51 @@ func fillNegInf(s []float32) {
 	}
 }
 
-// Process implements sampler.LogitsProcessor.
-func (c *constraint) Process(generated []int32, logits []float32) error {
+// Forced implements sampler.Forcer: the token of every step Process
+// forces (template punctuation, acrostic heads, the keyword's K2 after K1
+// and K1 at the deadline, mirrored repetitions in the 下联, <sep>, <ban>,
+// <eos>). It reads only generated; Process calls it first, so the two
+// agree by construction.
+func (c *constraint) Forced(generated []int32, _ []float32) (int32, bool) {
 	pos := len(generated)
 	L := c.p.lineLen
 	sp := c.t.sp
+	upper := c.p.upper
+	if c.p.mode != ModeLower {
+		if pos < L {
+			return c.upperForced(generated, pos)
+		}
+		if pos == L {
+			return sp.Sep, true
+		}
+		upper = generated[:L]
+		generated = generated[L+1:]
+		pos -= L + 1
+	}
+	switch {
+	case pos < L:
+		return c.lowerForced(upper, generated, pos)
+	case pos == L:
+		return sp.Banner, true
+	case pos == L+5:
+		return sp.EOS, true
+	}
+	return 0, false
+}
+
+// Process implements sampler.LogitsProcessor.
+func (c *constraint) Process(generated []int32, logits []float32) error {
+	if id, ok := c.Forced(generated, logits); ok {
+		return force(logits, id)
+	}
+	pos := len(generated)
+	L := c.p.lineLen
 	var upper []int32
 	if c.p.mode == ModeLower {
 		upper = c.p.upper
 	} else {
 		if pos < L {
 			return c.upperStep(generated, pos, logits)
-		}
-		if pos == L {
-			return force(logits, sp.Sep)
 		}
 		upper = generated[:L]
 		generated = generated[L+1:]
@@ -230,41 +270,67 @@ func (c *constraint) Process(generated []int32, logits []float32) error {
 	switch {
 	case pos < L:
 		return c.lowerStep(upper, generated, pos, logits)
-	case pos == L:
-		return force(logits, sp.Banner)
-	case pos <= L+4:
+	case L < pos && pos <= L+4:
 		return c.t.allowHan(logits)
-	case pos == L+5:
-		return force(logits, sp.EOS)
 	}
 	return sampler.ErrDeadEnd
 }
 
-func (c *constraint) upperStep(gen []int32, j int, logits []float32) error {
-	p, t := c.p, c.t
+// placed reports whether the keyword sits complete in the 上联's first j
+// characters gen[:j] (at a valid start).
+func (c *constraint) placed(gen []int32, j int) bool {
+	k1, k2 := c.p.heads[0], c.p.heads[1]
+	for s := 0; s+1 < j; s++ {
+		if c.kwStart[s] && gen[s] == k1 && gen[s+1] == k2 {
+			return true
+		}
+	}
+	return false
+}
+
+// upperForced is Forced for 上联 slot j.
+func (c *constraint) upperForced(gen []int32, j int) (int32, bool) {
+	p := c.p
 	if p.template[j] != -1 {
-		return force(logits, p.template[j])
+		return p.template[j], true
 	}
 	if p.mode == ModeAcrostic && j == 0 {
-		return force(logits, p.heads[0])
+		return p.heads[0], true
 	}
+	if p.mode == ModeKeyword && !c.placed(gen, j) {
+		if j > 0 && c.kwStart[j-1] && gen[j-1] == p.heads[0] {
+			return p.heads[1], true
+		}
+		if j == c.deadline {
+			return p.heads[0], true
+		}
+	}
+	return 0, false
+}
+
+// lowerForced is Forced for 下联 slot j.
+func (c *constraint) lowerForced(upper, lower []int32, j int) (int32, bool) {
+	p := c.p
+	if p.template[j] != -1 {
+		return p.template[j], true
+	}
+	if p.mode == ModeAcrostic && j == 0 {
+		return p.heads[1], true
+	}
+	for k := 0; k < j; k++ {
+		if p.template[k] == -1 && upper[k] == upper[j] {
+			return lower[k], true
+		}
+	}
+	return 0, false
+}
+
+// upperStep is Process for 上联 slot j where Forced forces nothing.
+func (c *constraint) upperStep(gen []int32, j int, logits []float32) error {
+	p, t := c.p, c.t
 	if p.mode == ModeKeyword {
-		k1, k2 := p.heads[0], p.heads[1]
-		placed := false
-		for s := 0; s+1 < j; s++ {
-			if c.kwStart[s] && gen[s] == k1 && gen[s+1] == k2 {
-				placed = true
-				break
-			}
-		}
-		if !placed {
-			if j > 0 && c.kwStart[j-1] && gen[j-1] == k1 {
-				return force(logits, k2)
-			}
-			if j == c.deadline {
-				return force(logits, k1)
-			}
-		}
+		k1 := p.heads[0]
+		placed := c.placed(gen, j)
 		// Han characters (仄 only on the last slot); before placement K1
 		// is only allowed where it can start the keyword, so that emitting
 		// it always means "place it here".
@@ -290,19 +356,9 @@ func (c *constraint) upperStep(gen []int32, j int, logits []float32) error {
 	return alive(logits, &t.zeSet)
 }
 
+// lowerStep is Process for 下联 slot j where Forced forces nothing.
 func (c *constraint) lowerStep(upper, lower []int32, j int, logits []float32) error {
 	p, t := c.p, c.t
-	if p.template[j] != -1 {
-		return force(logits, p.template[j])
-	}
-	if p.mode == ModeAcrostic && j == 0 {
-		return force(logits, p.heads[1])
-	}
-	for k := 0; k < j; k++ {
-		if p.template[k] == -1 && upper[k] == upper[j] {
-			return force(logits, lower[k])
-		}
-	}
 	// Han characters (平 only where u[j] == u[last]), not u[j], not an
 	// earlier 下联 character.
 	set := &t.hanSet
@@ -333,4 +389,9 @@ func (b bannerProc) Process(generated []int32, logits []float32) error {
 		return force(logits, b.t.sp.EOS)
 	}
 	return sampler.ErrDeadEnd
+}
+
+// Forced implements sampler.Forcer: <eos> after the four characters.
+func (b bannerProc) Forced(generated []int32, _ []float32) (int32, bool) {
+	return b.t.sp.EOS, len(generated) == 4
 }

@@ -184,6 +184,7 @@ func TestProcessorEquivalence(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(11, uint64(len(tb.class))))
 			V := len(tb.class)
+			forcedSteps := 0 // check calls where Forced forced
 			widths := []int{V, V - 1 - rng.IntN(V/2), V + 1 + rng.IntN(9)}
 			// A pool of rows per width and kind, drawn once.
 			pool := make([][numRowKinds][][]float32, len(widths))
@@ -216,6 +217,29 @@ func TestProcessorEquivalence(t *testing.T) {
 					}
 					if i := sameRow(got, want); i >= 0 {
 						t.Fatalf("%s gen=%v width %d kind %d: row[%d] = %v, want %v", what, gen, len(row), v.kind, i, got[i], want[i])
+					}
+					// Forced must name exactly the steps the old code
+					// forces: force(its id) leaves the old row and error;
+					// where it says nothing, a normal row keeps more than
+					// one token (on these vocabularies no restriction
+					// leaves a single one).
+					id, forced := newP.(sampler.Forcer).Forced(gen, row)
+					if forced {
+						f := append([]float32(nil), row...)
+						if err := force(f, id); err != wantErr || sameRow(f, want) >= 0 {
+							t.Fatalf("%s gen=%v width %d kind %d: Forced says %d, but force gives err %v (want %v), row differs at %d", what, gen, len(row), v.kind, id, err, wantErr, sameRow(f, want))
+						}
+						forcedSteps++
+					} else if rowKind(v.kind) == rowNormal && len(row) >= V && wantErr == nil {
+						n := 0
+						for _, x := range want {
+							if x > negInf {
+								n++
+							}
+						}
+						if n == 1 {
+							t.Fatalf("%s gen=%v: the old code forces one token, Forced says nothing", what, gen)
+						}
 					}
 					if v.w == 0 && rowKind(v.kind) == rowNormal && wantErr == nil {
 						for i, x := range want {
@@ -253,7 +277,10 @@ func TestProcessorEquivalence(t *testing.T) {
 					gen = append(gen, tb.han[rng.IntN(len(tb.han))])
 				}
 			}
-			t.Logf("%d plans, %d steps (%d with nothing allowed on a normal row)", plans, steps, deadEnds)
+			t.Logf("%d plans, %d steps (%d with nothing allowed on a normal row), %d rows forced", plans, steps, deadEnds, forcedSteps)
+			if forcedSteps == 0 {
+				t.Fatal("no step was forced")
+			}
 		})
 	}
 }
@@ -370,9 +397,9 @@ func BenchmarkProcessRow(b *testing.B) {
 // BenchmarkSampleRow is one sampler call (the service's defaults:
 // temperature 0.8, top-p 0.95, the row's log-sum-exp known) on a row the
 // processors restrict to the Han characters ("han", a 横批 slot) or force
-// to one token ("forced", <sep>; "forced-old" with the old force). Nearly
-// all of a forced row's cost is the sampler's passes over a row whose
-// outcome is already fixed; see the notes at force.
+// to one token ("forced", <sep>, through sampler.Forcer; "forced-full" with
+// Forced hidden: the sampler copies the row, runs Process' force and scans
+// the row; "forced-old" likewise with the old force).
 func BenchmarkSampleRow(b *testing.B) {
 	tbs := procTables(b)
 	tb := tbs["default"]
@@ -398,6 +425,7 @@ func BenchmarkSampleRow(b *testing.B) {
 	}{
 		{"han", nil, bannerProc{tb}},
 		{"forced", upper, c},
+		{"forced-full", upper, processOnly{c}},
 		{"forced-old", upper, refProc{c}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

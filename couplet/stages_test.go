@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"chunlian/engine"
 )
 
 // cpuTime is the process's user + system CPU time so far. On a shared
@@ -25,9 +27,16 @@ func cpuTime(tb testing.TB) time.Duration {
 // wall time, engine steps and computed token rows of every stage plus the
 // totals. It is the per-stage breakdown of the single-couplet latency budget
 // (issue #2).
-func benchStages(b *testing.B, opts ...Option) {
+func benchStages(b *testing.B, opts ...Option) { benchStagesOn(b, nil, opts...) }
+
+// benchStagesOn is benchStages on the engine wrapped by wrap (nil: as is).
+func benchStagesOn(b *testing.B, wrap func(engine.Engine) engine.Engine, opts ...Option) {
 	m := defaultModel(b)
-	g, err := New(m, realStack(b, m), opts...)
+	var e engine.Engine = realStack(b, m)
+	if wrap != nil {
+		e = wrap(e)
+	}
+	g, err := New(m, e, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,9 +105,17 @@ func BenchmarkDefaultStagesNoRetrieval(b *testing.B) {
 
 // Ten users at once with the service defaults, reporting CPU time and
 // engine steps per couplet besides throughput.
-func BenchmarkDefaultStagesConcurrent10(b *testing.B) {
+func BenchmarkDefaultStagesConcurrent10(b *testing.B) { benchConcurrent10(b, nil) }
+
+// benchConcurrent10 is BenchmarkDefaultStagesConcurrent10 on the engine
+// wrapped by wrap (nil: as is).
+func benchConcurrent10(b *testing.B, wrap func(engine.Engine) engine.Engine) {
 	m := defaultModel(b)
-	g, err := New(m, realStack(b, m), WithOversample(1), WithBannerSources(testBannerSources()...))
+	var e engine.Engine = realStack(b, m)
+	if wrap != nil {
+		e = wrap(e)
+	}
+	g, err := New(m, e, WithOversample(1), WithBannerSources(testBannerSources()...))
 	if err != nil {
 		b.Fatal(err)
 	}
