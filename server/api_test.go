@@ -434,3 +434,35 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Errorf("/ready after warm-up: %d", code)
 	}
 }
+
+// /debug/pprof/ exists only with Config.Pprof, and behind the API key when
+// one is set.
+func TestPprofEndpoints(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		auth string
+		want int
+	}{
+		{"off", Config{}, "", http.StatusNotFound},
+		{"on", Config{Pprof: true}, "", http.StatusOK},
+		{"on, key missing", Config{Pprof: true, APIKey: "k"}, "", http.StatusUnauthorized},
+		{"on, key given", Config{Pprof: true, APIKey: "k"}, "Bearer k", http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, url := newFakeServer(t, tc.cfg, nil)
+			req, _ := http.NewRequest(http.MethodGet, url+"/debug/pprof/cmdline", nil)
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("GET /debug/pprof/cmdline: %d, want %d", resp.StatusCode, tc.want)
+			}
+		})
+	}
+}

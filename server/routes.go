@@ -4,6 +4,7 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 )
 
@@ -46,6 +47,13 @@ func (s *Server) routes() http.Handler {
 		}
 		files.ServeHTTP(w, r)
 	}, http.MethodGet))
+	if s.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", s.requireKey(pprof.Index))
+		mux.HandleFunc("/debug/pprof/cmdline", s.requireKey(pprof.Cmdline))
+		mux.HandleFunc("/debug/pprof/profile", s.requireKey(pprof.Profile))
+		mux.HandleFunc("/debug/pprof/symbol", s.requireKey(pprof.Symbol))
+		mux.HandleFunc("/debug/pprof/trace", s.requireKey(pprof.Trace))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			writeError(w, errf(http.StatusNotFound, codeNotFound, "找不到 %s", "%s not found", r.URL.Path, r.URL.Path))

@@ -79,6 +79,11 @@ type Config struct {
 	MaxInFlight int
 	// Logger for structured logs (default slog.Default()).
 	Logger *slog.Logger
+	// Pprof mounts Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ for operators profiling a live server. Off by default: a
+	// profile costs CPU and reveals internals. With APIKey set they need the
+	// key like the API.
+	Pprof bool
 	// Registry receives the metrics (default: a fresh registry with process
 	// and Go collectors). Tests use one server per registry.
 	Registry *prometheus.Registry

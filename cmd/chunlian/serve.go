@@ -46,6 +46,7 @@ type serveConfig struct {
 	RequestTimeout time.Duration
 	DrainTimeout   time.Duration
 	MaxInFlight    int // 0 = max-num-seqs + max-queue
+	Pprof          bool
 	LogLevel       string
 	LogFormat      string
 }
@@ -61,6 +62,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	env.envString("CHUNLIAN_LOG_LEVEL", &c.LogLevel)
 	env.envString("CHUNLIAN_LOG_FORMAT", &c.LogFormat)
 	env.envInt("CHUNLIAN_MAX_IN_FLIGHT", &c.MaxInFlight)
+	env.envBool("CHUNLIAN_PPROF", &c.Pprof)
 	envDuration(env, "CHUNLIAN_REQUEST_TIMEOUT", &c.RequestTimeout)
 	envDuration(env, "CHUNLIAN_DRAIN_TIMEOUT", &c.DrainTimeout)
 
@@ -69,6 +71,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.CORSOrigin, "cors-origin", c.CORSOrigin, "comma-separated browser origins allowed by CORS (* = any); empty = CORS off [CHUNLIAN_CORS_ORIGIN]")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "per-request generation deadline (0 = none); past it: HTTP 504 [CHUNLIAN_REQUEST_TIMEOUT]")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM/SIGINT, how long in-flight requests may finish [CHUNLIAN_DRAIN_TIMEOUT]")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go runtime profiles under /debug/pprof/ (CPU profile: /debug/pprof/profile?seconds=10); needs --api-key's key when one is set [CHUNLIAN_PPROF]")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "max concurrent generation requests in the HTTP layer (0 = max-num-seqs + max-queue); beyond: 503 [CHUNLIAN_MAX_IN_FLIGHT]")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error [CHUNLIAN_LOG_LEVEL]")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json [CHUNLIAN_LOG_FORMAT]")
@@ -122,7 +125,7 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 	}
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
-		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Logger: log,
+		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
 	}
 	if c.DrainTimeout == 0 {
 		errs = append(errs, errors.New("--drain-timeout 0: must be > 0"))
