@@ -102,7 +102,7 @@ s3)
 	# 33 MB of weights must fit the device tool's 64 MiB).
 	for f in $BIN/*.gz; do gunzip -c "$f" > "/tmp/$(basename "$f" .gz)" && chmod +x "/tmp/$(basename "$f" .gz)"; done
 	X=/tmp
-	timeout 60 $X/cuda.test -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	timeout 60 $X/cuda.test -test.v -test.count 1 -test.run "${S3_TESTS:-.}" > "$OUT/cuda_test.log" 2>&1
 	echo "tests rc=$?"
 	grep -E "^(--- |PASS|FAIL|ok)|panic|--- FAIL" "$OUT/cuda_test.log" | cut -c1-200 | head -40
 	pack
@@ -119,6 +119,26 @@ s3)
 		--warmup 1s --quiet --json "$OUT/http_base.json" --out "$OUT/http_base.md" > "$OUT/http_base.log" 2>&1
 	rc=$?; echo "http base ($(head -1 $BIN/BASE.txt 2>/dev/null)) rc=$rc"; grep -E "^\| engine" "$OUT/http_base.md"
 	pack
+	# Wider steps for the many-user levels: the 横批 stage runs 1 + 4
+	# sequences per couplet, so 1000 users need more than 1024 per step.
+	# A server of our own (known port, --pprof) so that a CPU profile can be
+	# taken under load.
+	SF2="--model weights/chunlian-base --backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --pprof --addr 127.0.0.1:18080 --log-level warn"
+	$X/chunlian serve $SF2 > "$OUT/serve_wide.log" 2>&1 &
+	SPID=$!
+	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+	timeout 50 $X/chunlian bench --url http://127.0.0.1:18080 --concurrency 300,1000,2000,3000 --duration 5s \
+		--warmup 1s --quiet --json "$OUT/http_wide.json" --out "$OUT/http_wide.md" > "$OUT/http_wide.log" 2>&1
+	echo "http wide rc=$?"; grep -E "^\| " "$OUT/http_wide.md" | grep -E "users"
+	pack
+	(sleep 3; curl -s -o "$OUT/serve_2000.cpu.prof" "http://127.0.0.1:18080/debug/pprof/profile?seconds=6") &
+	CPID=$!
+	timeout 20 $X/chunlian bench --url http://127.0.0.1:18080 --concurrency 2000 --duration 10s \
+		--warmup 1s --quiet --json "$OUT/http_prof.json" --out "$OUT/http_prof.md" > "$OUT/http_prof.log" 2>&1
+	wait $CPID 2>/dev/null
+	kill $SPID; wait $SPID 2>/dev/null
+	# (symbols for the profiles: the carried .carry/cuda/*.gz binaries)
+	pack
 	timeout 30 $X/chunlian bench --spawn naive --server-flags "$SF" --concurrency 1,10 --duration 5s \
 		--warmup 1s --quiet --json "$OUT/http_naive.json" --out "$OUT/http_naive.md" > "$OUT/http_naive.log" 2>&1
 	echo "http naive rc=$?"; grep -E "^\| naive" "$OUT/http_naive.md"
@@ -129,7 +149,6 @@ s3)
 	timeout 35 $X/cuda.test -test.run XXX -test.bench Couplets -test.benchtime 2s \
 		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
 	grep -E "^Benchmark" "$OUT/couplets.log" | cut -c1-170
-	cp "$X/cuda.test" "$OUT/" # symbols for the profile
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
