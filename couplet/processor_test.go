@@ -395,7 +395,7 @@ func BenchmarkProcessRow(b *testing.B) {
 }
 
 // BenchmarkSampleRow is one sampler call (the service's defaults:
-// temperature 0.8, top-p 0.95, the row's log-sum-exp known) on a row the
+// temperature 0.8, top-p 0.95, the row's log-sum-exp known, or not: /nolse) on a row the
 // processors restrict to the Han characters ("han", a 横批 slot) or force
 // to one token ("forced", <sep>, through sampler.Forcer; "forced-full" with
 // Forced hidden: the sampler copies the row, runs Process' force and scans
@@ -422,17 +422,22 @@ func BenchmarkSampleRow(b *testing.B) {
 		name string
 		gen  []int32
 		proc sampler.LogitsProcessor
+		lse  float64
 	}{
-		{"han", nil, bannerProc{tb}},
-		{"forced", upper, c},
-		{"forced-full", upper, processOnly{c}},
-		{"forced-old", upper, refProc{c}},
+		{"han", nil, bannerProc{tb}, lse},
+		{"forced", upper, c, lse},
+		{"forced-full", upper, processOnly{c}, lse},
+		{"forced-old", upper, refProc{c}, lse},
+		// The LSE left to the sampler (CPU backend, one sample per row).
+		{"han/nolse", nil, bannerProc{tb}, math.NaN()},
+		{"forced/nolse", upper, c, math.NaN()},
+		{"forced-full/nolse", upper, processOnly{c}, math.NaN()},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			s := sampler.New(sampler.Params{Temperature: DefaultTemperature, TopP: DefaultTopP, Seed: 1}, 0)
 			sc := sampler.NewScratch()
 			for b.Loop() {
-				if _, _, err := s.SampleWith(sc, row, lse, nil, tc.gen, tc.proc); err != nil {
+				if _, _, err := s.SampleWith(sc, row, tc.lse, nil, tc.gen, tc.proc); err != nil {
 					b.Fatal(err)
 				}
 			}
