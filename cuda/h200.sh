@@ -106,9 +106,11 @@ s3)
 	echo "tests rc=$?"
 	grep -E "^(--- |PASS|FAIL|ok)|panic|--- FAIL" "$OUT/cuda_test.log" | cut -c1-200 | head -40
 	pack
+	if [ "${S3_HF:-1}" = 1 ]; then
 	timeout 120 python3 bench/hf_baseline.py --model weights/chunlian-base --seq-requests 30 --batches 128,1024 \
 		--batch-repeats 3 --json "$OUT/hf.json" > "$OUT/hf.log" 2>&1
 	echo "hf rc=$?"; tail -12 "$OUT/hf.log"
+	fi
 	pack
 	L=1,10,100,300,1000
 	timeout 50 $X/chunlian bench --spawn engine --server-flags "$SF" --concurrency $L --duration 5s \
