@@ -117,10 +117,12 @@ s3)
 		--warmup 1s --server-log-dir "$OUT" --quiet --json "$OUT/http_new.json" --out "$OUT/http_new.md" > "$OUT/http_new.log" 2>&1
 	echo "http new rc=$?"; grep -E "^\| engine" "$OUT/http_new.md"
 	pack
+	if [ "${S3_BASE:-1}" = 1 ]; then
 	timeout 50 $X/chunlian-base bench --spawn engine --server-flags "$SF" --concurrency $L --duration 5s \
 		--warmup 1s --quiet --json "$OUT/http_base.json" --out "$OUT/http_base.md" > "$OUT/http_base.log" 2>&1
 	rc=$?; echo "http base ($(head -1 $BIN/BASE.txt 2>/dev/null)) rc=$rc"; grep -E "^\| engine" "$OUT/http_base.md"
 	pack
+	fi
 	# Wider steps for the many-user levels: the 横批 stage runs 1 + 4
 	# sequences per couplet, so 1000 users need more than 1024 per step.
 	# A server of our own (known port, --pprof) so that a CPU profile can be
@@ -148,9 +150,11 @@ s3)
 	timeout 45 $X/cuda.test -test.run XXX -test.bench EngineLines -test.benchtime 3x > "$OUT/engine_lines.log" 2>&1
 	grep -E "^Benchmark" "$OUT/engine_lines.log" | cut -c1-170
 	pack
+	if [ "${S3_COUPLETS:-1}" = 1 ]; then
 	timeout 35 $X/cuda.test -test.run XXX -test.bench Couplets -test.benchtime 2s \
 		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
 	grep -E "^Benchmark" "$OUT/couplets.log" | cut -c1-170
+	fi
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
