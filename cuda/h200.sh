@@ -8,6 +8,7 @@
 #                             # transformers baselines, HTTP 1..1000 users for this build,
 #                             # the previous build ($BASE, see build_device.sh) and naive,
 #                             # engine lines, couplet pipeline with a CPU profile
+#   bash cuda/h200.sh wide    # ≤ 60 s: 1 user and 1000/2000 users on the wide-step server
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -155,6 +156,20 @@ s3)
 		-test.cpuprofile "$OUT/couplets.cpu.prof" > "$OUT/couplets.log" 2>&1
 	grep -E "^Benchmark" "$OUT/couplets.log" | cut -c1-170
 	fi
+	;;
+wide)
+	# ≤ 60 s: one couplet and the wide-step server at 1000 and 2000 users
+	# (a quick check of a host-side change; binaries as for s3).
+	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
+	for f in $BIN/chunlian.gz; do gunzip -c "$f" > /tmp/chunlian && chmod +x /tmp/chunlian; done
+	SF2="--model weights/chunlian-base --backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --addr 127.0.0.1:18080 --log-level warn"
+	/tmp/chunlian serve $SF2 > "$OUT/serve_wide.log" 2>&1 &
+	SPID=$!
+	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+	timeout 40 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency 1,1000,2000 --duration 5s \
+		--warmup 1s --quiet --json "$OUT/http_wide.json" --out "$OUT/http_wide.md" > "$OUT/http_wide.log" 2>&1
+	echo "http wide rc=$?"; grep -E "^\| target" "$OUT/http_wide.md"
+	kill $SPID; wait $SPID 2>/dev/null
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
