@@ -56,7 +56,8 @@ func BenchmarkSample(b *testing.B) {
 // top-p 0.95) and a processor that forbids a tenth of the vocabulary, with
 // the row's log-sum-exp known (lse, as from the GPU's row_lse) or not.
 // CHUNLIAN_GEMM=go runs the kernels' plain-Go versions for A/B. The
-// forced cases are a row a Forcer forces to one token, through Forced or
+// flat cases are rows of normal logits (σ 1.5) whose top-p nucleus is
+// thousands of tokens. The forced cases are a row a Forcer forces to one token, through Forced or
 // with Forced hidden ("full"); forceProc fills the row with a store per
 // entry, couplet's force with copies (its BenchmarkSampleRow).
 func BenchmarkSampleRow(b *testing.B) {
@@ -71,6 +72,18 @@ func BenchmarkSampleRow(b *testing.B) {
 		}
 		lses[i] = LogSumExp(rows[i])
 	}
+	// Flat rows (a line's first character, a 横批 the model writes
+	// itself): normal logits, σ = 1.5, so that at T = 0.8 the top-p 0.95
+	// nucleus is most of the vocabulary.
+	flat := make([][]float32, nrows)
+	flatLse := make([]float64, nrows)
+	for i := range flat {
+		flat[i] = make([]float32, V)
+		for tok := range flat[i] {
+			flat[i][tok] = float32(1.5 * rng.NormFloat64())
+		}
+		flatLse[i] = LogSumExp(flat[i])
+	}
 	mask := LogitsProcessorFunc(func(_ []int32, l []float32) error {
 		for i := 0; i < len(l); i += 10 {
 			l[i] = float32(math.Inf(-1))
@@ -83,19 +96,24 @@ func BenchmarkSampleRow(b *testing.B) {
 		p    Params
 		proc LogitsProcessor
 		lse  bool
+		flat bool
 	}{
-		{"couplet+processor/lse", couplet, mask, true},
-		{"couplet+processor", couplet, mask, false},
-		{"couplet/lse", couplet, nil, true},
-		{"greedy", Params{}, nil, false},
-		{"T=1", Params{Temperature: 1, Seed: 1}, nil, false},
-		{"top-k 50/lse", Params{Temperature: 0.8, TopK: 50, Seed: 1}, nil, true},
+		{"couplet+processor/lse", couplet, mask, true, false},
+		{"couplet+processor", couplet, mask, false, false},
+		{"couplet/lse", couplet, nil, true, false},
+		{"greedy", Params{}, nil, false, false},
+		{"T=1", Params{Temperature: 1, Seed: 1}, nil, false, false},
+		{"top-k 50/lse", Params{Temperature: 0.8, TopK: 50, Seed: 1}, nil, true, false},
+		{"flat couplet/lse", couplet, nil, true, true},
+		{"flat couplet+processor/lse", couplet, mask, true, true},
+		{"flat top-k 50/lse", Params{Temperature: 0.8, TopK: 50, Seed: 1}, nil, true, true},
+		{"flat top-k 1000/lse", Params{Temperature: 0.8, TopK: 1000, Seed: 1}, nil, true, true},
 		// A row forced to one token (a Forcer): through Forced, or with
 		// Forced hidden (the full path: copy, processor, scans, draw).
-		{"forced/lse", couplet, forceProc{1234}, true},
-		{"forced/lse/full", couplet, processOnly{forceProc{1234}}, true},
-		{"forced", couplet, forceProc{1234}, false},
-		{"forced/full", couplet, processOnly{forceProc{1234}}, false},
+		{"forced/lse", couplet, forceProc{1234}, true, false},
+		{"forced/lse/full", couplet, processOnly{forceProc{1234}}, true, false},
+		{"forced", couplet, forceProc{1234}, false, false},
+		{"forced/full", couplet, processOnly{forceProc{1234}}, false, false},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			s := New(tc.p, 0)
@@ -104,11 +122,14 @@ func BenchmarkSampleRow(b *testing.B) {
 			i := 0
 			c0 := cpuTime()
 			for b.Loop() {
-				lse := math.NaN()
-				if tc.lse {
-					lse = lses[i%nrows]
+				row, lse := rows[i%nrows], lses[i%nrows]
+				if tc.flat {
+					row, lse = flat[i%nrows], flatLse[i%nrows]
 				}
-				s.SampleWith(sc, rows[i%nrows], lse, hist, hist, tc.proc)
+				if !tc.lse {
+					lse = math.NaN()
+				}
+				s.SampleWith(sc, row, lse, hist, hist, tc.proc)
 				i++
 			}
 			b.ReportMetric(float64((cpuTime()-c0).Nanoseconds())/float64(b.N), "cpu-ns/op")

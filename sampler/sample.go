@@ -41,9 +41,12 @@ type Scratch struct {
 	top   []int32   // [V] the heaviest candidates (presort's fast path)
 	stamp []uint32  // [V] repetition-penalty dedup marks (== gen means seen)
 	gen   uint32
-	// Histogram of candidate probabilities for top-k/top-p (presort).
-	bmass  []float64 // [numBuckets] probability mass per bucket
-	bcount []int32   // [numBuckets] tokens per bucket
+	// sortPrefix's buckets and keys for top-k/top-p (presort), made on
+	// first use.
+	bmass  []float64 // [maxBuckets] probability mass per bucket
+	bcount []int32   // [maxBuckets+1] tokens per bucket, then offsets
+	keys   []uint64  // [V] sortKey of the candidates
+	ord    []uint64  // [V] the keys bucketed, then sorted
 }
 
 // NewScratch returns an empty Scratch; it grows to the vocabulary on first
@@ -320,12 +323,6 @@ func (sc *Scratch) penalize(w []float32, toks []int32, rp float32) {
 	}
 }
 
-// numBuckets covers the bucket keys of probabilities in (0, 1]: the float32
-// bits shifted right by 20 (exponent and top 3 mantissa bits); 1.0 → 1016.
-const numBuckets = 0x3F8 + 1
-
-func bucketOf(p float32) int { return int(math.Float32bits(p) >> 20) }
-
 // draw samples from softmax(w/T) restricted by top-k, top-p and min-p. w
 // holds no NaN, m is its maximum (finite) and im the first index of it.
 //
@@ -358,7 +355,6 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 		// scalar code before panicked here.)
 		return im
 	}
-	const pmax = 1
 	cand := sc.cand[:n]
 	topK := s.p.TopK
 	topP := float64(s.p.TopP)
@@ -368,6 +364,33 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 	if !useK && !useP && !(mp > 0) {
 		return cand[pick(probs, s.rng.Float64()*total)]
 	}
+	sel := s.kept(sc, probs, total)
+	if len(sel) != n {
+		total = sumProbs(probs, sel)
+	}
+	u := s.rng.Float64() * total
+	for _, j := range sel {
+		u -= float64(probs[j])
+		if u < 0 {
+			return cand[j]
+		}
+	}
+	return cand[sel[len(sel)-1]] // rounding left u ≥ 0 at the end
+}
+
+// kept returns the positions into probs (draw's candidates, probs[j] =
+// exp(vals[j]/T − m/T), the max 1, total their sum) that top-k, top-p and
+// min-p keep, in the order draw walks them: by probability, descending,
+// ties by position (sorted only where top-k or top-p is on; ascending
+// positions with min-p alone). It works in sc.pos.
+func (s *Sampler) kept(sc *Scratch, probs []float32, total float64) []int32 {
+	n := len(probs)
+	const pmax = 1
+	topK := s.p.TopK
+	topP := float64(s.p.TopP)
+	useK := topK > 0 && topK < n
+	useP := topP > 0 && topP < 1
+	mp := s.p.MinP
 	sel := sc.pos[:n]
 	copy(sel, sc.iota[:n])
 	if useK || useP {
@@ -405,17 +428,7 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 		}
 		sel = k
 	}
-	if len(sel) != n {
-		total = sumProbs(probs, sel)
-	}
-	u := s.rng.Float64() * total
-	for _, j := range sel {
-		u -= float64(probs[j])
-		if u < 0 {
-			return cand[j]
-		}
-	}
-	return cand[sel[len(sel)-1]] // rounding left u ≥ 0 at the end
+	return sel
 }
 
 // pick returns the first j with probs[0] + … + probs[j] > u (the last
@@ -459,14 +472,13 @@ const presortMaxSort = 256
 // most of a row's sampling, on peaked rows whose nucleus is a few tokens).
 // Fast path: the tokens above pmax·2^-6 (then 2^-14, for top-p alone),
 // gathered by one vectorised pass over probs each (cpu.CompactGreater),
-// are a prefix of the sorted candidates; when there
-// are at least k of them (useK), or they hold topP·total of the mass with
-// a margin against rounding, they are all that is needed: sorted at once
-// if there are at most presortMaxSort, else histogrammed instead of the
-// candidates. The histogram sorts the probabilities into log-spaced
-// buckets and keeps only the buckets down to the one where the count
-// reaches k or the mass reaches topP·total (plus one more bucket against
-// rounding). Either way every dropped token is smaller than every kept
+// are a prefix of the sorted candidates; when there are at least k of
+// them (useK), or they hold topP·total of the mass with a margin against
+// rounding, they are all that is needed: sorted at once if there are at
+// most presortMaxSort, else passed to sortPrefix instead of the
+// candidates. sortPrefix buckets by probability, finds the bucket where
+// the count reaches k or the mass topP·total, and sorts only the buckets
+// down to it. Either way every dropped token is smaller than every kept
 // one, so the sorted prefix is unchanged.
 func (sc *Scratch) presort(cand []int32, probs []float32, pmax float32, total float64, useK bool, topK int, topP float64) []int32 {
 	levels := presortLevels[:]
@@ -479,61 +491,167 @@ func (sc *Scratch) presort(cand []int32, probs []float32, pmax float32, total fl
 		n, mass := cpu.CompactGreater(sc.top[:len(probs)], probs, pmax*q)
 		if (useK && n >= topK) || (!useK && mass >= topP*total*(1+1e-6)) {
 			if n <= presortMaxSort {
-				return sortByProb(sc.top[:n], probs)
+				return sc.sortPrefix(sc.top[:n], probs, 0, math.Inf(1))
 			}
 			cand = sc.top[:n]
 			break
 		}
 	}
-	if sc.bmass == nil {
-		sc.bmass = make([]float64, numBuckets)
-		sc.bcount = make([]int32, numBuckets)
+	if useK {
+		return sc.sortPrefix(cand, probs, topK, math.Inf(1))
 	}
-	clear(sc.bmass)
-	clear(sc.bcount)
-	for _, t := range cand {
-		b := bucketOf(probs[t])
-		sc.bmass[b] += float64(probs[t])
-		sc.bcount[b]++
-	}
-	cut, extra := 0, 1
-	var mass float64
-	var count int
-	for b := numBuckets - 1; b >= 0; b-- {
-		if sc.bcount[b] == 0 {
-			continue
-		}
-		mass += sc.bmass[b]
-		count += int(sc.bcount[b])
-		cut = b
-		if (useK && count >= topK) || (!useK && mass >= topP*total) {
-			if extra == 0 {
-				break
-			}
-			extra--
-		}
-	}
-	k := cand[:0]
-	for _, t := range cand {
-		if bucketOf(probs[t]) >= cut {
-			k = append(k, t)
-		}
-	}
-	return sortByProb(k, probs)
+	return sc.sortPrefix(cand, probs, 0, topP*total*(1+1e-6))
 }
 
-// sortByProb sorts token ids by probability, descending, ties by id.
-func sortByProb(k []int32, probs []float32) []int32 {
-	slices.SortFunc(k, func(a, b int32) int {
-		if probs[a] != probs[b] {
-			if probs[a] > probs[b] {
-				return -1
+// sortKey orders (probability, id) pairs: ascending keys are descending
+// probabilities (non-negative float32s order as their bits), ties by
+// ascending id.
+func sortKey(p float32, id int32) uint64 {
+	return uint64(^math.Float32bits(p))<<32 | uint64(uint32(id))
+}
+
+// sortSmall is the size up to which sortPrefix sorts the keys at once
+// (slices.Sort), and bucketSortMax the largest bucket it insertion-sorts.
+const (
+	sortSmall     = 48
+	bucketSortMax = 32
+)
+
+// sortPrefix returns the shortest prefix of cand sorted by probability
+// (descending, ties by id: the order of a full sortByProb) that is whole
+// buckets (below) and holds at least k tokens (k > 0) and, where
+// mass is finite, Σ probs ≥ mass (all of cand when it does not reach
+// them). cand's entries are distinct and non-negative; probs ≥ 0, no NaN.
+// It is rewritten in place.
+//
+// The whole order is fixed by the keys (sortKey: ids are distinct), so
+// any exact sort gives sortByProb's result; this one is a bucket sort
+// instead of a comparison sort with a closure (which was ~40% of the
+// service's CPU on flat rows): the keys, with the range of their
+// probability bits, are built in one pass; a second counts them and sums
+// their mass into ~n/4 buckets of equal width in bit space (about equal
+// width in log-probability, a few keys each on a smooth row); the first
+// buckets holding k tokens or the mass are scattered (stably, so equal
+// probabilities stay in id order), each bucket is then sorted on its own
+// (insertion sort, or slices.Sort past bucketSortMax keys), and the rest
+// is never sorted. Bucket sums and a sequential sum of the same float32s
+// in sorted order differ by at most ~n·2^-53 relative, so a caller that
+// needs a prefix whose sequential sum reaches S passes mass = S·(1+1e-6).
+func (sc *Scratch) sortPrefix(cand []int32, probs []float32, k int, mass float64) []int32 {
+	n := len(cand)
+	if n < 2 {
+		return cand
+	}
+	if cap(sc.keys) < len(probs) {
+		sc.keys = make([]uint64, len(probs))
+		sc.ord = make([]uint64, len(probs))
+	}
+	keys := sc.keys[:n]
+	lo, hi := ^uint32(0), uint32(0)
+	for i, t := range cand {
+		b := math.Float32bits(probs[t])
+		keys[i] = uint64(^b)<<32 | uint64(uint32(t))
+		lo = min(lo, b)
+		hi = max(hi, b)
+	}
+	if n <= sortSmall || lo == hi {
+		if lo == hi {
+			// One probability: the candidates are ascending already
+			// (draw's positions and presort's compaction keep id order),
+			// but a caller's order is not assumed.
+			if !slices.IsSorted(keys) {
+				slices.Sort(keys)
 			}
-			return 1
+		} else {
+			slices.Sort(keys)
 		}
-		return int(a - b)
-	})
-	return k
+		for i, key := range keys {
+			cand[i] = int32(uint32(key))
+		}
+		return cand
+	}
+	// nb buckets (a power of two, ~n/4) over [lo, hi] in bit space: the
+	// bucket of bits b is (hi−b)>>shift, ascending with the key.
+	nb := 64
+	for nb < n/4 && nb < maxBuckets {
+		nb *= 2
+	}
+	shift := uint(0)
+	for (hi-lo)>>shift >= uint32(nb) {
+		shift++
+	}
+	nb = int((hi-lo)>>shift) + 1
+	if sc.bcount == nil {
+		sc.bcount = make([]int32, maxBuckets+1)
+		sc.bmass = make([]float64, maxBuckets)
+	}
+	count := sc.bcount[:nb+1]
+	bmass := sc.bmass[:nb]
+	clear(count)
+	clear(bmass)
+	for _, key := range keys {
+		b := ^uint32(key >> 32)
+		d := (hi - b) >> shift
+		count[d]++
+		bmass[d] += float64(math.Float32frombits(b))
+	}
+	// The last bucket needed (cut); count becomes the buckets' start
+	// offsets. Every key is scattered (no branch on the bucket: a branch
+	// measured slower, also where few are kept), but only the buckets up
+	// to cut are sorted.
+	cut := -1
+	var cum float64
+	var off int32
+	for d := range nb {
+		c := count[d]
+		count[d] = off
+		off += c
+		cum += bmass[d]
+		if cut < 0 && ((k > 0 && int(off) >= k) || (k <= 0 && cum >= mass)) {
+			cut = d
+		}
+	}
+	if cut < 0 {
+		cut = nb - 1
+	}
+	ord := sc.ord[:n]
+	for _, key := range keys {
+		d := (hi - ^uint32(key>>32)) >> shift
+		ord[count[d]] = key
+		count[d]++
+	}
+	m := int(count[cut])
+	// count[d] is now the end of bucket d (the start of d+1).
+	start := int32(0)
+	for d := 0; d <= cut; d++ {
+		end := count[d]
+		if b := ord[start:end]; len(b) > bucketSortMax {
+			slices.Sort(b)
+		} else {
+			insertionSort(b)
+		}
+		start = end
+	}
+	for i, key := range ord[:m] {
+		cand[i] = int32(uint32(key))
+	}
+	return cand[:m]
+}
+
+// maxBuckets is the most buckets sortPrefix uses.
+const maxBuckets = 2048
+
+// insertionSort sorts a few keys (already almost in order after a stable
+// scatter of ascending ids).
+func insertionSort(b []uint64) {
+	for i := 1; i < len(b); i++ {
+		x := b[i]
+		j := i
+		for ; j > 0 && b[j-1] > x; j-- {
+			b[j] = b[j-1]
+		}
+		b[j] = x
+	}
 }
 
 // sumProbs returns Σ probs[t] over cand in float64, in four interleaved
