@@ -47,6 +47,7 @@ type Scratch struct {
 	bcount []int32   // [maxBuckets+1] tokens per bucket, then offsets
 	keys   []uint64  // [V] sortKey of the candidates
 	ord    []uint64  // [V] the keys bucketed, then sorted
+	bk     bucketState
 }
 
 // NewScratch returns an empty Scratch; it grows to the vocabulary on first
@@ -336,6 +337,8 @@ func (sc *Scratch) penalize(w []float32, toks []int32, rp float32) {
 // the draw scales u by the total. Everything works on positions j into
 // the packed arrays (ascending j is ascending token id), so sorting by
 // (probability, position) is sorting by (probability, id) as before.
+// With top-p or top-k alone (no min-p), drawBucketed draws without
+// sorting the kept set where its sums are exact; else kept sorts it.
 func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 	T := s.p.Temperature
 	invT := float32(1)
@@ -364,7 +367,21 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 	if !useK && !useP && !(mp > 0) {
 		return cand[pick(probs, s.rng.Float64()*total)]
 	}
-	sel := s.kept(sc, probs, total)
+	var sel []int32
+	if useK != useP && !(mp > 0) {
+		// top-k or top-p alone: drawBucketed sorts two buckets instead of
+		// the kept set where it can, else the kept prefix is sorted.
+		c, sorted := sc.presortFast(sc.iotaPos(n), probs, 1, total, useK, topK, topP)
+		if !sorted {
+			if j, ok := s.drawBucketed(sc, c, probs, total, n, useK, topK, topP); ok {
+				return cand[j]
+			}
+			c = sc.presortRest(c, probs, total, useK, topK, topP)
+		}
+		sel = cutSorted(c, probs, total, useK, useP, topK, topP)
+	} else {
+		sel = s.kept(sc, probs, total)
+	}
 	if len(sel) != n {
 		total = sumProbs(probs, sel)
 	}
@@ -391,32 +408,10 @@ func (s *Sampler) kept(sc *Scratch, probs []float32, total float64) []int32 {
 	useK := topK > 0 && topK < n
 	useP := topP > 0 && topP < 1
 	mp := s.p.MinP
-	sel := sc.pos[:n]
-	copy(sel, sc.iota[:n])
+	sel := sc.iotaPos(n)
 	if useK || useP {
 		sel = sc.presort(sel, probs, pmax, total, useK, topK, topP)
-		if useK && topK < len(sel) {
-			sel = sel[:topK]
-		}
-		if useP {
-			// The nucleus is taken over the mass left after top-k: all of
-			// it without top-k (presort may have dropped small tokens).
-			kept := total
-			if useK {
-				kept = 0
-				for _, j := range sel {
-					kept += float64(probs[j])
-				}
-			}
-			var cum float64
-			for i, j := range sel {
-				cum += float64(probs[j])
-				if cum >= topP*kept {
-					sel = sel[:i+1]
-					break
-				}
-			}
-		}
+		sel = cutSorted(sel, probs, total, useK, useP, topK, topP)
 	}
 	if mp > 0 {
 		k := sel[:0]
@@ -427,6 +422,41 @@ func (s *Sampler) kept(sc *Scratch, probs []float32, total float64) []int32 {
 			}
 		}
 		sel = k
+	}
+	return sel
+}
+
+// iotaPos returns sc.pos[:n] holding 0, 1, …, n−1.
+func (sc *Scratch) iotaPos(n int) []int32 {
+	sel := sc.pos[:n]
+	copy(sel, sc.iota[:n])
+	return sel
+}
+
+// cutSorted applies top-k (useK) and then top-p (useP) to presort's
+// sorted prefix sel.
+func cutSorted(sel []int32, probs []float32, total float64, useK, useP bool, topK int, topP float64) []int32 {
+	if useK && topK < len(sel) {
+		sel = sel[:topK]
+	}
+	if useP {
+		// The nucleus is taken over the mass left after top-k: all of
+		// it without top-k (presort may have dropped small tokens).
+		kept := total
+		if useK {
+			kept = 0
+			for _, j := range sel {
+				kept += float64(probs[j])
+			}
+		}
+		var cum float64
+		for i, j := range sel {
+			cum += float64(probs[j])
+			if cum >= topP*kept {
+				sel = sel[:i+1]
+				break
+			}
+		}
 	}
 	return sel
 }
@@ -481,6 +511,26 @@ const presortMaxSort = 256
 // down to it. Either way every dropped token is smaller than every kept
 // one, so the sorted prefix is unchanged.
 func (sc *Scratch) presort(cand []int32, probs []float32, pmax float32, total float64, useK bool, topK int, topP float64) []int32 {
+	cand, sorted := sc.presortFast(cand, probs, pmax, total, useK, topK, topP)
+	if sorted {
+		return cand
+	}
+	return sc.presortRest(cand, probs, total, useK, topK, topP)
+}
+
+// presortRest sorts the prefix of presortFast's unsorted candidates that
+// holds the top k (useK) or the nucleus.
+func (sc *Scratch) presortRest(cand []int32, probs []float32, total float64, useK bool, topK int, topP float64) []int32 {
+	if useK {
+		return sc.sortPrefix(cand, probs, topK, math.Inf(1))
+	}
+	return sc.sortPrefix(cand, probs, 0, topP*total*(1+1e-6))
+}
+
+// presortFast is presort's fast path: the sorted prefix (sorted = true),
+// or the candidates still to sort: all of cand, or the fast path's when
+// they hold the top k or the nucleus but are more than presortMaxSort.
+func (sc *Scratch) presortFast(cand []int32, probs []float32, pmax float32, total float64, useK bool, topK int, topP float64) ([]int32, bool) {
 	levels := presortLevels[:]
 	if useK {
 		// A second level rarely holds k tokens where the first did not
@@ -491,16 +541,12 @@ func (sc *Scratch) presort(cand []int32, probs []float32, pmax float32, total fl
 		n, mass := cpu.CompactGreater(sc.top[:len(probs)], probs, pmax*q)
 		if (useK && n >= topK) || (!useK && mass >= topP*total*(1+1e-6)) {
 			if n <= presortMaxSort {
-				return sc.sortPrefix(sc.top[:n], probs, 0, math.Inf(1))
+				return sc.sortPrefix(sc.top[:n], probs, 0, math.Inf(1)), true
 			}
-			cand = sc.top[:n]
-			break
+			return sc.top[:n], false
 		}
 	}
-	if useK {
-		return sc.sortPrefix(cand, probs, topK, math.Inf(1))
-	}
-	return sc.sortPrefix(cand, probs, 0, topP*total*(1+1e-6))
+	return cand, false
 }
 
 // sortKey orders (probability, id) pairs: ascending keys are descending
@@ -526,21 +572,55 @@ const (
 //
 // The whole order is fixed by the keys (sortKey: ids are distinct), so
 // any exact sort gives sortByProb's result; this one is a bucket sort
-// instead of a comparison sort with a closure (which was ~40% of the
-// service's CPU on flat rows): the keys, with the range of their
-// probability bits, are built in one pass; a second counts them and sums
-// their mass into ~n/4 buckets of equal width in bit space (about equal
-// width in log-probability, a few keys each on a smooth row); the first
-// buckets holding k tokens or the mass are scattered (stably, so equal
-// probabilities stay in id order), each bucket is then sorted on its own
-// (insertion sort, or slices.Sort past bucketSortMax keys), and the rest
-// is never sorted. Bucket sums and a sequential sum of the same float32s
-// in sorted order differ by at most ~n·2^-53 relative, so a caller that
-// needs a prefix whose sequential sum reaches S passes mass = S·(1+1e-6).
+// (bucketize) instead of a comparison sort with a closure (which was
+// ~40% of the service's CPU on flat rows): each bucket up to the cut is
+// sorted on its own (insertion sort, or slices.Sort past bucketSortMax
+// keys), and the rest is never sorted. Bucket sums and a sequential sum
+// of the same float32s in sorted order differ by at most ~n·2^-53
+// relative, so a caller that needs a prefix whose sequential sum reaches
+// S passes mass = S·(1+1e-6).
 func (sc *Scratch) sortPrefix(cand []int32, probs []float32, k int, mass float64) []int32 {
+	if !sc.bucketize(cand, probs, k, mass) {
+		return cand
+	}
+	bk := &sc.bk
+	for d := 0; d <= bk.cut; d++ {
+		sortBucket(sc.bucket(d))
+	}
+	m := int(sc.bcount[bk.cut])
+	for i, key := range sc.ord[:m] {
+		cand[i] = int32(uint32(key))
+	}
+	return cand[:m]
+}
+
+// bucketState describes the keys bucketize left in sc.ord.
+type bucketState struct {
+	cut   int    // the last bucket needed
+	lo    uint32 // the smallest probability bits
+	hi    uint32 // the largest: bucket of bits b is (hi−b)>>shift
+	shift uint
+}
+
+// bucketize buckets cand's keys (sortKey) by probability, for sortPrefix
+// and drawBucketed. It returns false when it sorted cand in place instead
+// (at most sortSmall entries, or one probability). Otherwise sc.ord[:n]
+// holds the keys grouped by bucket, buckets in descending order of
+// probability, each stably in cand's order (unsorted); bucket d is
+// sc.ord[start(d):sc.bcount[d]] (sc.bucket), sc.bmass[d] its mass summed
+// in cand's order, and sc.bk.cut the first bucket where the count reaches
+// k (k > 0) or else the cumulated bucket mass reaches mass (the last
+// bucket when neither does).
+//
+// The keys, with the range of their probability bits, are built in one
+// pass; a second counts them and sums their mass into ~n/4 buckets of
+// equal width in bit space (about equal width in log-probability, a few
+// keys each on a smooth row); a third scatters every key (no branch on
+// the bucket: a branch measured slower, also where few are kept).
+func (sc *Scratch) bucketize(cand []int32, probs []float32, k int, mass float64) bool {
 	n := len(cand)
 	if n < 2 {
-		return cand
+		return false
 	}
 	if cap(sc.keys) < len(probs) {
 		sc.keys = make([]uint64, len(probs))
@@ -568,7 +648,7 @@ func (sc *Scratch) sortPrefix(cand []int32, probs []float32, k int, mass float64
 		for i, key := range keys {
 			cand[i] = int32(uint32(key))
 		}
-		return cand
+		return false
 	}
 	// nb buckets (a power of two, ~n/4) over [lo, hi] in bit space: the
 	// bucket of bits b is (hi−b)>>shift, ascending with the key.
@@ -595,10 +675,7 @@ func (sc *Scratch) sortPrefix(cand []int32, probs []float32, k int, mass float64
 		count[d]++
 		bmass[d] += float64(math.Float32frombits(b))
 	}
-	// The last bucket needed (cut); count becomes the buckets' start
-	// offsets. Every key is scattered (no branch on the bucket: a branch
-	// measured slower, also where few are kept), but only the buckets up
-	// to cut are sorted.
+	// The cut; count becomes the buckets' start offsets.
 	cut := -1
 	var cum float64
 	var off int32
@@ -620,23 +697,137 @@ func (sc *Scratch) sortPrefix(cand []int32, probs []float32, k int, mass float64
 		ord[count[d]] = key
 		count[d]++
 	}
-	m := int(count[cut])
 	// count[d] is now the end of bucket d (the start of d+1).
-	start := int32(0)
-	for d := 0; d <= cut; d++ {
-		end := count[d]
-		if b := ord[start:end]; len(b) > bucketSortMax {
-			slices.Sort(b)
-		} else {
-			insertionSort(b)
-		}
-		start = end
-	}
-	for i, key := range ord[:m] {
-		cand[i] = int32(uint32(key))
-	}
-	return cand[:m]
+	sc.bk = bucketState{cut: cut, lo: lo, hi: hi, shift: shift}
+	return true
 }
+
+// bucket returns bucket d of the last bucketize.
+func (sc *Scratch) bucket(d int) []uint64 {
+	start := int32(0)
+	if d > 0 {
+		start = sc.bcount[d-1]
+	}
+	return sc.ord[start:sc.bcount[d]]
+}
+
+// sortBucket sorts one bucket's keys.
+func sortBucket(b []uint64) {
+	if len(b) > bucketSortMax {
+		slices.Sort(b)
+	} else {
+		insertionSort(b)
+	}
+}
+
+// keyProb is the probability of a sortKey.
+func keyProb(key uint64) float32 { return math.Float32frombits(^uint32(key >> 32)) }
+
+// drawBucketed is draw's top-k or top-p step (one of them, no min-p)
+// without sorting the kept set, when the arithmetic allows it; it returns
+// the same position as sorting c (presort's candidates, n of them in
+// all, total their ExpSum) and walking the kept prefix would, with the
+// same use of the random stream, or ok = false before drawing when it
+// cannot (the caller then sorts).
+//
+// Why no sort is needed: let 2^E ≤ every probability in the buckets up
+// to the cut (bucketize with mass topP·total, no margin) and total <
+// 2^(E+29). Every such float32 is a multiple of 2^(E−23), so every sum of
+// them, in any order, is exact in float64 (a multiple of 2^(E−23) below
+// 2^(E+29)): the bucket masses, the top-p cumulative sum in sorted order
+// at each bucket's end, the kept total (sumProbs) and every u − prefix of
+// the walk (u = Float64()·kept total; while it is ≥ 0 it is a multiple of
+// min(ulp(u), 2^(E−23)) no larger than u, and the first negative one keeps
+// its sign). So the cut bucket is the one the sorted walk would cut in,
+// the walk's token is in the first bucket whose cumulated mass exceeds u,
+// and only those two buckets need sorting.
+func (s *Sampler) drawBucketed(sc *Scratch, c []int32, probs []float32, total float64, n int, useK bool, topK int, topP float64) (int32, bool) {
+	k, mass := 0, math.Inf(1)
+	if useK {
+		k = topK
+	} else {
+		mass = topP * total
+	}
+	if !sc.bucketize(c, probs, k, mass) {
+		return 0, false
+	}
+	bk := sc.bk
+	cut := bk.cut
+	// The smallest probability bits in buckets ≤ cut.
+	low := uint64(bk.lo)
+	if w := uint64(cut+1) << bk.shift; uint64(bk.hi)+1 > w {
+		low = max(low, uint64(bk.hi)+1-w)
+	}
+	if low < 1<<23 { // zero or subnormal
+		return 0, false
+	}
+	E := int(low>>23) - 127
+	if !(total*(1+1e-6) < math.Ldexp(1, E+29)) {
+		return 0, false
+	}
+	if testHookBucketed != nil {
+		testHookBucketed()
+	}
+	bmass := sc.bmass
+	var before float64 // exact mass of the buckets < cut
+	for d := range cut {
+		before += bmass[d]
+	}
+	cb := sc.bucket(cut)
+	sortBucket(cb)
+	// keep is the kept part of the cut bucket, kept their exact total.
+	keep := cb
+	cum := before
+	if useK {
+		keep = cb[:k-int(sc.bcount[cut])+len(cb)]
+		for _, key := range keep {
+			cum += float64(keyProb(key))
+		}
+	} else {
+		cum = before
+		for i, key := range cb {
+			cum += float64(keyProb(key))
+			if cum >= mass {
+				keep = cb[:i+1]
+				break
+			}
+		}
+	}
+	kept := cum
+	if int(sc.bcount[cut])-len(cb)+len(keep) == n {
+		kept = total // every candidate kept: draw uses ExpSum's total
+	}
+	u := s.rng.Float64() * kept
+	var acc float64
+	for d := range cut {
+		if acc+bmass[d] > u {
+			b := sc.bucket(d)
+			sortBucket(b)
+			u -= acc
+			for _, key := range b {
+				u -= float64(keyProb(key))
+				if u < 0 {
+					return int32(uint32(key)), true
+				}
+			}
+			// unreachable: the bucket's exact mass exceeds u
+			return int32(uint32(b[len(b)-1])), true
+		}
+		acc += bmass[d]
+	}
+	u -= acc
+	for _, key := range keep {
+		u -= float64(keyProb(key))
+		if u < 0 {
+			return int32(uint32(key)), true
+		}
+	}
+	return int32(uint32(keep[len(keep)-1])), true // rounding left u ≥ 0
+}
+
+// testHookBucketed, when set (tests), is called on every draw that
+// drawBucketed completes.
+var testHookBucketed func()
 
 // maxBuckets is the most buckets sortPrefix uses.
 const maxBuckets = 2048

@@ -12,14 +12,22 @@
 // (m + log cpu.ExpSum over the row). top-k/top-p first gather the
 // candidates above pmax·2^-6 or 2^-14 (presort) and sort only those when
 // they suffice; otherwise (flat rows: a line's first character, a 横批
-// the model writes itself, whose nucleus is thousands of tokens) a bucket
-// sort on packed (probability bits, id) keys (sortPrefix) sorts only the
-// buckets down to the one where the count reaches k or the mass topP of
-// the total. Its order is exactly the full sort's (probability
-// descending, ties by lower id), so the kept set, the draw's walk and the
-// seeded tokens are unchanged; a flat couplet row (σ 1.5 normal logits,
-// top-p 0.95) went from ~290 to ~57 µs (BenchmarkSampleRow flat). A couplet row (V = 6294, T 0.8, top-p 0.95, processor,
-// LSE known) went from ~62 µs to ~4 µs of CPU (BenchmarkSampleRow). The same
+// the model writes itself, whose nucleus is thousands of tokens) the
+// candidates are bucketed by probability (packed (probability bits, id)
+// keys, ~n/4 buckets of equal width in bit space) with each bucket's
+// mass. For top-p or top-k alone, where every probability down to the
+// cut bucket is ≥ 2^E and the total < 2^(E+29), every float64 sum of them
+// is exact in any order, so the draw (drawBucketed) sorts only the cut
+// bucket and the bucket its random number falls in; otherwise (min-p,
+// both top-k and top-p, tiny probabilities in the nucleus) the buckets
+// down to the cut are sorted (sortPrefix). Either way the kept set, its
+// walk order (probability descending, ties by lower id), the totals and
+// so the seeded tokens are exactly those of a full sort
+// (TestKeptMatchesFullSort, TestDrawMatchesFullSort). A flat couplet row
+// (σ 1.5 normal logits, T 0.8, top-p 0.95) went from ~290 to ~34 µs of
+// CPU (BenchmarkSampleRow flat: ~8x), a Zipf-like couplet row (V = 6294,
+// T 0.8, top-p 0.95, processor, LSE known) from ~62 µs to ~4 µs
+// (BenchmarkSampleRow, the presort fast path). The same
 // seed gives the same tokens on one kernel set; between sets (or versus
 // the scalar code before) draws may differ where float rounding moves a
 // boundary.

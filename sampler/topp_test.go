@@ -72,8 +72,19 @@ func refKept(p Params, probs []float32, total float64) []int32 {
 	return sel
 }
 
-// refDraw is draw with refKept: the token reference for a seeded stream.
-func refDraw(p Params, rng *rand.Rand, w []float32) int32 {
+// refDrawer is draw with refKept for one row and Params, prepared once:
+// the token reference for a seeded stream.
+type refDrawer struct {
+	cand   []int32
+	probs  []float32
+	total  float64 // the candidates' ExpSum
+	sel    []int32 // refKept
+	kTotal float64 // draw's total over sel
+	plain  bool    // no filter: draw picks over every candidate
+	im     int32   // the max token, when no probability is finite
+}
+
+func newRefDrawer(p Params, w []float32) *refDrawer {
 	m, im, _ := scanMax(w)
 	T := p.Temperature
 	invT := float32(1)
@@ -87,28 +98,41 @@ func refDraw(p Params, rng *rand.Rand, w []float32) int32 {
 	cand := make([]int32, len(w))
 	vals := make([]float32, len(w))
 	n := cpu.CompactGreaterVals(cand, vals, w, thr)
-	probs := make([]float32, n)
-	total := cpu.ExpSum(probs, vals[:n], invT, m*invT)
-	if n == 0 || !(total >= 1) {
-		return int32(im)
+	r := &refDrawer{cand: cand[:n], probs: make([]float32, n), im: int32(im)}
+	r.total = cpu.ExpSum(r.probs, vals[:n], invT, m*invT)
+	if n == 0 || !(r.total >= 1) {
+		r.cand = nil
+		return r
 	}
 	useK := p.TopK > 0 && p.TopK < n
 	useP := p.TopP > 0 && p.TopP < 1
 	if !useK && !useP && !(p.MinP > 0) {
-		return cand[pick(probs, rng.Float64()*total)]
+		r.plain = true
+		return r
 	}
-	sel := refKept(p, probs, total)
-	if len(sel) != n {
-		total = sumProbs(probs, sel)
+	r.sel = refKept(p, r.probs, r.total)
+	r.kTotal = r.total
+	if len(r.sel) != n {
+		r.kTotal = sumProbs(r.probs, r.sel)
 	}
-	u := rng.Float64() * total
-	for _, j := range sel {
-		u -= float64(probs[j])
+	return r
+}
+
+func (r *refDrawer) draw(rng *rand.Rand) int32 {
+	switch {
+	case r.cand == nil:
+		return r.im
+	case r.plain:
+		return r.cand[pick(r.probs, rng.Float64()*r.total)]
+	}
+	u := rng.Float64() * r.kTotal
+	for _, j := range r.sel {
+		u -= float64(r.probs[j])
 		if u < 0 {
-			return cand[j]
+			return r.cand[j]
 		}
 	}
-	return cand[sel[len(sel)-1]]
+	return r.cand[r.sel[len(r.sel)-1]]
 }
 
 // keptRows are the rows of the kept-set tests (V = 6294): flat (every
@@ -148,6 +172,15 @@ func keptRows() map[string][]float32 {
 		}
 		return float32(math.Inf(-1))
 	})
+	// Wide: half the vocabulary tied at the top, the rest spread over 20
+	// nats below: with top-p ≈ 1 the nucleus reaches probabilities too
+	// small for drawBucketed's exact sums (it falls back to sorting).
+	mk("wide", func(i int) float32 {
+		if i%2 == 0 {
+			return 0
+		}
+		return -20 * float32(i) / V
+	})
 	// Flat with ties: many tokens share each of 50 levels.
 	mk("flat-tied", func(int) float32 { return float32(rng.IntN(50)) * 0.02 })
 	return rows
@@ -156,7 +189,7 @@ func keptRows() map[string][]float32 {
 // keptParams are the filter settings of the kept-set tests: top-p alone,
 // top-k alone, both, min-p, and min-p with top-p.
 var keptParams = []Params{
-	{TopP: 0.3}, {TopP: 0.9}, {TopP: 0.95}, {TopP: 0.999}, {TopP: 0.99999},
+	{TopP: 0.3}, {TopP: 0.9}, {TopP: 0.95}, {TopP: 0.999}, {TopP: 0.99999}, {TopP: 0.9999999},
 	{TopK: 1}, {TopK: 5}, {TopK: 50}, {TopK: 900}, {TopK: 5000}, {TopK: 6293},
 	{TopK: 50, TopP: 0.9}, {TopK: 900, TopP: 0.95}, {TopK: 3, TopP: 0.5},
 	{MinP: 0.05}, {MinP: 0.05, TopP: 0.95}, {MinP: 0.5, TopK: 50},
@@ -209,22 +242,42 @@ func firstDiff(a, b []int32) int {
 }
 
 // TestDrawMatchesFullSort: seeded draws through SampleWith give the same
-// tokens as refDraw (the full-sort draw) with the same random stream.
+// tokens as refDraw (the full-sort draw) with the same random stream, on
+// every row and filter setting, through drawBucketed (counted by its
+// hook) or the sorted path; both paths must be taken where expected.
 func TestDrawMatchesFullSort(t *testing.T) {
+	var bucketed int
+	testHookBucketed = func() { bucketed++ }
+	defer func() { testHookBucketed = nil }()
 	for name, row := range keptRows() {
-		for _, p := range keptParams {
-			p.Temperature = 0.8
-			p.Seed = 7
-			s := New(p, 0)
-			rng := rand.New(rand.NewPCG(7, 0))
-			sc := NewScratch()
-			for i := range 50 {
-				got, _, err := s.SampleWith(sc, row, math.NaN(), nil, nil, nil)
-				if err != nil {
-					t.Fatal(err)
+		for _, T := range []float32{0.8, 1} {
+			for _, p := range keptParams {
+				p.Temperature = T
+				p.Seed = 7
+				s := New(p, 0)
+				rng := rand.New(rand.NewPCG(7, 0))
+				ref := newRefDrawer(p, row)
+				sc := NewScratch()
+				bucketed = 0
+				const draws = 200
+				for i := range draws {
+					got, _, err := s.SampleWith(sc, row, math.NaN(), nil, nil, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if want := ref.draw(rng); got != want {
+						t.Fatalf("%s T=%v %+v draw %d: token %d, full sort gives %d", name, T, p, i, got, want)
+					}
 				}
-				if want := refDraw(p, rng, row); got != want {
-					t.Fatalf("%s %+v draw %d: token %d, full sort gives %d", name, p, i, got, want)
+				switch {
+				case name == "flat" && p.TopP == 0.95 && p.TopK == 0 && p.MinP == 0 || name == "sin" && p.TopK == 900 && p.TopP == 0:
+					if bucketed != draws {
+						t.Errorf("%s T=%v %+v: %d of %d draws bucketed, want all", name, T, p, bucketed, draws)
+					}
+				case name == "wide" && p.TopP == 0.9999999 && T == 1 || p.MinP > 0 || p.TopK > 0 && p.TopP > 0:
+					if bucketed != 0 {
+						t.Errorf("%s T=%v %+v: %d draws bucketed, want none", name, T, p, bucketed)
+					}
 				}
 			}
 		}
