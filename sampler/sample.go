@@ -286,11 +286,7 @@ func (s *Sampler) sampleForced(sc *Scratch, row []float32, lse float64, tok int3
 		return 0, 0, ErrDeadEnd
 	}
 	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 && (slices.Contains(prompt, tok) || slices.Contains(generated, tok)) {
-		if v > 0 {
-			v /= rp
-		} else {
-			v *= rp
-		}
+		v = penalized(v, rp)
 		if !(v > float32(math.Inf(-1))) {
 			return 0, 0, ErrDeadEnd
 		}
@@ -301,8 +297,7 @@ func (s *Sampler) sampleForced(sc *Scratch, row []float32, lse float64, tok int3
 		s.draw(sc, w, v, 0)
 	}
 	if lse != lse {
-		m, im, hasNaN := scanMax(row)
-		lse = lseFrom(row, sc.lse[:V], m, im, hasNaN)
+		lse = logSumExp(row, sc.lse[:V])
 	}
 	return tok, float32(float64(row[tok]) - lse), nil
 }
@@ -316,12 +311,17 @@ func (sc *Scratch) penalize(w []float32, toks []int32, rp float32) {
 			continue
 		}
 		sc.stamp[t] = sc.gen
-		if w[t] > 0 {
-			w[t] /= rp
-		} else {
-			w[t] *= rp
-		}
+		w[t] = penalized(w[t], rp)
 	}
+}
+
+// penalized is logit v under the HF repetition penalty rp: divided when
+// positive, multiplied otherwise.
+func penalized(v, rp float32) float32 {
+	if v > 0 {
+		return v / rp
+	}
+	return v * rp
 }
 
 // draw samples from softmax(w/T) restricted by top-k, top-p and min-p. w
@@ -630,7 +630,7 @@ func (sc *Scratch) bucketize(cand []int32, probs []float32, k int, mass float64)
 	lo, hi := ^uint32(0), uint32(0)
 	for i, t := range cand {
 		b := math.Float32bits(probs[t])
-		keys[i] = uint64(^b)<<32 | uint64(uint32(t))
+		keys[i] = sortKey(probs[t], t)
 		lo = min(lo, b)
 		hi = max(hi, b)
 	}
@@ -670,7 +670,7 @@ func (sc *Scratch) bucketize(cand []int32, probs []float32, k int, mass float64)
 	clear(count)
 	clear(bmass)
 	for _, key := range keys {
-		b := ^uint32(key >> 32)
+		b := keyBits(key)
 		d := (hi - b) >> shift
 		count[d]++
 		bmass[d] += float64(math.Float32frombits(b))
@@ -693,7 +693,7 @@ func (sc *Scratch) bucketize(cand []int32, probs []float32, k int, mass float64)
 	}
 	ord := sc.ord[:n]
 	for _, key := range keys {
-		d := (hi - ^uint32(key>>32)) >> shift
+		d := (hi - keyBits(key)) >> shift
 		ord[count[d]] = key
 		count[d]++
 	}
@@ -720,8 +720,10 @@ func sortBucket(b []uint64) {
 	}
 }
 
-// keyProb is the probability of a sortKey.
-func keyProb(key uint64) float32 { return math.Float32frombits(^uint32(key >> 32)) }
+// keyBits is the probability bits of a sortKey, keyProb the probability.
+func keyBits(key uint64) uint32 { return ^uint32(key >> 32) }
+
+func keyProb(key uint64) float32 { return math.Float32frombits(keyBits(key)) }
 
 // drawBucketed is draw's top-k or top-p step (one of them, no min-p)
 // without sorting the kept set, when the arithmetic allows it; it returns
@@ -784,7 +786,6 @@ func (s *Sampler) drawBucketed(sc *Scratch, c []int32, probs []float32, total fl
 			cum += float64(keyProb(key))
 		}
 	} else {
-		cum = before
 		for i, key := range cb {
 			cum += float64(keyProb(key))
 			if cum >= mass {
@@ -803,26 +804,24 @@ func (s *Sampler) drawBucketed(sc *Scratch, c []int32, probs []float32, total fl
 		if acc+bmass[d] > u {
 			b := sc.bucket(d)
 			sortBucket(b)
-			u -= acc
-			for _, key := range b {
-				u -= float64(keyProb(key))
-				if u < 0 {
-					return int32(uint32(key)), true
-				}
-			}
-			// unreachable: the bucket's exact mass exceeds u
-			return int32(uint32(b[len(b)-1])), true
+			return walkKeys(b, u-acc), true // the bucket's exact mass exceeds u−acc
 		}
 		acc += bmass[d]
 	}
-	u -= acc
-	for _, key := range keep {
+	return walkKeys(keep, u-acc), true
+}
+
+// walkKeys returns the id of the first of the sorted keys whose running
+// probability sum exceeds u (the last one if rounding leaves u ≥ their
+// total).
+func walkKeys(keys []uint64, u float64) int32 {
+	for _, key := range keys {
 		u -= float64(keyProb(key))
 		if u < 0 {
-			return int32(uint32(key)), true
+			return int32(uint32(key))
 		}
 	}
-	return int32(uint32(keep[len(keep)-1])), true // rounding left u ≥ 0
+	return int32(uint32(keys[len(keys)-1]))
 }
 
 // testHookBucketed, when set (tests), is called on every draw that
