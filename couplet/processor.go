@@ -24,8 +24,9 @@ import (
 // single token (template punctuation, acrostic heads, K2 after K1, K1 at
 // the deadline, mirrored repetitions, <sep>, <ban>, <eos>) from generated
 // alone, and the sampler then returns that token without copying or
-// scanning the row. Process calls Forced first, so the two cannot
-// disagree; bannerProc and forcedBanner do the same.
+// scanning the row. Process forces the same tokens (both read the
+// position through locate and forcedAt), so the two cannot disagree;
+// bannerProc and forcedBanner do the same.
 //
 // Rules, by position:
 //   - template punctuation is forced in both lines (rule 1);
@@ -217,22 +218,33 @@ func fillNegInf(s []float32) {
 	}
 }
 
-// Forced implements sampler.Forcer: the token of every step Process
-// forces (template punctuation, acrostic heads, the keyword's K2 after K1
-// and K1 at the deadline, mirrored repetitions in the 下联, <sep>, <ban>,
-// <eos>). It reads only generated; Process calls it first, so the two
-// agree by construction.
-func (c *constraint) Forced(generated []int32, _ []float32) (int32, bool) {
+// part is where in a sample's sequence the next token goes.
+type part int
+
+const (
+	partUpper  part = iota // 上联 slot j
+	partSep                // <sep>
+	partLower              // 下联 slot j
+	partBan                // <ban>
+	partBanner             // 横批 slot (any of the four)
+	partEOS                // <eos>
+	partPast               // after <eos>: nothing is allowed
+)
+
+// locate returns where the token after generated goes: the part, the slot
+// j within a line, the 上联 (so far, in partUpper; given, in lower mode)
+// and the 下联 so far. Forced and Process both read it, so they agree on
+// the position by construction.
+func (c *constraint) locate(generated []int32) (pt part, j int, upper, lower []int32) {
 	pos := len(generated)
 	L := c.p.lineLen
-	sp := c.t.sp
-	upper := c.p.upper
+	upper = c.p.upper
 	if c.p.mode != ModeLower {
 		if pos < L {
-			return c.upperForced(generated, pos)
+			return partUpper, pos, generated, nil
 		}
 		if pos == L {
-			return sp.Sep, true
+			return partSep, 0, generated, nil
 		}
 		upper = generated[:L]
 		generated = generated[L+1:]
@@ -240,10 +252,39 @@ func (c *constraint) Forced(generated []int32, _ []float32) (int32, bool) {
 	}
 	switch {
 	case pos < L:
-		return c.lowerForced(upper, generated, pos)
+		return partLower, pos, upper, generated
 	case pos == L:
-		return sp.Banner, true
+		return partBan, 0, upper, generated
+	case pos <= L+4:
+		return partBanner, 0, upper, generated
 	case pos == L+5:
+		return partEOS, 0, upper, generated
+	}
+	return partPast, 0, upper, generated
+}
+
+// Forced implements sampler.Forcer: the token of every step Process
+// forces (template punctuation, acrostic heads, the keyword's K2 after K1
+// and K1 at the deadline, mirrored repetitions in the 下联, <sep>, <ban>,
+// <eos>). It reads only generated; Process forces the same tokens through
+// forcedAt, so the two agree by construction.
+func (c *constraint) Forced(generated []int32, _ []float32) (int32, bool) {
+	return c.forcedAt(c.locate(generated))
+}
+
+// forcedAt is Forced at a located position.
+func (c *constraint) forcedAt(pt part, j int, upper, lower []int32) (int32, bool) {
+	sp := c.t.sp
+	switch pt {
+	case partUpper:
+		return c.upperForced(upper, j)
+	case partSep:
+		return sp.Sep, true
+	case partLower:
+		return c.lowerForced(upper, lower, j)
+	case partBan:
+		return sp.Banner, true
+	case partEOS:
 		return sp.EOS, true
 	}
 	return 0, false
@@ -251,26 +292,16 @@ func (c *constraint) Forced(generated []int32, _ []float32) (int32, bool) {
 
 // Process implements sampler.LogitsProcessor.
 func (c *constraint) Process(generated []int32, logits []float32) error {
-	if id, ok := c.Forced(generated, logits); ok {
+	pt, j, upper, lower := c.locate(generated)
+	if id, ok := c.forcedAt(pt, j, upper, lower); ok {
 		return force(logits, id)
 	}
-	pos := len(generated)
-	L := c.p.lineLen
-	var upper []int32
-	if c.p.mode == ModeLower {
-		upper = c.p.upper
-	} else {
-		if pos < L {
-			return c.upperStep(generated, pos, logits)
-		}
-		upper = generated[:L]
-		generated = generated[L+1:]
-		pos -= L + 1
-	}
-	switch {
-	case pos < L:
-		return c.lowerStep(upper, generated, pos, logits)
-	case L < pos && pos <= L+4:
+	switch pt {
+	case partUpper:
+		return c.upperStep(upper, j, logits)
+	case partLower:
+		return c.lowerStep(upper, lower, j, logits)
+	case partBanner:
 		return c.t.allowHan(logits)
 	}
 	return sampler.ErrDeadEnd

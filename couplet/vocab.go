@@ -2,7 +2,6 @@ package couplet
 
 import (
 	"fmt"
-	"sort"
 )
 
 // Vocab is the part of the tokenizer the couplet package needs; the model
@@ -73,22 +72,13 @@ func newTables(v Vocab, sp Specials) (*tables, error) {
 		switch {
 		case IsHan(r):
 			t.class[id], t.char[id], t.tone[id] = classHan, r, CharTone(r)
-			t.han = append(t.han, id)
 		case IsPunct(r):
 			t.class[id], t.char[id] = classPunct, r
 		}
 	}
-	sort.Slice(t.han, func(i, j int) bool { return t.han[i] < t.han[j] })
 	t.buildSets()
-	var ping, ze int
-	for _, id := range t.han {
-		switch t.tone[id] {
-		case TonePing:
-			ping++
-		case ToneZe:
-			ze++
-		}
-	}
+	t.han = t.hanSet.allow
+	ping, ze := len(t.pingSet.allow), len(t.zeSet.allow)
 	if ping < 8 || ze < 8 {
 		return nil, fmt.Errorf("couplet: vocabulary has too few toned Chinese characters (%d 平, %d 仄)", ping, ze)
 	}
