@@ -383,7 +383,7 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 		sel = s.kept(sc, probs, total)
 	}
 	if len(sel) != n {
-		total = sumProbs(probs, sel)
+		total = cpu.SumAt(probs, sel)
 	}
 	u := s.rng.Float64() * total
 	for _, j := range sel {
@@ -737,7 +737,7 @@ func keyProb(key uint64) float32 { return math.Float32frombits(keyBits(key)) }
 // 2^(E+29). Every such float32 is a multiple of 2^(E−23), so every sum of
 // them, in any order, is exact in float64 (a multiple of 2^(E−23) below
 // 2^(E+29)): the bucket masses, the top-p cumulative sum in sorted order
-// at each bucket's end, the kept total (sumProbs) and every u − prefix of
+// at each bucket's end, the kept total (cpu.SumAt) and every u − prefix of
 // the walk (u = Float64()·kept total; while it is ≥ 0 it is a multiple of
 // min(ulp(u), 2^(E−23)) no larger than u, and the first negative one keeps
 // its sign). So the cut bucket is the one the sorted walk would cut in,
@@ -844,19 +844,3 @@ func insertionSort(b []uint64) {
 	}
 }
 
-// sumProbs returns Σ probs[t] over cand in float64, in four interleaved
-// partial sums (one running sum would be a chain of dependent adds).
-func sumProbs(probs []float32, cand []int32) float64 {
-	var s0, s1, s2, s3 float64
-	i := 0
-	for ; i+4 <= len(cand); i += 4 {
-		s0 += float64(probs[cand[i]])
-		s1 += float64(probs[cand[i+1]])
-		s2 += float64(probs[cand[i+2]])
-		s3 += float64(probs[cand[i+3]])
-	}
-	for ; i < len(cand); i++ {
-		s0 += float64(probs[cand[i]])
-	}
-	return (s0 + s1) + (s2 + s3)
-}

@@ -113,7 +113,7 @@ func newRefDrawer(p Params, w []float32) *refDrawer {
 	r.sel = refKept(p, r.probs, r.total)
 	r.kTotal = r.total
 	if len(r.sel) != n {
-		r.kTotal = sumProbs(r.probs, r.sel)
+		r.kTotal = cpu.SumAt(r.probs, r.sel)
 	}
 	return r
 }

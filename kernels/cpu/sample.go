@@ -39,6 +39,24 @@ func CompactGreater(idx []int32, x []float32, thr float32) (n int, sum float64) 
 	return elem.compact(idx[:len(x)], x, thr)
 }
 
+// SumAt returns Σ x[i] over the indices idx in float64, in four
+// interleaved partial sums (one running sum would be a chain of dependent
+// adds): ((s0 + s1) + (s2 + s3)), s_r over idx[4k+r], the tail into s0.
+func SumAt(x []float32, idx []int32) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(idx); i += 4 {
+		s0 += float64(x[idx[i]])
+		s1 += float64(x[idx[i+1]])
+		s2 += float64(x[idx[i+2]])
+		s3 += float64(x[idx[i+3]])
+	}
+	for ; i < len(idx); i++ {
+		s0 += float64(x[idx[i]])
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
 // CompactGreaterVals writes the indices i with x[i] > thr, ascending, to
 // idx[:n] and the x[i] themselves to vals[:n], and returns n. idx and vals
 // must be at least len(x) long (garbage after n, as CompactGreater).
@@ -69,10 +87,6 @@ func expSumGo(dst, src []float32, scale, shift float32) float64 {
 	return sum
 }
 
-// compactGo is branch-free: every index is written, the count only moves
-// past the kept ones (they are scattered over a vocabulary, so a branch
-// per entry would mispredict often). The sum is then taken over the kept
-// entries in four interleaved partial sums.
 // compactValsGo is compactGo's branch-free loop, storing the value too.
 func compactValsGo(idx []int32, vals, x []float32, thr float32) int {
 	idx, vals = idx[:len(x)], vals[:len(x)]
@@ -96,6 +110,10 @@ func expGo(dst, src []float32, scale, shift float32) {
 	}
 }
 
+// compactGo is branch-free: every index is written, the count only moves
+// past the kept ones (they are scattered over a vocabulary, so a branch
+// per entry would mispredict often). The sum is then SumAt over the kept
+// entries.
 func compactGo(idx []int32, x []float32, thr float32) (int, float64) {
 	idx = idx[:len(x)]
 	n := 0
@@ -107,17 +125,5 @@ func compactGo(idx []int32, x []float32, thr float32) (int, float64) {
 		}
 		n += k
 	}
-	var s0, s1, s2, s3 float64
-	kept := idx[:n]
-	i := 0
-	for ; i+4 <= len(kept); i += 4 {
-		s0 += float64(x[kept[i]])
-		s1 += float64(x[kept[i+1]])
-		s2 += float64(x[kept[i+2]])
-		s3 += float64(x[kept[i+3]])
-	}
-	for ; i < len(kept); i++ {
-		s0 += float64(x[kept[i]])
-	}
-	return n, (s0 + s1) + (s2 + s3)
+	return n, SumAt(x, idx[:n])
 }

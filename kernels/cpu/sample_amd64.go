@@ -82,9 +82,7 @@ func expAsm(dst, src []float32, scale, shift float32) {
 	if n8 > 0 {
 		expAVX2(&dst[0], &src[0], n8, scale, shift)
 	}
-	for i := n8; i < len(src); i++ {
-		dst[i] = expf(float32(src[i]*scale) - shift)
-	}
+	expGo(dst[n8:], src[n8:], scale, shift)
 }
 
 func compactAsm(idx []int32, x []float32, thr float32) (int, float64) {

@@ -385,3 +385,31 @@ func BenchmarkSampleKernels(b *testing.B) {
 		})
 	}
 }
+
+// SumAt adds x over idx in four interleaved float64 partial sums; the
+// reference spells that order out, so the results must be bit-identical.
+func TestSumAt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	x := make([]float32, 300)
+	for i := range x {
+		x[i] = rng.Float32() * float32(1+i%7)
+	}
+	for _, n := range []int{0, 1, 3, 4, 5, 8, 9, 63, 64, 65, 300} {
+		idx := make([]int32, n)
+		for i := range idx {
+			idx[i] = int32(rng.IntN(len(x)))
+		}
+		var s [4]float64
+		for i, j := range idx {
+			r := i % 4
+			if i >= n&^3 {
+				r = 0
+			}
+			s[r] += float64(x[j])
+		}
+		want := (s[0] + s[1]) + (s[2] + s[3])
+		if got := SumAt(x, idx); got != want {
+			t.Errorf("n=%d: SumAt = %v, want %v", n, got, want)
+		}
+	}
+}
