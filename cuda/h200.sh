@@ -24,6 +24,8 @@ BIN=.carry/cuda
 export CHUNLIAN_CUDA_LIB_DIR=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib
 export PYTHONUNBUFFERED=1
 SF="--model weights/chunlian-base --backend cuda --max-num-seqs 1024 --max-num-batched-tokens 8192 --max-queue 8192 --kv-cache-memory 8GiB"
+# The wide-step server of s3 and wide (its own process on a known port).
+SFW="--model weights/chunlian-base --backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --addr 127.0.0.1:18080 --log-level warn"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu --format=csv | tee "$OUT/gpu.txt"
 nproc
@@ -128,8 +130,7 @@ s3)
 	# sequences per couplet, so 1000 users need more than 1024 per step.
 	# A server of our own (known port, --pprof) so that a CPU profile can be
 	# taken under load.
-	SF2="--model weights/chunlian-base --backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --pprof --addr 127.0.0.1:18080 --log-level warn"
-	$X/chunlian serve $SF2 > "$OUT/serve_wide.log" 2>&1 &
+	$X/chunlian serve $SFW --pprof > "$OUT/serve_wide.log" 2>&1 &
 	SPID=$!
 	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
 	timeout 50 $X/chunlian bench --url http://127.0.0.1:18080 --concurrency 300,1000,2000,3000 --duration 5s \
@@ -161,9 +162,8 @@ wide)
 	# ≤ 60 s: one couplet and the wide-step server at 1000 and 2000 users
 	# (a quick check of a host-side change; binaries as for s3).
 	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
-	for f in $BIN/chunlian.gz; do gunzip -c "$f" > /tmp/chunlian && chmod +x /tmp/chunlian; done
-	SF2="--model weights/chunlian-base --backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --addr 127.0.0.1:18080 --log-level warn"
-	/tmp/chunlian serve $SF2 > "$OUT/serve_wide.log" 2>&1 &
+	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
+	/tmp/chunlian serve $SFW > "$OUT/serve_wide.log" 2>&1 &
 	SPID=$!
 	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
 	timeout 40 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency 1,1000,2000 --duration 5s \
