@@ -75,20 +75,23 @@ func (r *recorder) sorted() []string {
 // random test model and with the shipped model (one couplet per request:
 // concurrent 横批 requests would batch differently from run to run, and
 // the CPU forward's rounding depends on the batch), and on the fake engine
-// (exact per-context rows: several couplets per request).
+// (exact per-context rows: several couplets per request). Each path has an
+// engine of its own, so that both see the same prefix-cache hits (a hit
+// changes which rows a step computes, and so the rounding).
 func TestForcerEquivalence(t *testing.T) {
 	type stack struct {
-		name string
-		m    *model.Model
-		e    engine.Engine
-		maxN int
+		name     string
+		m        *model.Model
+		e, eFull engine.Engine
+		maxN     int
 	}
+	fake := &fakeEngine{vocab: testModel.Tok.Size()}
 	stacks := []stack{
-		{"fake", testModel, &fakeEngine{vocab: testModel.Tok.Size()}, 3},
-		{"random-model", testModel, realStack(t, testModel), 1},
+		{"fake", testModel, fake, fake, 3},
+		{"random-model", testModel, realStack(t, testModel), realStack(t, testModel), 1},
 	}
 	if m, err := model.Default(); err == nil {
-		stacks = append(stacks, stack{"default-model", m, realStack(t, m), 1})
+		stacks = append(stacks, stack{"default-model", m, realStack(t, m), realStack(t, m), 1})
 	} else {
 		t.Logf("default model not available: %v", err)
 	}
@@ -100,7 +103,7 @@ func TestForcerEquivalence(t *testing.T) {
 			} else {
 				opts = []Option{WithBannerSources(testBannerSources()...)}
 			}
-			recFast, recFull := &recorder{Engine: st.e}, &recorder{Engine: noForcer{st.e}}
+			recFast, recFull := &recorder{Engine: st.e}, &recorder{Engine: noForcer{st.eFull}}
 			gFast, err := New(st.m, recFast, opts...)
 			if err != nil {
 				t.Fatal(err)

@@ -659,6 +659,13 @@ func (e *Paged) consume(logits []float32, rows int) {
 		row := int32(en.rowStart + en.plpTo - en.plpFrom)
 		en.taskLo = len(rs.tasks)
 		if r := s.r; !r.forked {
+			if len(s.tokens) < e.cfg.BlockSize {
+				// A prompt shorter than a block never becomes a full
+				// cached block; short prompts are the ones that come back
+				// (a keyword couplet's prompt is 6 tokens), so keep a
+				// copy of its block for the next request with it.
+				e.mgr.SnapshotTail(s.id)
+			}
 			en.scoreOnly = e.fork(s, now)
 			if !en.scoreOnly {
 				for _, c := range r.seqs {

@@ -198,17 +198,21 @@ func TestParallelSamplingSharesPrompt(t *testing.T) {
 	if peak != 3 {
 		t.Errorf("blocks in use right after the fork: %d, want 3 (prompt shared)", peak)
 	}
-	// A second request with 2 tokens each: decoding into the shared partial
-	// block must copy it for all but one sample.
+	// A second request with 2 tokens each. Its prompt finds the first one's
+	// partial last block (2 tokens, cached when its last sample left) and
+	// takes a copy of it (1 copy, 9 of 10 prompt tokens cached); then
+	// decoding into the shared partial block must copy it for all but one
+	// sample (3 copies).
 	req2 := &Request{Prompt: prompt, Params: sampler.Params{Temperature: 1, Seed: 43, N: 4, MaxTokens: 3}}
-	if _, err := e.Generate(context.Background(), req2); err != nil {
+	res2a, err := e.Generate(context.Background(), req2)
+	if err != nil {
 		t.Fatal(err)
 	}
 	fb.mu.Lock()
 	copies := fb.copies
 	fb.mu.Unlock()
-	if copies != 3 {
-		t.Errorf("copy-on-write copies: %d, want 3 (4 samples writing into one shared partial block)", copies)
+	if copies != 4 || res2a.CachedTokens != 9 {
+		t.Errorf("copies: %d, want 4 (1 of the cached partial block + 3 copy-on-write); cached tokens %d, want 9", copies, res2a.CachedTokens)
 	}
 	// Distinct seeds per sample: with temperature 1 over 24 tokens, four
 	// samples of three tokens all equal would be a bug (prob ~ 1e-12).
@@ -231,9 +235,14 @@ func TestPrefixCacheHits(t *testing.T) {
 		caching    bool
 		wantCached int
 	}{
-		{"aligned", 16, true, 12}, // the last block is recomputed for its logits
+		// The last prompt token is recomputed for its logits, from a
+		// copy of the cached block that holds it.
+		{"aligned", 16, true, 15},
+		// The first request's last block holds prompt token 16 and the
+		// generated ones: no cached block starts with 16, 17, 18 alone.
 		{"unaligned", 19, true, 16},
-		{"shorter than a block", 3, true, 0},
+		// The prompt's block was snapshot when its prefill ended.
+		{"shorter than a block", 3, true, 2},
 		{"off", 19, false, 0},
 	}
 	for _, tc := range cases {

@@ -91,23 +91,25 @@ type simSeq struct {
 // (which catches wrong copy-on-write and wrong prefix hits). When all
 // sequences end every block must be free.
 func TestRandomizedInvariants(t *testing.T) {
-	var hits, copies int
+	var hits, partial, copies int
 	for seed := uint64(1); seed <= 60; seed++ {
 		bs := []int{1, 2, 4, 16}[seed%4]
 		numBlocks := 8 + int(seed%5)*6
 		caching := seed%3 != 0
-		h, c := runRandom(t, seed, bs, numBlocks, caching)
+		h, p, c := runRandom(t, seed, bs, numBlocks, caching)
 		hits += h
+		partial += p
 		copies += c
 	}
-	// The mix must really exercise prefix hits and copy-on-write.
-	if hits == 0 || copies == 0 {
-		t.Errorf("random ops made %d prefix-hit tokens and %d copies", hits, copies)
+	// The mix must really exercise prefix hits (partial ones too) and
+	// copy-on-write.
+	if hits == 0 || partial == 0 || copies == 0 {
+		t.Errorf("random ops made %d prefix-hit tokens (%d from partial blocks) and %d copies", hits, partial, copies)
 	}
-	t.Logf("prefix-hit tokens %d, copy-on-write copies %d", hits, copies)
+	t.Logf("prefix-hit tokens %d (%d from partial blocks), block copies %d", hits, partial, copies)
 }
 
-func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits, cowCopies int) {
+func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits, partialHits, cowCopies int) {
 	r := rand.New(rand.NewPCG(seed, 99))
 	m := NewManager(numBlocks, bs, caching)
 	mem := make([]int32, numBlocks*bs) // token per slot
@@ -180,9 +182,13 @@ func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits
 				continue
 			}
 			hits += c
+			partialHits += hit.PartialLen
 			s.computed = c
 			live = append(live, s)
 			write(s, c, c+chunk)
+			if r.IntN(2) == 0 {
+				m.SnapshotTail(s.id) // its copy runs with the next write
+			}
 		case k < 6 && len(live) > 0: // continue prefill or decode one token
 			s := live[r.IntN(len(live))]
 			if s.computed == len(s.tokens) {
@@ -212,6 +218,7 @@ func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits
 			remove(i)
 			hit := m.ComputedBlocks(s.tokens)
 			c := hit.Tokens(bs)
+			partialHits += hit.PartialLen
 			s2 := &simSeq{id: s.id, tokens: s.tokens}
 			if m.Allocate(s2.id, len(s.tokens)-c, hit) {
 				live = append(live, s2)
@@ -232,7 +239,7 @@ func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits
 	if u := m.Usage(); u.UsedBlocks != 0 || u.LiveSlots != 0 {
 		fail("usage at the end %+v", u)
 	}
-	return hits, cowCopies
+	return hits, partialHits, cowCopies
 }
 
 // TestForkCopyOnWrite walks the n>1 case by hand.
@@ -313,5 +320,86 @@ func TestAllocateFailsCleanly(t *testing.T) {
 	}
 	if err := m.CheckInvariants(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPartialBlocks walks the partial-block cases of ComputedBlocks by hand
+// (block size 4): a freed sequence's partly computed last block, a snapshot
+// of a running short prompt, a full block covering all the prompt has left,
+// and eviction.
+func TestPartialBlocks(t *testing.T) {
+	seq7 := []int32{1, 2, 3, 4, 5, 6, 7}
+	cases := []struct {
+		name    string
+		setup   func(m *Manager)
+		prompt  []int32
+		full    int // full blocks hit
+		partial int // tokens taken from a partial block
+	}{
+		{"freed tail continued", func(m *Manager) { run(t, m, 1, seq7, 7); m.Free(1) }, []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, 1, 3},
+		{"freed tail, whole prompt", func(m *Manager) { run(t, m, 1, seq7, 7); m.Free(1) }, seq7, 1, 2},
+		{"freed tail, other tokens", func(m *Manager) { run(t, m, 1, seq7, 7); m.Free(1) }, []int32{1, 2, 3, 4, 5, 6, 9, 9}, 1, 0},
+		{"tail of a live seq is not cached", func(m *Manager) { run(t, m, 1, seq7, 7) }, []int32{1, 2, 3, 4, 5, 6, 7, 8}, 1, 0},
+		{"snapshot of a live short prompt", func(m *Manager) { run(t, m, 1, seq7[:3], 3); m.SnapshotTail(1) }, seq7[:3], 0, 2},
+		{"full block, all that is left", func(m *Manager) { run(t, m, 1, seq7[:4], 4); m.Free(1) }, seq7[:4], 0, 3},
+		{"caching off", nil, seq7, 0, 0},
+		{"evicted", func(m *Manager) {
+			run(t, m, 1, seq7, 7)
+			m.Free(1)
+			for i := 0; i < m.Pool().NumBlocks(); i++ {
+				m.Pool().Get()
+			}
+		}, []int32{1, 2, 3, 4, 5, 6, 7, 8}, 0, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewManager(4, 4, tc.setup != nil)
+			if tc.setup != nil {
+				tc.setup(m)
+			}
+			hit := m.ComputedBlocks(tc.prompt)
+			if len(hit.Blocks) != tc.full || hit.PartialLen != tc.partial {
+				t.Fatalf("hit %d full blocks + %d tokens, want %d + %d", len(hit.Blocks), hit.PartialLen, tc.full, tc.partial)
+			}
+			if tc.name == "evicted" {
+				return
+			}
+			m.TakeCopies()
+			if !m.Allocate(9, len(tc.prompt)-hit.Tokens(4), hit) {
+				t.Fatal("allocate")
+			}
+			src, dst := m.TakeCopies()
+			if tc.partial > 0 {
+				table := m.BlockTable(9)
+				if len(src) != 1 || src[0] != hit.PartialBlock || dst[0] != table[tc.full] || dst[0] == src[0] {
+					t.Errorf("copy %v → %v for partial block %d, table %v", src, dst, hit.PartialBlock, table)
+				}
+			} else if len(src) != 0 {
+				t.Errorf("%d copies without a partial hit", len(src))
+			}
+			if err := m.CheckInvariants(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// run admits seq with tokens and marks the first computed of them computed.
+func run(t *testing.T, m *Manager, seq SeqID, tokens []int32, computed int) {
+	t.Helper()
+	if !m.Allocate(seq, len(tokens), Computed{}) {
+		t.Fatal("allocate")
+	}
+	m.CacheBlocks(seq, tokens, computed)
+}
+
+func TestHashPrefixes(t *testing.T) {
+	toks := []int32{5, -1, 70000, 3}
+	out := make([]uint64, len(toks))
+	hashPrefixes(0xabc, toks, out)
+	for k := 1; k <= len(toks); k++ {
+		if want := HashBlock(0xabc, toks[:k]); out[k-1] != want {
+			t.Errorf("prefix %d: %x, want %x", k, out[k-1], want)
+		}
 	}
 }

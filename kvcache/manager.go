@@ -13,6 +13,12 @@ type seqState struct {
 	// hashes[i] is the chain hash of full block i, for i < len(hashes). A
 	// block is hashed once its tokens are all computed (CacheBlocks).
 	hashes []uint64
+	// computed and toks are what the last CacheBlocks call said: the K/V of
+	// toks[:computed] are in the cache. The caller never changes those
+	// tokens (it only appends), so keeping its slice is safe; Free and
+	// SnapshotTail read the tokens of the partial last block from it.
+	computed int
+	toks     []int32
 }
 
 // Manager keeps the block table of every live sequence on top of a
@@ -71,28 +77,37 @@ func (m *Manager) Slot(seq SeqID, pos int) int32 {
 }
 
 // Computed is the result of a prefix-cache lookup: the cached full blocks
-// holding the longest known prefix of a token sequence and their hashes.
+// holding the longest known prefix of a token sequence and their hashes,
+// then possibly a cached block whose first PartialLen tokens continue that
+// prefix (PartialLen 0: none). The partial block is never shared: Allocate
+// copies it into a block of the new sequence's own.
 type Computed struct {
-	Blocks []int32
-	Hashes []uint64
+	Blocks       []int32
+	Hashes       []uint64
+	PartialBlock int32
+	PartialLen   int
 }
 
 // Tokens is the number of prompt tokens the hit covers.
-func (c Computed) Tokens(blockSize int) int { return len(c.Blocks) * blockSize }
+func (c Computed) Tokens(blockSize int) int { return len(c.Blocks)*blockSize + c.PartialLen }
 
-// ComputedBlocks looks up the longest prefix of tokens whose full blocks are
-// cached. At least one token is always left uncovered, because the last
-// prompt token must be run to get the logits to sample from (vLLM does the
-// same). It takes no references: pass the result to Allocate in the same
-// step, before any other Allocate could evict the blocks.
+// ComputedBlocks looks up the longest cached prefix of tokens: full blocks
+// by their chain hashes, then the longest run of the next tokens that a
+// cached block starts with (a partial block left by Free or SnapshotTail,
+// or a full block whose tokens are all the prompt has left). At least one
+// token is always left uncovered, because the last prompt token must be run
+// to get the logits to sample from (vLLM does the same). It takes no
+// references: pass the result to Allocate in the same step, before any
+// other Allocate could evict the blocks.
 func (m *Manager) ComputedBlocks(tokens []int32) Computed {
 	var c Computed
 	if !m.caching {
 		return c
 	}
+	bs := m.blockSize
 	var parent uint64
-	for i := 0; (i+1)*m.blockSize <= len(tokens)-1; i++ {
-		h := HashBlock(parent, tokens[i*m.blockSize:(i+1)*m.blockSize])
+	for i := 0; (i+1)*bs <= len(tokens)-1; i++ {
+		h := HashBlock(parent, tokens[i*bs:(i+1)*bs])
 		id, ok := m.pool.Lookup(h)
 		if !ok {
 			break
@@ -101,7 +116,46 @@ func (m *Manager) ComputedBlocks(tokens []int32) Computed {
 		c.Hashes = append(c.Hashes, h)
 		parent = h
 	}
+	// The partial step: hashes of every prefix of the rest (up to a block),
+	// longest match first. A match on all that is left gives back its last
+	// token (recomputed for the logits).
+	rest := tokens[len(c.Blocks)*bs:]
+	n := min(bs, len(rest))
+	if n == 0 || n > maxPartial {
+		return c
+	}
+	var hs [maxPartial]uint64
+	hashPrefixes(parent, rest[:n], hs[:n])
+	for k := n; k >= 1; k-- {
+		var id int32
+		var ok bool
+		if k == bs {
+			id, ok = m.pool.Lookup(hs[k-1])
+		} else {
+			id, ok = m.pool.LookupPartial(hs[k-1], k)
+		}
+		if ok {
+			if use := min(k, len(rest)-1); use > 0 {
+				c.PartialBlock, c.PartialLen = id, use
+			}
+			break
+		}
+	}
 	return c
+}
+
+// maxPartial bounds the block sizes for which partial blocks are cached (a
+// stack array of prefix hashes; RegisterPartial stores the length in a byte).
+const maxPartial = 255
+
+// hashPrefixes sets out[k-1] = HashBlock(parent, toks[:k]) for every k in
+// 1..len(toks), in one pass (FNV-1a is a running hash).
+func hashPrefixes(parent uint64, toks []int32, out []uint64) {
+	h := fnvStart(parent)
+	for k, t := range toks {
+		h = fnvToken(h, t)
+		out[k] = h
+	}
 }
 
 // blocksFor is the number of blocks holding n tokens.
@@ -120,12 +174,15 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 	slots, have := 0, 0
 	needExtra := 0 // free blocks the computed hit takes off the free list
 	if isNew {
-		slots = len(computed.Blocks) * m.blockSize
+		slots = computed.Tokens(m.blockSize)
 		have = len(computed.Blocks)
 		for _, id := range computed.Blocks {
 			if m.pool.RefCount(id) == 0 {
 				needExtra++
 			}
+		}
+		if computed.PartialLen > 0 && m.pool.RefCount(computed.PartialBlock) == 0 {
+			needExtra++ // held off the free list while its copy is taken
 		}
 	} else {
 		slots, have = s.slots, len(s.blocks)
@@ -146,6 +203,19 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 		s.blocks = append(s.blocks, computed.Blocks...)
 		s.hashes = append(s.hashes, computed.Hashes...)
 		m.seqs[seq] = s
+		if computed.PartialLen > 0 {
+			// The cached block stays as it is (others may hit it too);
+			// the sequence gets a copy to write its next tokens into.
+			// Acquire first so that Get cannot hand out the source itself.
+			src := computed.PartialBlock
+			m.pool.Acquire(src)
+			dst, _ := m.pool.Get()
+			m.copySrc = append(m.copySrc, src)
+			m.copyDst = append(m.copyDst, dst)
+			m.pool.Release(src)
+			s.blocks = append(s.blocks, dst)
+			need--
+		}
 	}
 	if cow {
 		last := len(s.blocks) - 1
@@ -182,7 +252,8 @@ func (m *Manager) CacheBlocks(seq SeqID, tokens []int32, numComputed int) {
 	if !m.caching || s == nil {
 		return
 	}
-	full := min(numComputed, s.slots) / m.blockSize
+	s.computed, s.toks = min(numComputed, s.slots), tokens
+	full := s.computed / m.blockSize
 	for i := len(s.hashes); i < full; i++ {
 		var parent uint64
 		if i > 0 {
@@ -205,7 +276,7 @@ func (m *Manager) Fork(parent, child SeqID) {
 	if _, ok := m.seqs[child]; ok {
 		panic(fmt.Sprintf("kvcache: fork into live seq %d", child))
 	}
-	c := &seqState{slots: p.slots, blocks: append([]int32(nil), p.blocks...), hashes: append([]uint64(nil), p.hashes...)}
+	c := &seqState{slots: p.slots, blocks: append([]int32(nil), p.blocks...), hashes: append([]uint64(nil), p.hashes...), computed: p.computed, toks: p.toks}
 	for _, id := range c.blocks {
 		m.pool.Acquire(id)
 	}
@@ -214,16 +285,69 @@ func (m *Manager) Fork(parent, child SeqID) {
 
 // Free drops seq and releases its blocks, last block first so that the tail
 // of a sequence (least likely to be shared as a prefix) is evicted first.
-// Freeing an unknown seq is a no-op.
+// When seq was the last holder of a partly computed last block, that block
+// is registered as a partial block first, so that a later prompt that
+// continues seq's computed tokens (a follow-up request, or seq itself
+// readmitted after preemption) recomputes only what is new. Freeing an
+// unknown seq is a no-op.
 func (m *Manager) Free(seq SeqID) {
 	s := m.seqs[seq]
 	if s == nil {
 		return
 	}
+	if id, h, n, ok := m.tail(s); ok && m.pool.RefCount(id) == 1 {
+		m.pool.RegisterPartial(id, h, n)
+	}
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		m.pool.Release(s.blocks[i])
 	}
 	delete(m.seqs, seq)
+}
+
+// tail returns s's partly computed last block, the chain hash of its
+// computed tokens and their number; ok is false when there is none (caching
+// off, no CacheBlocks call yet, the computed tokens end on a block
+// boundary, or the block is already registered).
+func (m *Manager) tail(s *seqState) (id int32, h uint64, n int, ok bool) {
+	bs := m.blockSize
+	i, n := s.computed/bs, s.computed%bs
+	if !m.caching || n == 0 || s.toks == nil || bs > maxPartial || len(s.hashes) < i {
+		return 0, 0, 0, false
+	}
+	var parent uint64
+	if i > 0 {
+		parent = s.hashes[i-1]
+	}
+	return s.blocks[i], HashBlock(parent, s.toks[i*bs:s.computed]), n, true
+}
+
+// SnapshotTail caches a copy of seq's partly computed last block, which seq
+// itself will go on writing into: a free block is taken, registered as
+// that partial block and released, and a copy (TakeCopies) fills it before
+// the next forward pass. It is meant for short prompts that are likely to
+// come again (the engine calls it when a prompt shorter than a block is
+// computed). Nothing happens when the tail is already cached or no block is
+// free; evicting the least recently freed block for it is the price.
+func (m *Manager) SnapshotTail(seq SeqID) {
+	s := m.seqs[seq]
+	if s == nil {
+		return
+	}
+	id, h, n, ok := m.tail(s)
+	if !ok {
+		return
+	}
+	if _, hit := m.pool.LookupPartial(h, n); hit {
+		return
+	}
+	dst, got := m.pool.Get()
+	if !got {
+		return
+	}
+	m.copySrc = append(m.copySrc, id)
+	m.copyDst = append(m.copyDst, dst)
+	m.pool.RegisterPartial(dst, h, n)
+	m.pool.Release(dst)
 }
 
 // Usage describes how full the cache is.

@@ -16,6 +16,9 @@ type block struct {
 	ref    int32  // number of block tables holding this block
 	hash   uint64 // prefix-chain hash, valid when cached
 	cached bool   // registered in BlockPool.cached under hash
+	// plen is the number of leading tokens a cached block holds when it is
+	// registered as a partial block (RegisterPartial), 0 for a full block.
+	plen uint8
 	// Free-list links (block ids; none at the ends). Only meaningful while
 	// ref == 0, i.e. while the block is on the free list.
 	prev, next int32
@@ -26,7 +29,9 @@ type block struct {
 // Invariants (checked by CheckInvariants):
 //   - a block is on the free list ⇔ its ref is 0;
 //   - numFree equals the length of the free list;
-//   - cached[h] == id ⇔ blocks[id].cached && blocks[id].hash == h.
+//   - cached[h] == id ⇔ blocks[id].cached && blocks[id].hash == h;
+//   - a partial registration (plen > 0) is only made on a block nobody
+//     will write into below plen (see Manager.Free and SnapshotTail).
 //
 // A freed block keeps its hash and stays findable through Lookup until Get
 // evicts it for reuse. The free list is in eviction order: Get takes the head
@@ -97,7 +102,7 @@ func (p *BlockPool) Get() (id int32, ok bool) {
 	b := &p.blocks[id]
 	if b.cached {
 		delete(p.cached, b.hash)
-		b.cached = false
+		b.cached, b.plen = false, 0
 	}
 	b.ref = 1
 	return id, true
@@ -129,7 +134,20 @@ func (p *BlockPool) Release(id int32) {
 // Lookup finds the cached block holding the full block whose chain hash is h.
 func (p *BlockPool) Lookup(h uint64) (int32, bool) {
 	id, ok := p.cached[h]
+	if ok && p.blocks[id].plen != 0 {
+		return 0, false // a partial block under a colliding hash
+	}
 	return id, ok
+}
+
+// LookupPartial finds the cached partial block holding exactly n leading
+// tokens whose chain hash (HashBlock over those n tokens) is h.
+func (p *BlockPool) LookupPartial(h uint64, n int) (int32, bool) {
+	id, ok := p.cached[h]
+	if !ok || int(p.blocks[id].plen) != n {
+		return 0, false
+	}
+	return id, true
 }
 
 // Register makes the full, referenced block id findable under h. When h is
@@ -144,7 +162,28 @@ func (p *BlockPool) Register(id int32, h uint64) bool {
 	if _, dup := p.cached[h]; dup {
 		return false
 	}
-	b.hash, b.cached = h, true
+	b.hash, b.cached, b.plen = h, true, 0
+	p.cached[h] = id
+	return true
+}
+
+// RegisterPartial makes block id findable by LookupPartial(h, n): its first
+// n tokens (0 < n < 256) are those HashBlock hashed into h. The caller
+// guarantees that nobody writes those n slots until Get hands the block out
+// again (Get drops the registration). Like Register, an existing entry
+// under h wins; it reports whether id was registered.
+func (p *BlockPool) RegisterPartial(id int32, h uint64, n int) bool {
+	if n <= 0 || n > 255 {
+		panic(fmt.Sprintf("kvcache: partial registration of %d tokens", n))
+	}
+	b := &p.blocks[id]
+	if b.cached {
+		return b.hash == h && int(b.plen) == n
+	}
+	if _, dup := p.cached[h]; dup {
+		return false
+	}
+	b.hash, b.cached, b.plen = h, true, uint8(n)
 	p.cached[h] = id
 	return true
 }
@@ -207,18 +246,31 @@ func (p *BlockPool) CheckInvariants(refs []int) error {
 // prompt's K/V for one block, degrading that output, never crashing.
 func HashBlock(parent uint64, tokens []int32) uint64 {
 	// FNV-1a written out to avoid hash.Hash64's allocation on the hot path.
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
+	h := fnvStart(parent)
+	for _, t := range tokens {
+		h = fnvToken(h, t)
+	}
+	return h
+}
+
+const fnvOffset, fnvPrime = 14695981039346656037, 1099511628211
+
+// fnvStart is the FNV-1a state after the parent hash's 8 bytes.
+func fnvStart(parent uint64) uint64 {
+	h := uint64(fnvOffset)
 	for i := 0; i < 8; i++ {
 		h ^= parent >> (8 * i) & 0xff
-		h *= prime
+		h *= fnvPrime
 	}
-	for _, t := range tokens {
-		u := uint32(t)
-		for i := 0; i < 4; i++ {
-			h ^= uint64(u>>(8*i)) & 0xff
-			h *= prime
-		}
+	return h
+}
+
+// fnvToken feeds one token id's 4 little-endian bytes into state h.
+func fnvToken(h uint64, t int32) uint64 {
+	u := uint32(t)
+	for i := 0; i < 4; i++ {
+		h ^= uint64(u>>(8*i)) & 0xff
+		h *= fnvPrime
 	}
 	return h
 }
