@@ -140,4 +140,5 @@ func benchConcurrent10(b *testing.B, wrap func(engine.Engine) engine.Engine) {
 	b.ReportMetric(n/b.Elapsed().Seconds(), "couplets/s")
 	b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/1000/n, "cpu-ms/couplet")
 	b.ReportMetric(float64(st.Steps-st0.Steps)/float64(b.N), "steps/round")
+	b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/n, "rows/couplet")
 }

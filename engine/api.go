@@ -92,7 +92,19 @@ type Stats struct {
 	Preemptions                   int64
 	PromptTokens, GenTokens       int64
 	Steps                         int64
+	// ComputedTokens counts the token rows run through the model (prompt
+	// tokens not served by the prefix cache, fed-back generated tokens,
+	// recomputed ones after preemption): the forward pass's work.
+	ComputedTokens int64
+	// StepSeconds is the engine goroutine's wall time in each phase of its
+	// steps, summed: schedule (batch and block tables), forward (the
+	// backend's Forward, logits back on the host included) and consume
+	// (sampling workers, processors, tokens to callers).
+	StepSeconds StepPhases
 }
+
+// StepPhases is wall time per phase of an engine step, in seconds.
+type StepPhases struct{ Schedule, Forward, Consume float64 }
 
 // Engine is implemented by the paged continuous-batching engine and by the
 // naive baseline, so the service and benchmarks can swap them.

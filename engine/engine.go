@@ -101,6 +101,8 @@ type Paged struct {
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
+	computedTokens                         int64
+	phases                                 StepPhases
 }
 
 type seqState uint8
@@ -476,6 +478,7 @@ func (e *Paged) preempt(s *sequence) {
 
 // step schedules one batch, runs it and consumes its logits.
 func (e *Paged) step() {
+	t0 := time.Now()
 	budget := e.cfg.MaxNumBatchedTokens
 	maxSeqs := e.cfg.MaxNumSeqs
 	e.sched = e.sched[:0]
@@ -560,14 +563,21 @@ func (e *Paged) step() {
 		e.logits = make([]float32, rows*e.vocab)
 	}
 	logits := e.logits[:rows*e.vocab]
+	t1 := time.Now()
 	if err := e.b.Forward(&e.batch, logits); err != nil {
 		e.failAll(fmt.Errorf("engine: forward: %w", err))
 		return
 	}
 	e.steps++
+	e.computedTokens += int64(len(e.batch.Tokens))
+	t2 := time.Now()
 
 	e.consume(logits, rows)
 	e.compact()
+	t3 := time.Now()
+	e.phases.Schedule += t1.Sub(t0).Seconds()
+	e.phases.Forward += t2.Sub(t1).Seconds()
+	e.phases.Consume += t3.Sub(t2).Seconds()
 	for _, c := range e.children {
 		if c.state == stRunning {
 			e.running = append(e.running, c)
@@ -816,6 +826,8 @@ func (e *Paged) publish() {
 		PromptTokens:     e.promptTokens,
 		GenTokens:        e.genTokens,
 		Steps:            e.steps,
+		ComputedTokens:   e.computedTokens,
+		StepSeconds:      e.phases,
 	}
 	e.statsMu.Lock()
 	e.stats = st

@@ -610,6 +610,16 @@ func TestTimingsAndStats(t *testing.T) {
 		if st.GenTokens != 12 || st.PromptTokens != 7 || st.KVBlocksTotal != 64 {
 			t.Errorf("%T: stats %+v", e, st)
 		}
+		// Rows through the model: the paged engine runs the prompt once
+		// and the 5 fed-back tokens of each sample; the naive one reruns
+		// each sample's whole sequence: Σ_{L=7..12} L per sample.
+		wantRows := map[bool]int64{true: 7 + 2*5, false: 2 * (7 + 8 + 9 + 10 + 11 + 12)}[e == Engine(p)]
+		if st.ComputedTokens != wantRows {
+			t.Errorf("%T: computed tokens %d, want %d", e, st.ComputedTokens, wantRows)
+		}
+		if ph := st.StepSeconds; e == Engine(p) && (ph.Schedule <= 0 || ph.Forward <= 0 || ph.Consume <= 0) {
+			t.Errorf("step phase times %+v", ph)
+		}
 		if err := e.Close(); err != nil {
 			t.Fatal(err)
 		}

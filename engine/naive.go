@@ -241,6 +241,7 @@ func (e *Naive) forwardAll(tokens []int32, scorePrompt bool, promptLen int) ([]f
 	}
 	e.statsMu.Lock()
 	e.stats.Steps++
+	e.stats.ComputedTokens += int64(L) // the whole sequence, every step
 	e.stats.KVBlocksUsed = nb
 	e.stats.KVSlotsLive, e.stats.KVSlotsAllocated = L, nb*bs
 	e.statsMu.Unlock()

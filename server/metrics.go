@@ -86,6 +86,8 @@ var (
 	descPromptTok = prometheus.NewDesc("chunlian:prompt_tokens_total", "Prompt tokens processed.", nil, nil)
 	descGenTok    = prometheus.NewDesc("chunlian:generation_tokens_total", "Tokens generated.", nil, nil)
 	descSteps     = prometheus.NewDesc("chunlian:engine_steps_total", "Engine steps (forward passes).", nil, nil)
+	descComputed  = prometheus.NewDesc("chunlian:engine_computed_tokens_total", "Token rows run through the model (prompt tokens not served by the prefix cache, fed-back and recomputed tokens).", nil, nil)
+	descStepSec   = prometheus.NewDesc("chunlian:engine_step_seconds_total", "Engine goroutine wall time by step phase: schedule, forward (logits on the host included), consume (sampling, rules, delivery).", []string{"phase"}, nil)
 	descReady     = prometheus.NewDesc("chunlian:ready", "1 when the model is loaded and warmed up and the server is not draining.", nil, nil)
 	descGPUUtil   = prometheus.NewDesc("chunlian:gpu_utilization_perc", "GPU utilisation, 0..100 (only on a GPU backend).", nil, nil)
 	descGPUMem    = prometheus.NewDesc("chunlian:gpu_memory_used_bytes", "GPU memory used (only on a GPU backend).", nil, nil)
@@ -94,7 +96,7 @@ var (
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descKVUsage, descKVBlocks, descPrefixQ, descPrefixH,
-		descPreempt, descPromptTok, descGenTok, descSteps, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
+		descPreempt, descPromptTok, descGenTok, descSteps, descComputed, descStepSec, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
 		ch <- d
 	}
 }
@@ -126,6 +128,13 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	cn(descPromptTok, float64(st.PromptTokens))
 	cn(descGenTok, float64(st.GenTokens))
 	cn(descSteps, float64(st.Steps))
+	cn(descComputed, float64(st.ComputedTokens))
+	for _, ph := range []struct {
+		name string
+		v    float64
+	}{{"schedule", st.StepSeconds.Schedule}, {"forward", st.StepSeconds.Forward}, {"consume", st.StepSeconds.Consume}} {
+		ch <- prometheus.MustNewConstMetric(descStepSec, prometheus.CounterValue, ph.v, ph.name)
+	}
 	ready := 0.0
 	if c.s.Ready() {
 		ready = 1

@@ -151,7 +151,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	for _, name := range []string{"chunlian:prompt_tokens_total", "chunlian:generation_tokens_total",
 		"chunlian:time_to_first_token_seconds_count", "chunlian:e2e_request_latency_seconds_count",
 		"chunlian:request_queue_time_seconds_count", "chunlian:time_per_output_token_seconds_count",
-		"chunlian:prefix_cache_queries_total", "chunlian:engine_steps_total", "chunlian:ready", "process_cpu_seconds_total"} {
+		"chunlian:prefix_cache_queries_total", "chunlian:engine_steps_total", "chunlian:engine_computed_tokens_total", `chunlian:engine_step_seconds_total{phase="forward"}`, `chunlian:engine_step_seconds_total{phase="consume"}`, "chunlian:ready", "process_cpu_seconds_total"} {
 		if v := value(name); v <= 0 {
 			t.Errorf("%s = %v, want > 0", name, v)
 		}
