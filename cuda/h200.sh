@@ -8,7 +8,9 @@
 #                             # transformers baselines, HTTP 1..1000 users for this build,
 #                             # the previous build ($BASE, see build_device.sh) and naive,
 #                             # engine lines, couplet pipeline with a CPU profile
-#   bash cuda/h200.sh wide    # ≤ 70 s: 1 user and 300/1000/2000 users on the wide-step server
+#   bash cuda/h200.sh wide    # ≤ 140 s: the wide-step server, 1 user and 300/1000/2000 users,
+#                             # /metrics around each; then the BASE build at the same levels
+#                             # when one was built
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -159,17 +161,36 @@ s3)
 	fi
 	;;
 wide)
-	# ≤ 70 s: one couplet and the wide-step server at 300, 1000 and 2000 users
+	# ≤ 90 s: one couplet and the wide-step server at 300, 1000 and 2000 users
 	# (a quick check of a host-side change; binaries as for s3).
 	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
 	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
 	/tmp/chunlian serve $SFW > "$OUT/serve_wide.log" 2>&1 &
 	SPID=$!
 	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
-	timeout 50 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency 1,300,1000,2000 --duration 5s \
-		--warmup 1s --quiet --json "$OUT/http_wide.json" --out "$OUT/http_wide.md" > "$OUT/http_wide.log" 2>&1
-	echo "http wide rc=$?"; grep -E "^\| target" "$OUT/http_wide.md"
+	# One bench per level, /metrics scraped around each (engine step phases,
+	# computed rows, prefix-cache hits: per-level deltas).
+	for C in 1 300 1000 2000; do
+		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${C}_a.txt"
+		timeout 20 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $C --duration 5s \
+			--warmup 1s --quiet --json "$OUT/http_wide_$C.json" --out "$OUT/http_wide_$C.md" > "$OUT/http_wide_$C.log" 2>&1
+		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${C}_b.txt"
+		grep -E "^\| target" "$OUT/http_wide_$C.md" | tail -1
+	done
+	pack
 	kill $SPID; wait $SPID 2>/dev/null
+	# The comparison build (BASE=<commit> bash cuda/build_device.sh), same flags.
+	if [ -f $BIN/chunlian-base.gz ]; then
+		gunzip -c $BIN/chunlian-base.gz > /tmp/chunlian-base && chmod +x /tmp/chunlian-base
+		cp $BIN/BASE.txt "$OUT/" 2>/dev/null
+		/tmp/chunlian-base serve $SFW > "$OUT/serve_base.log" 2>&1 &
+		SPID=$!
+		for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+		timeout 45 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency 1,300,1000,2000 --duration 5s \
+			--warmup 1s --quiet --json "$OUT/http_base.json" --out "$OUT/http_base.md" > "$OUT/http_base.log" 2>&1
+		echo "base:"; grep -E "^\| target" "$OUT/http_base.md"
+		kill $SPID; wait $SPID 2>/dev/null
+	fi
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see

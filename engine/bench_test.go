@@ -169,7 +169,7 @@ func BenchmarkRequests(b *testing.B) {
 func BenchmarkKVEfficiency(b *testing.B) {
 	const users, promptLen, genLen = 32, 12, 24
 	m := model.NewRandom(model.TestConfig(), 1)
-	for _, bs := range []int{4, 8, 16} {
+	for _, bs := range []int{1, 2, 4, 8, 16} {
 		b.Run(fmt.Sprintf("block=%d", bs), func(b *testing.B) {
 			be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs})
 			if err != nil {
