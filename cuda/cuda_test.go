@@ -475,23 +475,40 @@ func TestEngineGreedyMatchesCPU(t *testing.T) {
 		}
 		prompts = append(prompts, p)
 	}
-	og, oc := gen(eg, prompts), gen(ec, prompts)
-	if og.err != nil || oc.err != nil {
-		t.Fatalf("generate: cuda %v, cpu %v", og.err, oc.err)
-	}
-	for i := range prompts {
-		if !slices.Equal(og.toks[i], oc.toks[i]) {
-			t.Errorf("prompt %d: cuda %v, cpu %v", i, og.toks[i], oc.toks[i])
-			continue
+	compare := func(round string, prompts [][]int32) out {
+		og, oc := gen(eg, prompts), gen(ec, prompts)
+		if og.err != nil || oc.err != nil {
+			t.Fatalf("%s: generate: cuda %v, cpu %v", round, og.err, oc.err)
 		}
-		// The cuda engine's log-probs come from the GPU's row
-		// log-sum-exp (forward.RowLSEBackend), the CPU engine's from the
-		// host's.
-		for j := range og.lps[i] {
-			if d := math.Abs(float64(og.lps[i][j] - oc.lps[i][j])); !(d <= 1e-3) {
-				t.Errorf("prompt %d token %d: log-prob cuda %v, cpu %v", i, j, og.lps[i][j], oc.lps[i][j])
+		for i := range prompts {
+			if !slices.Equal(og.toks[i], oc.toks[i]) {
+				t.Errorf("%s prompt %d: cuda %v, cpu %v", round, i, og.toks[i], oc.toks[i])
+				continue
+			}
+			// The cuda engine's log-probs come from the GPU's row
+			// log-sum-exp (forward.RowLSEBackend), the CPU engine's from
+			// the host's.
+			for j := range og.lps[i] {
+				if d := math.Abs(float64(og.lps[i][j] - oc.lps[i][j])); !(d <= 1e-3) {
+					t.Errorf("%s prompt %d token %d: log-prob cuda %v, cpu %v", round, i, j, og.lps[i][j], oc.lps[i][j])
+				}
 			}
 		}
+		return og
+	}
+	og := compare("first round", prompts)
+	// A second round served partly from the blocks the first one left in
+	// the prefix cache, partial ones included (copied on the GPU by
+	// CopyBlocks): each prompt again, and each prompt continued by its
+	// completion (the freed last block of its first-round sequence).
+	var round2 [][]int32
+	for i, p := range prompts {
+		round2 = append(round2, p, append(slices.Clone(p), og.toks[i]...))
+	}
+	hits0 := eg.Stats().PrefixHits
+	compare("second round", round2)
+	if eg.Stats().PrefixHits == hits0 {
+		t.Error("second round: no prefix-cache hits on the cuda engine")
 	}
 }
 

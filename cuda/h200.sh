@@ -165,6 +165,11 @@ wide)
 	# (a quick check of a host-side change; binaries as for s3).
 	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
 	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
+	if [ -f $BIN/cuda.test.gz ]; then # GPU = CPU through the engine (prefix-cache hits included)
+		gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
+		timeout 60 /tmp/cuda.test -test.run 'TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+		grep -E "^(--- |ok|FAIL|PASS)" "$OUT/cuda_test.log"
+	fi
 	/tmp/chunlian serve $SFW > "$OUT/serve_wide.log" 2>&1 &
 	SPID=$!
 	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
