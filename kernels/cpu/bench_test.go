@@ -80,17 +80,25 @@ func BenchmarkRMSNorm(b *testing.B) {
 	}
 }
 
+// BenchmarkSiLUMul runs SiLUMul on every elementwise set (go, asm, simd)
+// in one run: n = 1024 is one decode row of the shipped model (ffn 1024),
+// 10240 ten rows (10 users), 64·1408 a prefill chunk (pool-split).
 func BenchmarkSiLUMul(b *testing.B) {
-	for _, n := range []int{1408, 64 * 1408} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			r := rand.New(rand.NewPCG(1, 2))
-			g, u := randSlice(r, n), randSlice(r, n)
-			out := make([]float32, n)
-			b.SetBytes(int64(4 * n))
-			for b.Loop() {
-				SiLUMul(out, g, u)
-			}
-		})
+	for _, set := range elemSets {
+		for _, n := range []int{1024, 10 * 1024, 64 * 1408} {
+			b.Run(fmt.Sprintf("%s/%d", set.name, n), func(b *testing.B) {
+				old := elem
+				elem = set
+				defer func() { elem = old }()
+				r := rand.New(rand.NewPCG(1, 2))
+				g, u := randSlice(r, n), randSlice(r, n)
+				out := make([]float32, n)
+				b.SetBytes(int64(4 * n))
+				for b.Loop() {
+					SiLUMul(out, g, u)
+				}
+			})
+		}
 	}
 }
 

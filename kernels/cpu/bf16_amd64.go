@@ -159,3 +159,15 @@ func permDot(xr []float32, wr []uint16, p0 int) float32 {
 	}
 	return s
 }
+
+// permuteAVX2 does permuteX's deinterleave for chunks whole 32-float
+// chunks of one row (elementwise_amd64.s); permuteX calls it where
+// permuteAsm is set and does the k tail in Go.
+//
+//go:noescape
+func permuteAVX2(dst, src *float32, chunks int)
+
+// permuteAsm: permuteX may use permuteAVX2 (AVX2 present). The permuting
+// kernels exist only with AVX2 (asm) or archsimd (AVX2 too), so the scalar
+// loop remains for tests and other CPUs.
+var permuteAsm = asmAVX2

@@ -59,7 +59,10 @@
 // the caller; bigger ones are split over the pool by weight rows.
 //
 // Dot and Axpy (attention's inner loops) also have AVX2 assembly versions
-// in the default build (elementwise_amd64.s).
+// in the default build (elementwise_amd64.s), and so does SiLUMul
+// (siluMulAVX2 in sample_amd64.s, on the vector exp below: same formula
+// and order as the Go loop, within 2.4e-7 relative of it and 1.6e-7 of
+// float64 silu; 0.41 vs 6.0 µs for one 1024-float row).
 //
 // # Softmax and the sampler's kernels
 //

@@ -8,10 +8,13 @@ import "os"
 // time) for the default build, which otherwise has only plain-Go loops:
 // attention calls them once per (query head, context position) on
 // head-sized vectors (64 floats for the shipped model), and in plain Go
-// they took ~15% of a batch-1 decode step. The other elementwise kernels
-// stay plain Go here (their share of a step is smaller). Where the build
-// also has GOEXPERIMENT=simd, the archsimd set (elementwise_simd_amd64.go,
-// initialised after this file) takes over.
+// they took ~15% of a batch-1 decode step. SiLUMul's loop is assembly too
+// (siluMulAsm, sample_amd64.s, on the sampler's vector exp): in plain Go it
+// was ~5% of the server's CPU at 10 users, run serially by the engine
+// goroutine. The other elementwise kernels (RMSNorm's sum of squares and
+// scale, RoPE, Add) stay plain Go here: each under 0.5% of that profile.
+// Where the build also has GOEXPERIMENT=simd, the archsimd set
+// (elementwise_simd_amd64.go, initialised after this file) takes over.
 
 //go:noescape
 func dotAVX2(a, b *float32, n int) float32
@@ -24,6 +27,7 @@ var asmElem = func() elemKernels {
 	e.name, e.dot, e.axpy = "asm", dotAsm, axpyAsm
 	e.softmax, e.scanMax, e.expSum, e.exp, e.compact = softmaxAsm, scanMaxAsm, expSumAsm, expAsm, compactAsm
 	e.compactVals = compactValsAsm
+	e.siluMul = siluMulAsm
 	return e
 }()
 
@@ -62,3 +66,8 @@ func axpyAsm(alpha float32, x, y []float32) {
 		y[i] += alpha * x[i]
 	}
 }
+
+// spinPause executes n PAUSE instructions (n ≤ 0: none); see pool.go.
+//
+//go:noescape
+func spinPause(n int)

@@ -82,3 +82,52 @@ tail:
 done:
 	VZEROUPPER
 	RET
+
+// func spinPause(n int)
+// n PAUSE instructions: the pool's polling loops (pool.go) between loads.
+TEXT ·spinPause(SB), NOSPLIT, $0-8
+	MOVQ n+0(FP), CX
+	TESTQ CX, CX
+	JLE pdone
+ploop:
+	PAUSE
+	DECQ CX
+	JNZ ploop
+pdone:
+	RET
+
+// func permuteAVX2(dst, src *float32, chunks int)
+// permuteX's deinterleave of chunks whole 32-float chunks: dst[c+l] =
+// src[c+2l], dst[c+16+l] = src[c+2l+1] (l < 16). VSHUFPS picks the even
+// (0x88) or odd (0xDD) floats of two vectors per 128-bit lane and VPERMPD
+// puts the lanes' pairs in order.
+TEXT ·permuteAVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ chunks+16(FP), CX
+	TESTQ CX, CX
+	JLE pmdone
+pmloop:
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VSHUFPS $0x88, Y1, Y0, Y4 // x0 x2 x8 x10 | x4 x6 x12 x14
+	VSHUFPS $0xDD, Y1, Y0, Y5 // x1 x3 x9 x11 | x5 x7 x13 x15
+	VSHUFPS $0x88, Y3, Y2, Y6
+	VSHUFPS $0xDD, Y3, Y2, Y7
+	VPERMPD $0xD8, Y4, Y4 // x0 x2 x4 … x14
+	VPERMPD $0xD8, Y5, Y5
+	VPERMPD $0xD8, Y6, Y6
+	VPERMPD $0xD8, Y7, Y7
+	VMOVUPS Y4, (DI)
+	VMOVUPS Y6, 32(DI)
+	VMOVUPS Y5, 64(DI)
+	VMOVUPS Y7, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DI
+	DECQ CX
+	JNZ pmloop
+	VZEROUPPER
+pmdone:
+	RET

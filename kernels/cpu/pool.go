@@ -1,7 +1,10 @@
 package cpu
 
 import (
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,11 +50,61 @@ var (
 	pending atomic.Int32  // parts of the current call not yet finished by workers
 )
 
-// poolSpin is how long an idle worker polls for a next part before it
-// parks: long enough to span the gaps between the GEMMs of a decode step
-// (attention, norms: a few to ~30 µs), short enough that a worker idles
-// only briefly after a step.
-const poolSpin = 200 * time.Microsecond
+// The spin policy. poolSpin is how long an idle worker polls for a next
+// part before it parks: long enough to span the gaps between the GEMMs of
+// a decode step (attention, norms: a few to ~30 µs), short enough that a
+// worker idles only briefly after a step. poolYield is the number of polls
+// between runtime.Gosched calls (worker and caller), poolPause the PAUSE
+// instructions per poll (amd64; 0 = none), and poolHint makes workers spin
+// only while a forward pass is in flight (InForward) and park at once
+// otherwise. CHUNLIAN_POOL overrides them for experiments, e.g.
+// CHUNLIAN_POOL=spin=50us,yield=64,pause=10,hint=1 (parsePoolEnv).
+var (
+	poolSpin  = 200 * time.Microsecond
+	poolYield = 64
+	poolPause = 0
+	poolHint  = false
+
+	forwardDepth atomic.Int32 // forward passes in flight (InForward)
+)
+
+// InForward tells the pool that a forward pass is in flight until the
+// returned function is called (defer cpu.InForward()()). With the hint
+// policy, workers spin for their next part only inside such a window.
+// Calls may nest and come from several goroutines; nothing allocates.
+func InForward() (done func()) {
+	forwardDepth.Add(1)
+	return endForward
+}
+
+func endForward() { forwardDepth.Add(-1) }
+
+func init() { parsePoolEnv(os.Getenv("CHUNLIAN_POOL")) }
+
+// parsePoolEnv sets the spin policy from a comma-separated list of
+// key=value (spin=DURATION, yield=N, pause=N, hint=0|1); unknown keys and
+// bad values are ignored.
+func parsePoolEnv(v string) {
+	for _, kv := range strings.Split(v, ",") {
+		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		switch k {
+		case "spin":
+			if d, err := time.ParseDuration(val); err == nil && d >= 0 {
+				poolSpin = d
+			}
+		case "yield":
+			if n, err := strconv.Atoi(val); err == nil && n >= 1 {
+				poolYield = n
+			}
+		case "pause":
+			if n, err := strconv.Atoi(val); err == nil && n >= 0 {
+				poolPause = n
+			}
+		case "hint":
+			poolHint = val == "1" || val == "true"
+		}
+	}
+}
 
 // Worker states (poolWorker.state).
 const (
@@ -98,16 +151,21 @@ func Threads() int { return int(threads.Load()) }
 func (w *poolWorker) loop() {
 	for {
 		var t0 time.Time
-		for polls := 0; w.state.Load() != wPosted; polls++ {
-			if polls&63 != 63 {
+		for polls := 1; w.state.Load() != wPosted; polls++ {
+			if poolPause > 0 {
+				spinPause(poolPause)
+			}
+			idle := poolHint && forwardDepth.Load() == 0
+			if polls%poolYield != 0 && !idle {
 				continue
 			}
-			if t0.IsZero() {
+			if t0.IsZero() && !idle {
 				t0 = time.Now()
-			} else if time.Since(t0) > poolSpin {
+			} else if idle || time.Since(t0) > poolSpin {
 				if w.state.CompareAndSwap(wSpinning, wParked) {
 					<-w.wake // the poster stored wPosted before sending
 				}
+				t0 = time.Time{}
 				continue
 			}
 			runtime.Gosched()
@@ -145,8 +203,11 @@ func runParts(j job, parts int) {
 	j.run(0, parts)
 	// The workers' parts are about as long as ours: poll, yielding the P
 	// now and then (a worker may be waiting for it, e.g. with GOMAXPROCS=1).
-	for polls := 0; pending.Load() != 0; polls++ {
-		if polls&63 == 63 {
+	for polls := 1; pending.Load() != 0; polls++ {
+		if poolPause > 0 {
+			spinPause(poolPause)
+		}
+		if polls%poolYield == 0 {
 			runtime.Gosched()
 		}
 	}

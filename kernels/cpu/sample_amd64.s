@@ -473,3 +473,58 @@ done:
 	VZEROUPPER
 	MOVQ CX, cnt+40(FP)
 	RET
+
+// func siluMulAVX2(out, gate, up *float32, n int)
+// out[i] = g/(1+exp(−g))·up[i], g = gate[i], in the order of siluMulGo
+// (divide, then multiply); exp(−g) is EXP8 with Y15 = −1, Y14 = 0. out
+// may alias gate or up (each block is loaded before it is stored).
+TEXT ·siluMulAVX2(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), BX
+	MOVQ n+24(FP), CX
+	SHLQ $2, CX // bytes
+	MOVL $0xbf800000, AX // −1.0
+	MOVQ AX, X15
+	VBROADCASTSS X15, Y15
+	VXORPS Y14, Y14, Y14
+	VMOVUPS ·expC+0(SB), Y13
+	VMOVUPS ·expC+32(SB), Y12
+	XORQ AX, AX
+	MOVQ CX, DX
+	ANDQ $-64, DX // bytes in whole 16-float blocks
+	CMPQ AX, DX
+	JGE tail
+loop16:
+	VMOVUPS (SI)(AX*1), Y8
+	VMOVUPS 32(SI)(AX*1), Y9
+	VMOVAPS Y8, Y0
+	VMOVAPS Y9, Y4
+	EXP8(Y0, Y1, Y2, Y3)
+	EXP8(Y4, Y5, Y6, Y7)
+	VADDPS ·expC+352(SB), Y3, Y3 // 1 + e
+	VADDPS ·expC+352(SB), Y7, Y7
+	VDIVPS Y3, Y8, Y3 // g / (1 + e)
+	VDIVPS Y7, Y9, Y7
+	VMULPS (BX)(AX*1), Y3, Y3
+	VMULPS 32(BX)(AX*1), Y7, Y7
+	VMOVUPS Y3, (DI)(AX*1)
+	VMOVUPS Y7, 32(DI)(AX*1)
+	ADDQ $64, AX
+	CMPQ AX, DX
+	JLT loop16
+tail:
+	CMPQ AX, CX
+	JGE done
+	VMOVUPS (SI)(AX*1), Y8
+	VMOVAPS Y8, Y0
+	EXP8(Y0, Y1, Y2, Y3)
+	VADDPS ·expC+352(SB), Y3, Y3
+	VDIVPS Y3, Y8, Y3
+	VMULPS (BX)(AX*1), Y3, Y3
+	VMOVUPS Y3, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP tail
+done:
+	VZEROUPPER
+	RET
