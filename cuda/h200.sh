@@ -10,7 +10,7 @@
 #                             # engine lines, couplet pipeline with a CPU profile
 #   bash cuda/h200.sh wide    # ≤ 140 s: the wide-step server, 1 user and 300/1000/2000 users,
 #                             # /metrics around each; then the BASE build at the same levels
-#                             # when one was built
+#                             # when one was built (WIDE_LEVELS="300 1000" picks the levels)
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -175,7 +175,8 @@ wide)
 	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
 	# One bench per level, /metrics scraped around each (engine step phases,
 	# computed rows, prefix-cache hits: per-level deltas).
-	for C in 1 300 1000 2000; do
+	LEVELS=${WIDE_LEVELS:-1 300 1000 2000}
+	for C in $LEVELS; do
 		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${C}_a.txt"
 		timeout 20 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $C --duration 5s \
 			--warmup 1s --quiet --json "$OUT/http_wide_$C.json" --out "$OUT/http_wide_$C.md" > "$OUT/http_wide_$C.log" 2>&1
@@ -191,7 +192,7 @@ wide)
 		/tmp/chunlian-base serve $SFW > "$OUT/serve_base.log" 2>&1 &
 		SPID=$!
 		for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
-		timeout 45 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency 1,300,1000,2000 --duration 5s \
+		timeout 45 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $(echo $LEVELS | tr ' ' ,) --duration 5s \
 			--warmup 1s --quiet --json "$OUT/http_base.json" --out "$OUT/http_base.md" > "$OUT/http_base.log" 2>&1
 		echo "base:"; grep -E "^\| target" "$OUT/http_base.md"
 		kill $SPID; wait $SPID 2>/dev/null
