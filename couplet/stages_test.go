@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"syscall"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"chunlian/engine"
+	"chunlian/forward"
 )
 
 // cpuTime is the process's user + system CPU time so far. On a shared
@@ -141,4 +143,75 @@ func benchConcurrent10(b *testing.B, wrap func(engine.Engine) engine.Engine) {
 	b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/1000/n, "cpu-ms/couplet")
 	b.ReportMetric(float64(st.Steps-st0.Steps)/float64(b.N), "steps/round")
 	b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/n, "rows/couplet")
+}
+
+// BenchmarkKVEfficiencyCouplets: the service's own workload (ten users,
+// keyword couplets with the service defaults, shipped model) at several KV
+// block sizes: the share of allocated KV slots holding live tokens,
+// averaged over Stats snapshots taken every 200 µs while couplets run
+// (engine.Stats is refreshed after every step), and the throughput, so
+// that the memory figure and its cost come from the same run.
+func BenchmarkKVEfficiencyCouplets(b *testing.B) {
+	m := defaultModel(b)
+	for _, bs := range []int{2, 4, 16} {
+		b.Run(fmt.Sprintf("block=%d", bs), func(b *testing.B) {
+			be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer be.Close()
+			e, err := engine.New(be, engine.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			g, err := New(m, e, WithOversample(1), WithBannerSources(testBannerSources()...))
+			if err != nil {
+				b.Fatal(err)
+			}
+			words := []string{"平安", "富贵", "吉祥", "如意", "福寿", "康宁", "兴旺", "团圆", "和顺", "安康"}
+			stop := make(chan struct{})
+			var live, alloc float64
+			var polled sync.WaitGroup
+			polled.Add(1)
+			go func() {
+				defer polled.Done()
+				t := time.NewTicker(200 * time.Microsecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+						if st := e.Stats(); st.KVSlotsAllocated > 0 {
+							live += float64(st.KVSlotsLive)
+							alloc += float64(st.KVSlotsAllocated)
+						}
+					}
+				}
+			}()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				var wg sync.WaitGroup
+				for u, w := range words {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if _, err := g.Generate(context.Background(), Request{Text: w, Seed: uint64(i*len(words) + u + 1)}); err != nil {
+							b.Error(err)
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			b.StopTimer()
+			close(stop)
+			polled.Wait()
+			if alloc == 0 {
+				b.Fatal("no KV usage observed")
+			}
+			b.ReportMetric(float64(b.N*len(words))/b.Elapsed().Seconds(), "couplets/s")
+			b.ReportMetric(100*live/alloc, "live%")
+		})
+	}
 }
