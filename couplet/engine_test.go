@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -214,23 +213,10 @@ func BenchmarkDefaultConcurrent10(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	words := []string{"平安", "富贵", "吉祥", "如意", "福寿", "康宁", "兴旺", "团圆", "和顺", "安康"}
 	b.ResetTimer()
-	var done atomic.Int64
+	done := 0
 	for i := 0; i < b.N; i++ {
-		var wg sync.WaitGroup
-		for u, w := range words {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := g.Generate(context.Background(), Request{Text: w, Seed: uint64(i*len(words) + u + 1)}); err != nil {
-					b.Error(err)
-					return
-				}
-				done.Add(1)
-			}()
-		}
-		wg.Wait()
+		done += tenUsers(b, g, i)
 	}
-	b.ReportMetric(float64(done.Load())/b.Elapsed().Seconds(), "couplets/s")
+	b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "couplets/s")
 }
