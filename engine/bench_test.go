@@ -263,11 +263,18 @@ func BenchmarkEngineOverhead(b *testing.B) {
 		{"temperature=0.8", 128, 6000, 0.8, 0.9, nil},
 		{"users=256/greedy", 256, 6294, 0, 0, nil},
 		{"users=256/couplet", 256, 6294, 0.8, 0.95, mask},
+		// The H200's regime: thousands of sequences per step, where the
+		// engine goroutine's serial work per sequence bounds a step.
+		{"users=2048/greedy", 2048, 6294, 0, 0, nil},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.SamplingWorkers = benchSamplingWorkers(b)
+			// Room for every user in one step (the H200 server's wide flags).
+			cfg.MaxNumSeqs = max(cfg.MaxNumSeqs, c.users)
+			cfg.MaxQueue = max(cfg.MaxQueue, c.users)
+			cfg.MaxNumBatchedTokens = max(cfg.MaxNumBatchedTokens, 8*c.users)
 			e, err := New(&nullBackend{numBlocks: 2 * c.users * (promptLen + genLen) / 16, bs: 16, row: zipf(c.vocab)}, cfg)
 			if err != nil {
 				b.Fatal(err)
