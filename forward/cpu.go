@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"chunlian/kernels/cpu"
@@ -81,7 +80,7 @@ const DefaultBF16MaxRows = 256
 //
 // Ownership: a CPU is used by one goroutine at a time (the engine loop); the
 // scratch buffers below belong to that goroutine between calls. During the
-// attention phase of Forward the attention workers read q and the caches and
+// attention phase of Forward the kernel pool's workers read q and the caches and
 // each writes only the att rows of the (sequence, head) items it claimed.
 type CPU struct {
 	m         *model.Model
@@ -121,14 +120,13 @@ type CPU struct {
 	rows  []float32 // [R, d] final-normed hidden states of the logit rows
 	owner []int32   // [T] which span owns each token (batch validation)
 
-	// Attention worker pool: workers-1 goroutines plus the caller.
+	// Attention runs in workers parts on the kernel pool (cpu.Parallel:
+	// the caller and workers-1 pool workers).
 	workers int
-	scores  [][]float32 // per worker: [max CtxLen] attention weights
-	wake    []chan struct{}
-	wg      sync.WaitGroup
+	scores  [][]float32  // per part: [max CtxLen] attention weights
 	next    atomic.Int64 // next unclaimed (sequence, head) item
-	// The current attention job, set by the caller before waking workers
-	// (the channel send orders these writes before the workers' reads).
+	// The current attention job, set by the caller before cpu.Parallel
+	// (which orders these writes before the workers' reads).
 	jobBatch *Batch
 	jobLayer int
 	// attnInline is attnInlineMACs (tests change it to cover both ways).
@@ -137,8 +135,8 @@ type CPU struct {
 
 var _ Backend = (*CPU)(nil)
 
-// NewCPU allocates the paged KV cache for m and starts the attention
-// workers. Close stops them.
+// NewCPU allocates the paged KV cache for m. Attention runs on the kernel
+// pool (cpu.Parallel); Close drops the cache.
 func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	if m == nil || m.Weights == nil {
 		return nil, errors.New("forward: nil model")
@@ -199,11 +197,6 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 		c.workers = cpu.Threads()
 	}
 	c.scores = make([][]float32, c.workers)
-	for w := 1; w < c.workers; w++ {
-		ch := make(chan struct{})
-		c.wake = append(c.wake, ch)
-		go c.worker(w, ch)
-	}
 	return c, nil
 }
 
@@ -293,16 +286,13 @@ func (c *CPU) Model() *model.Model { return c.m }
 // KVCacheBytes is the memory the K and V caches take (all layers).
 func (c *CPU) KVCacheBytes() int64 { return int64(c.numBlocks*c.blockSize) * KVBytesPerToken(c.cfg) }
 
-// Close stops the attention workers and drops the cache. It must not race
+// Close drops the cache. It must not race
 // with Forward (same single owner).
 func (c *CPU) Close() error {
 	if c.closed {
 		return nil
 	}
 	c.closed = true
-	for _, ch := range c.wake {
-		close(ch)
-	}
 	c.kc, c.vc = nil, nil
 	return nil
 }
@@ -495,10 +485,12 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 
 // attnInlineMACs is the attention work (multiply-adds: 2·headDim per
 // query head and context position) below which attention runs on the
-// caller alone: waking the attention workers through their channels costs
+// caller alone: waking the attention workers through their channels cost
 // 5-50 µs on the 2-vCPU VM, more than a decode step's attention at a
 // small batch takes (batch 1 at 40 tokens of context, 6 heads of 64:
-// 31k multiply-adds, a few µs).
+// 31k multiply-adds, a few µs). Set for those channel wakes; the kernel
+// pool's hand-off (now used) is a few µs when its workers spin; not
+// re-tuned.
 const attnInlineMACs = 1 << 16
 
 // attention fills att for every token of b in layer l, one work item per
@@ -516,22 +508,18 @@ func (c *CPU) attention(b *Batch, l int) {
 		c.jobBatch = nil
 		return
 	}
-	c.wg.Add(len(c.wake))
-	for _, ch := range c.wake {
-		ch <- struct{}{}
-	}
-	c.attnItems(0)
-	c.wg.Wait()
+	// On the kernel pool's workers, which spin between the GEMMs: with
+	// attention workers of its own (woken through channels) the two sets
+	// competed for the second core, and the woken ones waited for it.
+	cpu.Parallel((*attnJob)(c), c.workers)
 	c.jobBatch = nil
 }
 
-// worker is attention worker w (1..workers-1); it runs until ch is closed.
-func (c *CPU) worker(w int, ch chan struct{}) {
-	for range ch {
-		c.attnItems(w)
-		c.wg.Done()
-	}
-}
+// attnJob is a CPU seen as a cpu.Job: part w claims attention items with
+// worker w's scratch (c.scores[w]).
+type attnJob CPU
+
+func (j *attnJob) Run(part, _ int) { (*CPU)(j).attnItems(part) }
 
 // attnItems claims (sequence, head) items until none are left. For query
 // head h of a token at position p it computes

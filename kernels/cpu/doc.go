@@ -105,10 +105,17 @@
 //
 // SetThreads/Threads set the parallelism (default GOMAXPROCS). The Go,
 // SIMD and assembly kernels split work over a small persistent pool of
-// goroutines (the caller runs one part itself); parallel calls are
-// serialised, and nothing allocates per call. A worker polls for its next
-// part for 200 µs before parking, so the GEMMs of one forward pass hand
-// off in a few µs at most instead of a futex wake (pool.go). GEMMs are
+// goroutines (the caller takes part too); parallel calls are serialised,
+// and nothing allocates per call. A worker polls for its next part for
+// 200 µs before parking, so the GEMMs of one forward pass hand off in a
+// few µs at most instead of a futex wake (pool.go). A call is cut into 4
+// chunks per thread that the caller and the workers claim as they go, and
+// the caller takes back any item a worker has not started by the time it
+// is done, so a worker that starts late (parked, or its core busy) costs
+// the caller no waiting. Parallel runs a caller's own Job on the same
+// workers (the forward pass's attention), so that one set of spinning
+// goroutines serves the whole pass. CHUNLIAN_POOL=spin=…,yield=…,chunks=…,
+// steal=0|1 changes the policy for A/B runs. GEMMs are
 // split by columns (weight rows) so that each weight byte crosses the
 // memory bus once; tiny products and short rows run inline on the caller. OpenBLAS uses its own threads, set to the same count.
 //

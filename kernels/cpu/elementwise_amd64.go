@@ -66,8 +66,3 @@ func axpyAsm(alpha float32, x, y []float32) {
 		y[i] += alpha * x[i]
 	}
 }
-
-// spinPause executes n PAUSE instructions (n ≤ 0: none); see pool.go.
-//
-//go:noescape
-func spinPause(n int)

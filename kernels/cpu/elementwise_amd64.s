@@ -83,19 +83,6 @@ done:
 	VZEROUPPER
 	RET
 
-// func spinPause(n int)
-// n PAUSE instructions: the pool's polling loops (pool.go) between loads.
-TEXT ·spinPause(SB), NOSPLIT, $0-8
-	MOVQ n+0(FP), CX
-	TESTQ CX, CX
-	JLE pdone
-ploop:
-	PAUSE
-	DECQ CX
-	JNZ ploop
-pdone:
-	RET
-
 // func permuteAVX2(dst, src *float32, chunks int)
 // permuteX's deinterleave of chunks whole 32-float chunks: dst[c+l] =
 // src[c+2l], dst[c+16+l] = src[c+2l+1] (l < 16). VSHUFPS picks the even

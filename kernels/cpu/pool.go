@@ -36,11 +36,20 @@ import (
 //   - Hand-off of a part to worker w: the caller (holding poolMu) writes
 //     w.item, then moves w.state to wPosted (a CAS from wSpinning, or, when
 //     the CAS fails because the worker parked, a store followed by a send on
-//     w.wake, which has capacity 1 and so never blocks). The worker, on
-//     seeing wPosted, takes w.item, moves the state back to wSpinning, runs
-//     the part and decrements pending. The caller polls pending down to 0
+//     w.wake, which has capacity 1 and so never blocks). The worker takes
+//     the item by a CAS of the state from wPosted back to wSpinning, runs
+//     the part and decrements pending. Once the caller has run its own
+//     part it takes back, by the same CAS, every item still posted (the
+//     worker has not started: it would finish later than the caller can)
+//     and runs it itself, decrementing pending for it; exactly one CAS
+//     succeeds, so each item runs once. The caller polls pending down to 0
 //     before returning (and so before posting again), so w.item is never
-//     overwritten unread.
+//     overwritten unread. A wake token left by a taken-back item only
+//     makes the parked worker poll once more.
+//   - With poolChunks > 1 an item (part −1) means "claim chunks from
+//     nextChunk until none is left" (runChunks), and the caller does the
+//     same: the parts adapt to a worker that starts late or runs slower,
+//     and a taken-back item has nothing left to run.
 
 var (
 	threads atomic.Int32 // configured thread count (≥1)
@@ -54,56 +63,63 @@ var (
 // part before it parks: long enough to span the gaps between the GEMMs of
 // a decode step (attention, norms: a few to ~30 µs), short enough that a
 // worker idles only briefly after a step. poolYield is the number of polls
-// between runtime.Gosched calls (worker and caller), poolPause the PAUSE
-// instructions per poll (amd64; 0 = none), and poolHint makes workers spin
-// only while a forward pass is in flight (InForward) and park at once
-// otherwise. CHUNLIAN_POOL overrides them for experiments, e.g.
-// CHUNLIAN_POOL=spin=50us,yield=64,pause=10,hint=1 (parsePoolEnv).
+// between runtime.Gosched calls (worker and caller). poolChunks > 1 splits
+// a call of parts parts into parts·poolChunks chunks that the caller and
+// the workers claim as they go (runChunks) instead of one fixed part each;
+// poolSteal lets the caller take back items that no worker has started
+// (runParts). CHUNLIAN_POOL overrides them for same-binary A/B runs, e.g.
+// CHUNLIAN_POOL=spin=50us,yield=64,chunks=1,steal=0 (parsePoolEnv).
+//
+// Chunks (4 per part) and steal-back measured best end to end on the
+// 2-vCPU VM, same run, with attention on the pool too (Parallel): 10
+// users 59.0 couplets/s with fixed parts (2 runs) vs 65.0 with chunks=4
+// (4 runs); see /work/notes/bench-kernels2.md. Shorter spins, PAUSE-based
+// polling and parking between forward passes measured no better.
 var (
-	poolSpin  = 200 * time.Microsecond
-	poolYield = 64
-	poolPause = 0
-	poolHint  = false
+	poolSpin   = 200 * time.Microsecond // read by the workers: set only at init
+	poolYield  = 64                     // ditto
+	poolChunks = 4                      // read by callers under poolMu
+	poolSteal  = true                   // ditto
 
-	forwardDepth atomic.Int32 // forward passes in flight (InForward)
+	nextChunk atomic.Int32 // next chunk to claim (chunked calls); reset under poolMu
 )
 
-// InForward tells the pool that a forward pass is in flight until the
-// returned function is called (defer cpu.InForward()()). With the hint
-// policy, workers spin for their next part only inside such a window.
-// Calls may nest and come from several goroutines; nothing allocates.
-func InForward() (done func()) {
-	forwardDepth.Add(1)
-	return endForward
+func init() {
+	p := parsePoolEnv(os.Getenv("CHUNLIAN_POOL"), poolPolicy{poolSpin, poolYield, poolChunks, poolSteal})
+	poolSpin, poolYield, poolChunks, poolSteal = p.spin, p.yield, p.chunks, p.steal
 }
 
-func endForward() { forwardDepth.Add(-1) }
+// poolPolicy is the spin policy as parsePoolEnv reads it.
+type poolPolicy struct {
+	spin          time.Duration
+	yield, chunks int
+	steal         bool
+}
 
-func init() { parsePoolEnv(os.Getenv("CHUNLIAN_POOL")) }
-
-// parsePoolEnv sets the spin policy from a comma-separated list of
-// key=value (spin=DURATION, yield=N, pause=N, hint=0|1); unknown keys and
-// bad values are ignored.
-func parsePoolEnv(v string) {
+// parsePoolEnv returns p updated from a comma-separated list of key=value
+// (spin=DURATION, yield=N, chunks=N, steal=0|1); unknown keys and bad
+// values are ignored.
+func parsePoolEnv(v string, p poolPolicy) poolPolicy {
 	for _, kv := range strings.Split(v, ",") {
 		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		switch k {
 		case "spin":
 			if d, err := time.ParseDuration(val); err == nil && d >= 0 {
-				poolSpin = d
+				p.spin = d
 			}
 		case "yield":
 			if n, err := strconv.Atoi(val); err == nil && n >= 1 {
-				poolYield = n
+				p.yield = n
 			}
-		case "pause":
-			if n, err := strconv.Atoi(val); err == nil && n >= 0 {
-				poolPause = n
+		case "chunks":
+			if n, err := strconv.Atoi(val); err == nil && n >= 1 {
+				p.chunks = n
 			}
-		case "hint":
-			poolHint = val == "1" || val == "true"
+		case "steal":
+			p.steal = val != "0" && val != "false"
 		}
 	}
+	return p
 }
 
 // Worker states (poolWorker.state).
@@ -151,17 +167,18 @@ func Threads() int { return int(threads.Load()) }
 func (w *poolWorker) loop() {
 	for {
 		var t0 time.Time
-		for polls := 1; w.state.Load() != wPosted; polls++ {
-			if poolPause > 0 {
-				spinPause(poolPause)
+		for polls := 1; ; polls++ {
+			// Take a posted item with a CAS: the caller may take it back
+			// (runParts) with the same transition.
+			if w.state.Load() == wPosted && w.state.CompareAndSwap(wPosted, wSpinning) {
+				break
 			}
-			idle := poolHint && forwardDepth.Load() == 0
-			if polls%poolYield != 0 && !idle {
+			if polls%poolYield != 0 {
 				continue
 			}
-			if t0.IsZero() && !idle {
+			if t0.IsZero() {
 				t0 = time.Now()
-			} else if idle || time.Since(t0) > poolSpin {
+			} else if time.Since(t0) > poolSpin {
 				if w.state.CompareAndSwap(wSpinning, wParked) {
 					<-w.wake // the poster stored wPosted before sending
 				}
@@ -172,9 +189,24 @@ func (w *poolWorker) loop() {
 		}
 		it := w.item
 		w.item = workItem{} // do not keep the caller's job alive
-		w.state.Store(wSpinning)
-		it.j.run(it.part, it.parts)
+		if it.part < 0 {
+			runChunks(it.j, it.parts)
+		} else {
+			it.j.run(it.part, it.parts)
+		}
 		pending.Add(-1)
+	}
+}
+
+// runChunks claims chunks of j (of chunks in all) from nextChunk and runs
+// them until none is left.
+func runChunks(j job, chunks int) {
+	for {
+		c := int(nextChunk.Add(1)) - 1
+		if c >= chunks {
+			return
+		}
+		j.run(c, chunks)
 	}
 }
 
@@ -190,23 +222,47 @@ func (w *poolWorker) post(it workItem) {
 
 // runParts runs j.run(p, parts) for p in [0, parts) and returns when all are
 // done. The caller must hold poolMu and parts must be ≥ 2.
-func runParts(j job, parts int) {
+func runParts(j job, parts int) { runPartsChunked(j, parts, poolChunks) }
+
+// runPartsChunked is runParts with parts·chunksPer chunks claimed
+// dynamically when chunksPer > 1, else the static parts.
+func runPartsChunked(j job, parts, chunksPer int) {
 	for len(workers) < parts-1 {
 		w := &poolWorker{wake: make(chan struct{}, 1)}
 		workers = append(workers, w)
 		go w.loop()
 	}
 	pending.Store(int32(parts - 1))
-	for p := 1; p < parts; p++ {
-		workers[p-1].post(workItem{j, p, parts})
-	}
-	j.run(0, parts)
-	// The workers' parts are about as long as ours: poll, yielding the P
-	// now and then (a worker may be waiting for it, e.g. with GOMAXPROCS=1).
-	for polls := 1; pending.Load() != 0; polls++ {
-		if poolPause > 0 {
-			spinPause(poolPause)
+	if chunksPer > 1 {
+		chunks := parts * chunksPer
+		nextChunk.Store(0)
+		for p := 1; p < parts; p++ {
+			workers[p-1].post(workItem{j, -1, chunks})
 		}
+		runChunks(j, chunks)
+	} else {
+		for p := 1; p < parts; p++ {
+			workers[p-1].post(workItem{j, p, parts})
+		}
+		j.run(0, parts)
+	}
+	// A worker that has not taken its item yet would finish it later than
+	// we can (it has not started, and our part is done): take it back and
+	// run it here (with chunks there is nothing left to run). Then poll
+	// for the others, yielding the P now and then (a worker may be waiting
+	// for it, e.g. with GOMAXPROCS=1).
+	for p := 1; p < parts && poolSteal; p++ {
+		w := workers[p-1]
+		if w.state.Load() == wPosted && w.state.CompareAndSwap(wPosted, wSpinning) {
+			it := w.item
+			w.item = workItem{}
+			if it.part >= 0 {
+				j.run(it.part, it.parts)
+			}
+			pending.Add(-1)
+		}
+	}
+	for polls := 1; pending.Load() != 0; polls++ {
 		if polls%poolYield == 0 {
 			runtime.Gosched()
 		}
@@ -221,3 +277,36 @@ func split(n, parts, p, align int) (lo, hi int) {
 	hi = blocks * (p + 1) / parts * align
 	return min(lo, n), min(hi, n)
 }
+
+// Job is a caller's parallel task for Parallel: Run(part, parts) does part
+// part of parts; each part runs exactly once, on one goroutine, and no
+// two parts share a goroutine at the same time.
+type Job interface{ Run(part, parts int) }
+
+// Parallel runs j.Run(p, parts) for every p in [0, parts) on the kernel
+// pool (the caller runs part 0, and any part a worker has not started by
+// the time the caller is done) and returns when all are done. It holds
+// the pool for the whole call, so j must not call Parallel or a pool-split
+// kernel (Gemm, GemmBF16, RMSNorm, ... above their inline sizes); the row
+// kernels on short vectors (Dot, Axpy, Softmax) are fine. It serialises
+// with other parallel calls and allocates nothing. For the forward pass's
+// attention: one set of spinning workers for the GEMMs and attention
+// instead of two sets competing for the cores.
+func Parallel(j Job, parts int) {
+	if parts <= 1 {
+		j.Run(0, 1)
+		return
+	}
+	poolMu.Lock()
+	theExtJob.j = j
+	runPartsChunked(&theExtJob, parts, 1)
+	theExtJob.j = nil
+	poolMu.Unlock()
+}
+
+// extJob adapts a Job; theExtJob is guarded by poolMu.
+type extJob struct{ j Job }
+
+var theExtJob extJob
+
+func (e *extJob) run(p, np int) { e.j.Run(p, np) }
