@@ -222,7 +222,7 @@ func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im
 		return
 	}
 	theBF16Job = bf16Job{m, n, k, x, w, y, acc, im.kern}
-	runParts(&theBF16Job, parts)
+	runPartsChunked(&theBF16Job, parts, gemmChunks(m))
 	theBF16Job = bf16Job{} // do not keep the caller's buffers alive
 }
 

@@ -193,7 +193,7 @@ func runGemm(m, n, k int, x, w, y []float32, acc bool, alignM, alignN int, kern 
 	}
 	poolMu.Lock()
 	theGemmJob = gemmJob{m, n, k, x, w, y, acc, byM, alignM, alignN, kern}
-	runParts(&theGemmJob, parts)
+	runPartsChunked(&theGemmJob, parts, gemmChunks(m))
 	theGemmJob = gemmJob{} // do not keep the caller's buffers alive
 	poolMu.Unlock()
 }

@@ -176,7 +176,7 @@ func runGemmInt8(m, n, k int, x []float32, q []int8, s, y []float32, acc bool, k
 	}
 	poolMu.Lock()
 	theInt8Job = int8Job{m, n, k, x, q, s, y, acc, kern}
-	runParts(&theInt8Job, parts)
+	runPartsChunked(&theInt8Job, parts, gemmChunks(m))
 	theInt8Job = int8Job{} // do not keep the caller's buffers alive
 	poolMu.Unlock()
 }
