@@ -109,7 +109,8 @@
 // and nothing allocates per call. A worker polls for its next part for
 // 200 µs before parking, so the GEMMs of one forward pass hand off in a
 // few µs at most instead of a futex wake (pool.go). A call is cut into 4
-// chunks per thread that the caller and the workers claim as they go, and
+// chunks per thread that the caller and the workers claim as they go
+// (fixed parts for one-row GEMMs, where that measured faster), and
 // the caller takes back any item a worker has not started by the time it
 // is done, so a worker that starts late (parked, or its core busy) costs
 // the caller no waiting. Parallel runs a caller's own Job on the same
