@@ -280,3 +280,50 @@ func TestBannerRequestRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestPickBanner: the best-scoring complete sample wins, a forced sample
+// only with its assigned candidate, and a 横批 that repeats four characters
+// of a line only when every complete sample does.
+func TestPickBanner(t *testing.T) {
+	g, err := New(testModel, &fakeEngine{vocab: testModel.Tok.Size()}, WithBannerSources())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func(s string) []int32 {
+		var out []int32
+		for _, r := range s {
+			id, ok := g.t.charID(r)
+			if !ok {
+				t.Fatalf("%q not in the test vocabulary", r)
+			}
+			out = append(out, id)
+		}
+		return out
+	}
+	comp := func(index int, text string, lp float32) engine.Completion {
+		return engine.Completion{Index: index, Tokens: ids(text), LogProbs: []float32{lp, lp, lp, lp}, Finish: engine.FinishLength}
+	}
+	const upper, lower = "春回大地万象新", "福满人间四季安"
+	forced := [4]int32(ids("五福临门"))
+	cases := []struct {
+		name  string
+		comps []engine.Completion
+		want  string
+	}{
+		{"best sum wins", []engine.Completion{comp(0, "万象更新", -2), comp(1, "五福临门", -1)}, "五福临门"},
+		{"copy of the 下联 loses", []engine.Completion{comp(0, "福满人间", -0.5), comp(1, "五福临门", -1)}, "五福临门"},
+		{"copy of the 上联 loses", []engine.Completion{comp(0, "春回大地", -0.1), comp(1, "五福临门", -4), comp(2, "万象更新", -3)}, "五福临门"},
+		{"only copies: the best copy", []engine.Completion{comp(0, "春回大地", -2), comp(0, "福满人间", -1)}, "福满人间"},
+		{"forced sample that wrote another text", []engine.Completion{comp(0, "万象更新", -2), comp(1, "国泰民安", -1)}, "万象更新"},
+		{"incomplete samples", []engine.Completion{{Index: 0, Tokens: ids("万象"), LogProbs: []float32{-1, -1}, Finish: engine.FinishDeadEnd}}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &bannerAssign{k: 2, done: true, slots: [][4]int32{forced, forced}}
+			best, _ := g.pickBanner(tc.comps, a, upper, lower)
+			if got := g.t.text(best); got != tc.want {
+				t.Errorf("picked %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

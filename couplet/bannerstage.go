@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"sort"
 	"sync"
 
@@ -184,26 +185,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 				return
 			}
 			stage.addResult(res)
-			var best []int32
-			bestScore := math.Inf(-1)
-			for _, comp := range res.Completions {
-				if comp.Finish != engine.FinishLength || len(comp.Tokens) != 4 || len(comp.LogProbs) != 4 {
-					continue // a forced sample without a candidate, or a dead end
-				}
-				if comp.Index > 0 {
-					ids, ok := assign.slot(comp.Index-1, nil)
-					if !ok || !slices.Equal(comp.Tokens, ids[:]) {
-						continue
-					}
-				}
-				s := 0.0
-				for _, v := range comp.LogProbs {
-					s += float64(v)
-				}
-				if s > bestScore {
-					best, bestScore = comp.Tokens, s
-				}
-			}
+			best, bestScore := g.pickBanner(res.Completions, assign, cd.c.Upper, cd.c.Lower)
 			if best == nil {
 				return
 			}
@@ -228,6 +210,43 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 		}
 	}
 	return out, nil
+}
+
+// pickBanner returns the 横批 request's winning sample: the highest sum of
+// the four log-probs among the complete ones (a forced sample counts only
+// if it wrote its assigned candidate). A 横批 that repeats four characters
+// of the 上联 or 下联 (the model likes 幸福人家 under 幸福人家日日欢) says
+// nothing the lines do not, so it wins only when every complete sample
+// does that. nil when no sample is complete.
+func (g *Generator) pickBanner(comps []engine.Completion, assign *bannerAssign, upper, lower string) ([]int32, float64) {
+	var best, bestCopy []int32
+	bestScore, bestCopyScore := math.Inf(-1), math.Inf(-1)
+	for _, comp := range comps {
+		if comp.Finish != engine.FinishLength || len(comp.Tokens) != 4 || len(comp.LogProbs) != 4 {
+			continue // a forced sample without a candidate, or a dead end
+		}
+		if comp.Index > 0 {
+			ids, ok := assign.slot(comp.Index-1, nil)
+			if !ok || !slices.Equal(comp.Tokens, ids[:]) {
+				continue
+			}
+		}
+		s := 0.0
+		for _, v := range comp.LogProbs {
+			s += float64(v)
+		}
+		if text := g.t.text(comp.Tokens); strings.Contains(upper, text) || strings.Contains(lower, text) {
+			if s > bestCopyScore {
+				bestCopy, bestCopyScore = comp.Tokens, s
+			}
+		} else if s > bestScore {
+			best, bestScore = comp.Tokens, s
+		}
+	}
+	if best == nil {
+		return bestCopy, bestCopyScore
+	}
+	return best, bestScore
 }
 
 // bannerSeed gives each candidate's 横批 request its own non-zero seed.
