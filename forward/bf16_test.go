@@ -265,14 +265,17 @@ func TestInt8MatchesDequantized(t *testing.T) {
 	}
 }
 
-// TestInt8Env checks the CHUNLIAN_INT8 switch both ways.
-func TestInt8Env(t *testing.T) {
+// TestInt8Option: CPUOptions.Int8 alone decides, whatever the environment
+// says (the service maps --cpu-int8 / CHUNLIAN_INT8 onto it, flag first;
+// an environment read here as well once let CHUNLIAN_INT8=1 override
+// --cpu-int8=false).
+func TestInt8Option(t *testing.T) {
 	m := model.NewRandom(model.TestConfig(), 42)
 	for _, c := range []struct {
 		env  string
 		opt  bool
 		want bool
-	}{{"", false, false}, {"", true, true}, {"1", false, true}, {"0", true, false}} {
+	}{{"", false, false}, {"", true, true}, {"1", false, false}, {"0", true, true}} {
 		t.Setenv("CHUNLIAN_INT8", c.env)
 		be, err := NewCPU(m, CPUOptions{Int8: c.opt})
 		if err != nil {

@@ -49,9 +49,10 @@ type CPUOptions struct {
 	// Unlike bf16 this changes the numerics (each weight moves by up to
 	// half a quantisation step, 1/254 of its row's largest |weight|); see
 	// /work/notes/bench-kernels.md for the measured logit and output
-	// differences. The environment variable CHUNLIAN_INT8=1 turns it on
-	// too (CHUNLIAN_INT8=0 forces it off), so the service can be switched
-	// without a flag. Quantising costs ~0.1 s and 17 MB at NewCPU.
+	// differences. The service sets it from --cpu-int8 or CHUNLIAN_INT8
+	// (cmd/chunlian's typed config, where the flag wins over the
+	// environment); this package reads no environment for it. Quantising
+	// costs ~0.1 s and 17 MB at NewCPU.
 	Int8 bool
 }
 
@@ -184,7 +185,7 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 		qkv, gu := m.Weights.Layers[i].Fused()
 		c.wqkv, c.wgu = append(c.wqkv, qkv), append(c.wgu, gu)
 	}
-	if use8 := os.Getenv("CHUNLIAN_INT8"); c.bf16Max > 0 && (use8 == "1" || (o.Int8 && use8 != "0")) {
+	if c.bf16Max > 0 && o.Int8 {
 		c.quantize()
 	}
 	n := numBlocks * o.BlockSize * cfg.KVDim()
