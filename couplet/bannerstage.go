@@ -5,8 +5,8 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"strings"
 	"sort"
+	"strings"
 	"sync"
 
 	"chunlian/engine"

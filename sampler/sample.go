@@ -843,4 +843,3 @@ func insertionSort(b []uint64) {
 		b[j] = x
 	}
 }
-
