@@ -289,17 +289,7 @@ func TestPickBanner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := func(s string) []int32 {
-		var out []int32
-		for _, r := range s {
-			id, ok := g.t.charID(r)
-			if !ok {
-				t.Fatalf("%q not in the test vocabulary", r)
-			}
-			out = append(out, id)
-		}
-		return out
-	}
+	ids := func(s string) []int32 { return charIDs(t, g, s) }
 	comp := func(index int, text string, lp float32) engine.Completion {
 		return engine.Completion{Index: index, Tokens: ids(text), LogProbs: []float32{lp, lp, lp, lp}, Finish: engine.FinishLength}
 	}

@@ -38,6 +38,21 @@ func newFakeGen(t testing.TB, fe engine.Engine, opts ...Option) *Generator {
 	return g
 }
 
+// charIDs returns the ids of the characters of s (Han or punctuation
+// tokens of g's vocabulary), failing the test for one it lacks.
+func charIDs(t testing.TB, g *Generator, s string) []int32 {
+	t.Helper()
+	var out []int32
+	for _, r := range s {
+		id, ok := g.t.charID(r)
+		if !ok {
+			t.Fatalf("%c not in the test vocabulary", r)
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
 func usableKeywords(t testing.TB, g *Generator) []string {
 	var out []string
 	for _, k := range blessings {
@@ -494,27 +509,12 @@ func TestBannerRanking(t *testing.T) {
 			}
 			p, _ := g.t.prepare(Request{Text: "平安"})
 			for _, c := range cs {
-				ids := func(line string) []int32 {
-					var out []int32
-					for _, r := range line {
-						id, ok := g.t.vocab.ID(string(r))
-						if !ok {
-							t.Fatalf("%c not in vocab", r)
-						}
-						out = append(out, id)
-					}
-					return out
-				}
-				full := append(g.prompt(p), ids(c.Upper)...)
+				full := append(g.prompt(p), charIDs(t, g, c.Upper)...)
 				full = append(full, g.t.sp.Sep)
-				full = append(full, ids(c.Lower)...)
+				full = append(full, charIDs(t, g, c.Lower)...)
 				full = append(full, g.t.sp.Banner)
 				score := func(b string) float64 {
-					seq := slices.Clone(full)
-					for _, r := range b {
-						id, _ := g.t.charID(r)
-						seq = append(seq, id)
-					}
+					seq := append(slices.Clone(full), charIDs(t, g, b)...)
 					res, _ := fe.Generate(context.Background(), &engine.Request{Prompt: seq, PromptLogProbs: true})
 					s := 0.0
 					for _, v := range res.PromptLogProbs[len(seq)-5:] {

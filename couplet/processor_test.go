@@ -318,14 +318,10 @@ func TestForce(t *testing.T) {
 	}
 }
 
-// BenchmarkProcessRow is the cost of one processor call on one row of the
-// shipped vocabulary (the test one without it), old (processor_ref_test.go)
-// against new in the same run, per step kind of the service's default
-// request (keyword 平安, 7 characters): "upper" cycles through the 上联's
-// slots, "lower" through the 下联's, "banner" through the 横批 request's
-// four free slots, "force" is a forced step (<sep>). Each op copies a
-// fresh row first, as the sampler does (the "copy" case is that alone).
-func BenchmarkProcessRow(b *testing.B) {
+// benchConstraint is the setting of the per-row benchmarks: the shipped
+// model's tables (the test model's without it), the plan of the service's
+// default request (keyword 平安, seed 1) and its constraint.
+func benchConstraint(b *testing.B) (*tables, *plan, *constraint) {
 	tbs := procTables(b)
 	tb := tbs["default"]
 	if tb == nil {
@@ -335,7 +331,18 @@ func BenchmarkProcessRow(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := newConstraint(tb, p)
+	return tb, p, newConstraint(tb, p)
+}
+
+// BenchmarkProcessRow is the cost of one processor call on one row of the
+// shipped vocabulary (the test one without it), old (processor_ref_test.go)
+// against new in the same run, per step kind of the service's default
+// request (keyword 平安, 7 characters): "upper" cycles through the 上联's
+// slots, "lower" through the 下联's, "banner" through the 横批 request's
+// four free slots, "force" is a forced step (<sep>). Each op copies a
+// fresh row first, as the sampler does (the "copy" case is that alone).
+func BenchmarkProcessRow(b *testing.B) {
+	tb, p, c := benchConstraint(b)
 	rng := rand.New(rand.NewPCG(3, 4))
 	V := len(tb.class)
 	row := randRow(rng, V, rowNormal)
@@ -401,16 +408,7 @@ func BenchmarkProcessRow(b *testing.B) {
 // Forced hidden: the sampler copies the row, runs Process' force and scans
 // the row; "forced-old" likewise with the old force).
 func BenchmarkSampleRow(b *testing.B) {
-	tbs := procTables(b)
-	tb := tbs["default"]
-	if tb == nil {
-		tb = tbs["test"]
-	}
-	p, err := tb.prepare(Request{Text: "平安", Seed: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	c := newConstraint(tb, p)
+	tb, p, c := benchConstraint(b)
 	rng := rand.New(rand.NewPCG(3, 4))
 	row := randRow(rng, len(tb.class), rowNormal)
 	lse := sampler.LogSumExp(row)

@@ -4,17 +4,7 @@ import "testing"
 
 func TestParallelismAndDiversity(t *testing.T) {
 	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
-	ids := func(s string) []int32 {
-		var out []int32
-		for _, r := range s {
-			id, ok := g.t.charID(r)
-			if !ok {
-				t.Fatalf("%c not in the test vocabulary", r)
-			}
-			out = append(out, id)
-		}
-		return out
-	}
+	ids := func(s string) []int32 { return charIDs(t, g, s) }
 	p, err := g.t.prepare(Request{Text: "平安"})
 	if err != nil {
 		t.Fatal(err)
