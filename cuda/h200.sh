@@ -38,6 +38,14 @@ trap 'kill $DMON 2>/dev/null; tar czf "$RES/results.tgz" -C "$OUT" .' EXIT
 # pack: refresh $RES/results.tgz after each stage, so a run killed at the
 # device tool's limit (SIGKILL: no EXIT trap) still brings back what it did.
 pack() { tar czf "$RES/results.tgz" -C "$OUT" . 2>/dev/null; }
+# serve_wide BIN LOG [flags]: start BIN's wide-step server ($SFW) in the
+# background (its pid in SPID) and wait until it is ready (30 s at most).
+serve_wide() {
+	local bin=$1 log=$2; shift 2
+	$bin serve $SFW "$@" > "$log" 2>&1 &
+	SPID=$!
+	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+}
 
 case "$MODE" in
 smoke)
@@ -132,9 +140,7 @@ s3)
 	# sequences per couplet, so 1000 users need more than 1024 per step.
 	# A server of our own (known port, --pprof) so that a CPU profile can be
 	# taken under load.
-	$X/chunlian serve $SFW --pprof > "$OUT/serve_wide.log" 2>&1 &
-	SPID=$!
-	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+	serve_wide $X/chunlian "$OUT/serve_wide.log" --pprof
 	timeout 50 $X/chunlian bench --url http://127.0.0.1:18080 --concurrency 300,1000,2000,3000 --duration 5s \
 		--warmup 1s --quiet --json "$OUT/http_wide.json" --out "$OUT/http_wide.md" > "$OUT/http_wide.log" 2>&1
 	echo "http wide rc=$?"; grep -E "^\| " "$OUT/http_wide.md" | grep -E "users"
@@ -170,9 +176,7 @@ wide)
 		timeout 60 /tmp/cuda.test -test.run 'TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
 		grep -E "^(--- |ok|FAIL|PASS)" "$OUT/cuda_test.log"
 	fi
-	/tmp/chunlian serve $SFW > "$OUT/serve_wide.log" 2>&1 &
-	SPID=$!
-	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+	serve_wide /tmp/chunlian "$OUT/serve_wide.log"
 	# One bench per level, /metrics scraped around each (engine step phases,
 	# computed rows, prefix-cache hits: per-level deltas).
 	LEVELS=${WIDE_LEVELS:-1 300 1000 2000}
@@ -189,9 +193,7 @@ wide)
 	if [ -f $BIN/chunlian-base.gz ]; then
 		gunzip -c $BIN/chunlian-base.gz > /tmp/chunlian-base && chmod +x /tmp/chunlian-base
 		cp $BIN/BASE.txt "$OUT/" 2>/dev/null
-		/tmp/chunlian-base serve $SFW > "$OUT/serve_base.log" 2>&1 &
-		SPID=$!
-		for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+		serve_wide /tmp/chunlian-base "$OUT/serve_base.log"
 		timeout 45 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $(echo $LEVELS | tr ' ' ,) --duration 5s \
 			--warmup 1s --quiet --json "$OUT/http_base.json" --out "$OUT/http_base.md" > "$OUT/http_base.log" 2>&1
 		echo "base:"; grep -E "^\| target" "$OUT/http_base.md"
