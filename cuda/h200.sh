@@ -176,16 +176,23 @@ wide)
 		timeout 60 /tmp/cuda.test -test.run 'TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
 		grep -E "^(--- |ok|FAIL|PASS)" "$OUT/cuda_test.log"
 	fi
-	serve_wide /tmp/chunlian "$OUT/serve_wide.log"
+	serve_wide /tmp/chunlian "$OUT/serve_wide.log" --pprof
 	# One bench per level, /metrics scraped around each (engine step phases,
 	# computed rows, prefix-cache hits: per-level deltas).
 	LEVELS=${WIDE_LEVELS:-1 300 1000 2000}
 	for C in $LEVELS; do
 		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${C}_a.txt"
+		# A 3 s CPU profile of the server inside the 2000-user window.
+		PP=
+		if [ "$C" = 2000 ]; then
+			(sleep 2.5; curl -s -o "$OUT/serve_2000.cpu.prof" "http://127.0.0.1:18080/debug/pprof/profile?seconds=3") &
+			PP=$!
+		fi
 		timeout 20 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $C --duration 5s \
 			--warmup 1s --quiet --json "$OUT/http_wide_$C.json" --out "$OUT/http_wide_$C.md" > "$OUT/http_wide_$C.log" 2>&1
 		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${C}_b.txt"
 		grep -E "^\| target" "$OUT/http_wide_$C.md" | tail -1
+		[ -n "$PP" ] && wait $PP
 	done
 	pack
 	kill $SPID; wait $SPID 2>/dev/null
