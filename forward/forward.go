@@ -62,3 +62,65 @@ type Backend interface {
 type RowLSEBackend interface {
 	LogSumExp() []float32
 }
+
+// Draw asks a DrawBackend for one token of one logits row, chosen where the
+// logits are (on the GPU for cuda.Backend), so that the row itself never
+// crosses to the host: a step of 2,000 rows × 6,189 logits is 50 MB of
+// copies and as many host passes otherwise.
+//
+// The draw is sampler.DrawRow's algorithm (package sampler has the Go
+// reference and its exact definition): mask, temperature, the top-k/top-p
+// nucleus in sorted order (ties by lower id), min-p, then a draw with U.
+// Every backend implements the same definition; tokens may still differ
+// between backends where float rounding moves a boundary.
+type Draw struct {
+	Row int32 // index into Batch.LogitRows
+	// Force ≥ 0: nothing is drawn; the result is Force with its raw logit
+	// (a forced token, or a prompt position scored for its log-prob).
+	// Force must be < the vocabulary size.
+	Force int32
+	// Mask is a set of allowed tokens from RegisterMask; -1 = every token.
+	Mask int32
+	// Exclude lists further forbidden tokens (ids outside the vocabulary
+	// are ignored).
+	Exclude []int32
+	// Temperature 0 = greedy (the lowest id of the maximum). TopK ≤ 0,
+	// TopP ≤ 0 or ≥ 1 and MinP ≤ 0 are off, as in sampler.Params.
+	Temperature, TopP, MinP float32
+	TopK                    int32
+	U                       float64 // the draw's uniform number in [0, 1); unused when greedy
+}
+
+// Drawn is one Draw's result.
+type Drawn struct {
+	Tok   int32   // drawn (or forced) token; -1: the mask left no token (dead end)
+	Logit float32 // raw logits[Row, Tok], before masking (NaN or -Inf possible for a forced token)
+}
+
+// MaxDrawExclude bounds len(Draw.Exclude); longer lists go the host way.
+const MaxDrawExclude = 32
+
+// DrawBackend is an optional Backend extension: a backend that draws
+// tokens where the logits are. The engine uses it for every sampled row
+// whose logits processor can describe itself as a mask (sampler.Masker)
+// and for prompt log-prob rows (a Force draw), and asks for whole rows
+// only where something on the host must read them (hostRows).
+type DrawBackend interface {
+	Backend
+	RowLSEBackend
+	// DrawVocab reports whether draws work for this model (a backend may
+	// limit the vocabulary size, e.g. to what fits in shared memory);
+	// false means: call Forward as usual.
+	DrawVocab() bool
+	// RegisterMask stores a set of allowed tokens on the backend and
+	// returns its index for Draw.Mask: bit t%64 of allowed[t/64] allows
+	// token t; tokens ≥ 64·len(allowed) are not allowed. Indices are small
+	// and stable for the backend's life; a backend may refuse more than a
+	// few dozen sets (error), after which the caller uses the host way.
+	RegisterMask(allowed []uint64) (int32, error)
+	// ForwardDraw is Forward over b, then out[i] = the result of draws[i]
+	// (len(out) == len(draws)), and logits receives only the rows that
+	// hostRows lists: hostRows[k] (an index into b.LogitRows) into
+	// logits[k·V:(k+1)·V]. LogSumExp covers every row of b.LogitRows.
+	ForwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []int32, logits []float32) error
+}
