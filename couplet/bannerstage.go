@@ -64,6 +64,20 @@ func (a *bannerAssign) slot(i int, row []float32) ([4]int32, bool) {
 	return a.slots[i], true
 }
 
+// assigned is slot without assigning: ok reports that slot i holds a
+// candidate, done that the assignment was made (by an earlier slot call).
+func (a *bannerAssign) assigned(i int) (ids [4]int32, ok, done bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.done {
+		return ids, false, false
+	}
+	if i < 0 || i >= len(a.slots) {
+		return ids, false, true
+	}
+	return a.slots[i], true, true
+}
+
 // assignByFirstChar returns the ids of the k pool candidates whose first
 // character has the highest logit in row (ties keep pool order; candidates
 // whose first character is -Inf or NaN are skipped).
@@ -92,6 +106,21 @@ type forcedBanner struct {
 func (f forcedBanner) Process(gen []int32, logits []float32) error {
 	id, _ := f.Forced(gen, logits)
 	return force(logits, id)
+}
+
+// Mask implements sampler.Masker once the slots are assigned (the first
+// step reads the row to assign them, so it declines until then).
+func (f forcedBanner) Mask(gen []int32, m *sampler.Mask) bool {
+	ids, ok, done := f.a.assigned(f.slot)
+	if !done {
+		return false
+	}
+	m.Reset()
+	m.Forced, m.Force = true, -1
+	if ok && len(gen) < len(ids) {
+		m.Force = ids[len(gen)]
+	}
+	return true
 }
 
 // Forced implements sampler.Forcer: every step is forced, to the slot's

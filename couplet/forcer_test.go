@@ -198,6 +198,10 @@ func TestForcedBannerForced(t *testing.T) {
 		}
 	}
 	byForced, byProcess := &bannerAssign{pool: pool, k: k}, &bannerAssign{pool: pool, k: k}
+	var m sampler.Mask
+	if (forcedBanner{byForced, 0}).Mask(nil, &m) {
+		t.Fatal("Mask describes a step before the slots are assigned (it needs the row)")
+	}
 	for slot := range k + 2 {
 		f, p := forcedBanner{byForced, slot}, forcedBanner{byProcess, slot}
 		var gen []int32
@@ -205,6 +209,10 @@ func TestForcedBannerForced(t *testing.T) {
 			id, ok := f.Forced(gen, row)
 			if !ok {
 				t.Fatalf("slot %d step %d: not forced", slot, step)
+			}
+			// Once assigned, Mask says what Forced says.
+			if !f.Mask(gen, &m) || !m.Forced || m.Force != id {
+				t.Fatalf("slot %d step %d: Mask %+v, Forced %d", slot, step, m, id)
 			}
 			l := slices.Clone(clean)
 			err := p.Process(gen, l)

@@ -120,12 +120,13 @@ var negInf = float32(math.Inf(-1))
 // [0, v): allow holds its ids and deny the rest, both ascending.
 type idSet struct {
 	allow, deny []int32
-	v           int // len(tables.class)
+	v           int            // len(tables.class)
+	ids         *sampler.IDSet // the same set as a bitset, for Mask (device draws)
 }
 
 // newIDSet splits [0, v) by in.
 func newIDSet(v int, in func(id int32) bool) idSet {
-	s := idSet{v: v}
+	s := idSet{v: v, ids: sampler.NewIDSet(v, in)}
 	for id := int32(0); int(id) < v; id++ {
 		if in(id) {
 			s.allow = append(s.allow, id)
@@ -307,6 +308,53 @@ func (c *constraint) Process(generated []int32, logits []float32) error {
 	return sampler.ErrDeadEnd
 }
 
+// Mask implements sampler.Masker: every step of a couplet sample is a
+// pure mask (Process's steps below, said as sets), so the GPU can apply it
+// and draw there. It mirrors Process branch by branch;
+// TestMaskMatchesProcess checks the two on every step of random couplets.
+func (c *constraint) Mask(generated []int32, m *sampler.Mask) bool {
+	m.Reset()
+	pt, j, upper, lower := c.locate(generated)
+	if id, ok := c.forcedAt(pt, j, upper, lower); ok {
+		m.Forced, m.Force = true, id
+		return true
+	}
+	p, t := c.p, c.t
+	switch pt {
+	case partUpper:
+		// upperStep: Han characters, 仄 only on the last slot, in every mode.
+		m.Allowed = t.hanSet.ids
+		if j == c.last {
+			m.Allowed = t.zeSet.ids
+		}
+		switch {
+		case p.mode == ModeKeyword:
+			if !c.placed(upper, j) && !c.kwStart[j] {
+				m.Exclude = append(m.Exclude, p.heads[0])
+			}
+		case j == c.last && p.mode == ModeAcrostic && t.tone[p.heads[1]] != TonePing:
+			m.Exclude = append(m.Exclude, p.heads[0])
+		}
+	case partLower:
+		set := &t.hanSet
+		if upper[j] == upper[c.last] {
+			set = &t.pingSet
+		}
+		m.Allowed = set.ids
+		m.Exclude = append(m.Exclude, upper[j])
+		for k := 0; k < j; k++ {
+			if p.template[k] == -1 {
+				m.Exclude = append(m.Exclude, lower[k])
+			}
+		}
+	case partBanner:
+		m.Allowed = t.hanSet.ids
+	default: // Process: ErrDeadEnd whatever the row
+		m.Forced, m.Force = true, -1
+	}
+	return true
+}
+
 // placed reports whether the keyword sits complete in the 上联's first j
 // characters gen[:j] (at a valid start).
 func (c *constraint) placed(gen []int32, j int) bool {
@@ -420,6 +468,20 @@ func (b bannerProc) Process(generated []int32, logits []float32) error {
 		return force(logits, b.t.sp.EOS)
 	}
 	return sampler.ErrDeadEnd
+}
+
+// Mask implements sampler.Masker (see Process).
+func (b bannerProc) Mask(generated []int32, m *sampler.Mask) bool {
+	m.Reset()
+	switch pos := len(generated); {
+	case pos < 4:
+		m.Allowed = b.t.hanSet.ids
+	case pos == 4:
+		m.Forced, m.Force = true, b.t.sp.EOS
+	default:
+		m.Forced, m.Force = true, -1
+	}
+	return true
 }
 
 // Forced implements sampler.Forcer: <eos> after the four characters.

@@ -185,6 +185,7 @@ func TestProcessorEquivalence(t *testing.T) {
 			rng := rand.New(rand.NewPCG(11, uint64(len(tb.class))))
 			V := len(tb.class)
 			forcedSteps := 0 // check calls where Forced forced
+			maskSteps := 0   // rows checked against Mask
 			widths := []int{V, V - 1 - rng.IntN(V/2), V + 1 + rng.IntN(9)}
 			// A pool of rows per width and kind, drawn once.
 			pool := make([][numRowKinds][][]float32, len(widths))
@@ -241,6 +242,23 @@ func TestProcessorEquivalence(t *testing.T) {
 							t.Fatalf("%s gen=%v: the old code forces one token, Forced says nothing", what, gen)
 						}
 					}
+					// Mask (the device draw's description of the step) must
+					// give the old row and error on every full-width row.
+					if mk, ok := newP.(sampler.Masker); ok && v.w == 0 {
+						var m sampler.Mask
+						if !mk.Mask(gen, &m) {
+							t.Fatalf("%s gen=%v: Mask declines a step", what, gen)
+						}
+						f := append([]float32(nil), row...)
+						err := m.Apply(f)
+						if (err == nil) != (wantErr == nil) {
+							t.Fatalf("%s gen=%v kind %d: Mask %+v gives err %v, want %v", what, gen, v.kind, m, err, wantErr)
+						}
+						if i := sameRow(f, want); err == nil && i >= 0 {
+							t.Fatalf("%s gen=%v kind %d: Mask %+v: row[%d] = %v, want %v", what, gen, v.kind, m, i, f[i], want[i])
+						}
+						maskSteps++
+					}
 					if v.w == 0 && rowKind(v.kind) == rowNormal && wantErr == nil {
 						for i, x := range want {
 							if x > negInf {
@@ -280,6 +298,9 @@ func TestProcessorEquivalence(t *testing.T) {
 			t.Logf("%d plans, %d steps (%d with nothing allowed on a normal row), %d rows forced", plans, steps, deadEnds, forcedSteps)
 			if forcedSteps == 0 {
 				t.Fatal("no step was forced")
+			}
+			if maskSteps == 0 {
+				t.Fatal("no row was checked against Mask")
 			}
 		})
 	}

@@ -1,0 +1,100 @@
+package sampler
+
+import "math"
+
+// Mask is what a logits processor does to a row at one step, said without
+// the row: either it forces one token, or it keeps the tokens of Allowed
+// minus Exclude. A backend that draws tokens where the logits are (the GPU;
+// forward.DrawBackend) applies it there, so that the row never has to
+// reach the host.
+type Mask struct {
+	// Forced: the step allows exactly Force (Forcer's "force tok"; a Force
+	// outside the vocabulary is a dead end).
+	Forced bool
+	Force  int32
+	// Allowed is the set of allowed tokens (nil: every token); Exclude
+	// lists tokens forbidden on top of it.
+	Allowed *IDSet
+	Exclude []int32
+}
+
+// Masker is an optional interface of a LogitsProcessor whose Process is a
+// pure mask at some steps. Mask fills m (reusing m.Exclude's storage) and
+// reports true only where Process(generated, row) does, for every row,
+// exactly what m says:
+//   - m.Forced: what Forcer calls "force m.Force";
+//   - else: set every entry outside m.Allowed and at m.Exclude to -Inf,
+//     leave the others as they are, and return ErrDeadEnd exactly when no
+//     allowed entry is above -Inf (NaN counts as -Inf).
+//
+// false means the step needs the row itself (for instance a processor
+// whose first call reads the logits); the caller then runs Process. Mask
+// may be called instead of Forced and Process and must not have side
+// effects; it must be safe to call from the engine goroutine while no
+// other call on the processor runs.
+type Masker interface {
+	Mask(generated []int32, m *Mask) bool
+}
+
+// Reset clears m for reuse, keeping Exclude's storage.
+func (m *Mask) Reset() {
+	m.Forced, m.Force, m.Allowed, m.Exclude = false, 0, nil, m.Exclude[:0]
+}
+
+// Apply does to row what m describes, as Masker's contract says Process
+// does (tests compare the two; the host never needs it otherwise).
+func (m *Mask) Apply(row []float32) error {
+	negInf := float32(math.Inf(-1))
+	if m.Forced {
+		if m.Force < 0 || int(m.Force) >= len(row) || !(row[m.Force] > negInf) {
+			return ErrDeadEnd
+		}
+		v := row[m.Force]
+		for i := range row {
+			row[i] = negInf
+		}
+		row[m.Force] = v
+		return nil
+	}
+	if m.Allowed != nil {
+		for i := range row {
+			if !m.Allowed.Has(int32(i)) {
+				row[i] = negInf
+			}
+		}
+	}
+	for _, id := range m.Exclude {
+		if id >= 0 && int(id) < len(row) {
+			row[id] = negInf
+		}
+	}
+	for _, v := range row {
+		if v > negInf {
+			return nil
+		}
+	}
+	return ErrDeadEnd
+}
+
+// IDSet is an immutable set of token ids, as a bitset: bit id%64 of word
+// id/64. Backends register it once (by pointer) and refer to it by index.
+type IDSet struct{ bits []uint64 }
+
+// NewIDSet returns the set of ids in [0, v) for which in is true.
+func NewIDSet(v int, in func(id int32) bool) *IDSet {
+	s := &IDSet{bits: make([]uint64, (v+63)/64)}
+	for id := int32(0); int(id) < v; id++ {
+		if in(id) {
+			s.bits[id/64] |= 1 << (id % 64)
+		}
+	}
+	return s
+}
+
+// Has reports whether id is in s.
+func (s *IDSet) Has(id int32) bool {
+	return id >= 0 && int(id/64) < len(s.bits) && s.bits[id/64]>>(id%64)&1 == 1
+}
+
+// Bits returns the bitset (shared: do not modify).
+func (s *IDSet) Bits() []uint64 { return s.bits }
