@@ -18,6 +18,10 @@ type Config struct {
 	// a time (default 0 = GOMAXPROCS; 1 = all on the engine goroutine).
 	// Outputs do not depend on it.
 	SamplingWorkers int
+	// HostSampling draws every token on the host even when the backend
+	// can draw where the logits are (forward.DrawBackend: the GPU), for
+	// comparisons; outputs follow each path's own random stream.
+	HostSampling bool
 }
 
 // DefaultConfig returns the defaults, prefix caching on.

@@ -98,6 +98,10 @@ type Paged struct {
 	logits []float32 // [len(batch.LogitRows), vocab]
 	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row (NaN = not needed/known)
 	rs     rowSampler
+	// db is b as a forward.DrawBackend when tokens are drawn on it (see
+	// draws.go), else nil; dp is the current step's plan.
+	db forward.DrawBackend
+	dp drawPlan
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
@@ -144,8 +148,9 @@ type request struct {
 	live     int         // sequences not done
 	admitted bool        // counted out of Paged.queued
 	complete bool
-	plp      []float32 // prompt log-probs, [len(prompt)-1] when asked for
-	plpDone  int       // plp[:plpDone] are filled
+	plp      []float32   // prompt log-probs, [len(prompt)-1] when asked for
+	plpDone  int         // plp[:plpDone] are filled
+	pre      []preSample // samples ≥ 1 made before the fork by a device-draw plan (draws.go)
 	cached   int
 
 	arrival, scheduled, prefilled, firstTok, lastTok time.Time
@@ -163,6 +168,9 @@ type entry struct {
 	rowStart       int  // its first row in LogitRows
 	plpFrom, plpTo int  // prompt positions [plpFrom, plpTo) scored this step
 	sample         bool // its last token's row is sampled
+	// Device draws (draws.go): its prompt rows' draws start at plpDraw,
+	// its sampling tasks' plans at planLo.
+	plpDraw, planLo int
 	// Set by consume: its sampling tasks are rs.tasks[taskLo:taskHi] (N of
 	// them the step a request forks); scoreOnly marks a MaxTokens == 0
 	// request whose prompt just finished.
@@ -193,6 +201,9 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 		quit:      make(chan struct{}),
 		stopped:   make(chan struct{}),
 		mgr:       kvcache.NewManager(b.NumBlocks(), cfg.BlockSize, cfg.EnablePrefixCaching),
+	}
+	if db, ok := b.(forward.DrawBackend); ok && db.DrawVocab() && !cfg.HostSampling {
+		e.db = db
 	}
 	e.stats.KVBlocksTotal = e.numBlocks
 	go e.loop()
@@ -318,6 +329,10 @@ func (e *Paged) loop() {
 
 func (e *Paged) newSeq(r *request, index int, tokens []int32) *sequence {
 	e.nextID++
+	if index < len(r.pre) && r.pre[index].samp != nil { // made by a device-draw plan
+		ps := r.pre[index]
+		return &sequence{id: e.nextID, r: r, index: index, tokens: tokens, samp: ps.samp, proc: ps.proc}
+	}
 	var proc sampler.LogitsProcessor
 	if r.req.NewProcessor != nil {
 		proc = r.req.NewProcessor(index)
@@ -559,12 +574,23 @@ func (e *Paged) step() {
 		}
 	}
 	rows := len(e.batch.LogitRows)
-	if cap(e.logits) < rows*e.vocab {
-		e.logits = make([]float32, rows*e.vocab)
+	hostRows := rows // logits rows the host receives
+	if e.db != nil {
+		e.planDraws()
+		hostRows = len(e.dp.hostRows)
 	}
-	logits := e.logits[:rows*e.vocab]
+	if cap(e.logits) < hostRows*e.vocab {
+		e.logits = make([]float32, hostRows*e.vocab)
+	}
+	logits := e.logits[:hostRows*e.vocab]
 	t1 := time.Now()
-	if err := e.b.Forward(&e.batch, logits); err != nil {
+	var err error
+	if e.db != nil {
+		err = e.db.ForwardDraw(&e.batch, e.dp.draws, e.dp.drawn, e.dp.hostRows, logits)
+	} else {
+		err = e.b.Forward(&e.batch, logits)
+	}
+	if err != nil {
 		e.failAll(fmt.Errorf("engine: forward: %w", err))
 		return
 	}
@@ -678,18 +704,22 @@ func (e *Paged) consume(logits []float32, rows int) {
 			}
 			en.scoreOnly = e.fork(s, now)
 			if !en.scoreOnly {
-				for _, c := range r.seqs {
-					rs.tasks = append(rs.tasks, sampleTask{s: c, row: row})
+				for i, c := range r.seqs {
+					rs.tasks = append(rs.tasks, sampleTask{s: c, row: row, plan: int32(en.planLo + i)})
 				}
 			}
 		} else {
-			rs.tasks = append(rs.tasks, sampleTask{s: s, row: row})
+			rs.tasks = append(rs.tasks, sampleTask{s: s, row: row, plan: int32(en.planLo)})
 		}
 		en.taskHi = len(rs.tasks)
 	}
 
 	lse := e.rowLSE(rows)
-	rs.run(logits, V, rows, lse, e.samplingWorkers(rows))
+	if e.db != nil {
+		e.resolveDraws(logits, lse, rows)
+	} else {
+		rs.run(logits, V, rows, lse, e.samplingWorkers(rows))
+	}
 
 	for k := range e.sched {
 		en := &e.sched[k]
@@ -700,7 +730,13 @@ func (e *Paged) consume(logits []float32, rows int) {
 		r := s.r
 		for p := en.plpFrom; p < en.plpTo; p++ {
 			row := en.rowStart + p - en.plpFrom
-			r.plp[p] = float32(float64(logits[row*V+int(r.req.Prompt[p+1])]) - lse[row])
+			var v float32
+			if e.db != nil {
+				v = e.dp.drawn[en.plpDraw+p-en.plpFrom].Logit
+			} else {
+				v = logits[row*V+int(r.req.Prompt[p+1])]
+			}
+			r.plp[p] = float32(float64(v) - lse[row])
 			r.plpDone = p + 1
 		}
 		if en.scoreOnly {

@@ -17,8 +17,9 @@ const minRowsPerWorker = 2
 // goroutine before rowSampler.run, outputs written by the one worker that
 // handles its row.
 type sampleTask struct {
-	s   *sequence
-	row int32 // logits row it samples from
+	s    *sequence
+	row  int32 // logits row it samples from
+	plan int32 // its device-draw plan: index into drawPlan.tasks (draws.go)
 
 	tok int32   // drawn token (valid when err == nil)
 	lp  float32 // its raw log-prob

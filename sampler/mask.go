@@ -98,3 +98,8 @@ func (s *IDSet) Has(id int32) bool {
 
 // Bits returns the bitset (shared: do not modify).
 func (s *IDSet) Bits() []uint64 { return s.bits }
+
+// Uniform takes the sampler's next random number in [0, 1): the U of a
+// draw made elsewhere (forward.Draw), one per draw at Temperature > 0, so
+// that a seeded sample's stream advances as its host draws would.
+func (s *Sampler) Uniform() float64 { return s.rng.Float64() }

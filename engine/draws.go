@@ -1,0 +1,237 @@
+package engine
+
+import (
+	"math"
+
+	"chunlian/forward"
+	"chunlian/sampler"
+)
+
+var negInf32 = float32(math.Inf(-1))
+
+// Device draws (forward.DrawBackend).
+//
+// On a backend that can draw tokens where the logits are (the GPU), the
+// engine plans every step's draws before the forward pass, from state that
+// the pass does not change: each sampling task's processor says what it
+// will do to the row (sampler.Masker), each prompt log-prob row asks only
+// for the logit of the next prompt token (a Force draw). The backend then
+// returns 8 bytes per draw instead of a 6,189-float row, and the host
+// sampling phase shrinks to the few rows whose processor must read the row
+// itself (the first step of the forced 横批 samples, which ranks the
+// candidates by the row; a repetition penalty; an unknown processor):
+// those rows are copied whole and sampled on the host as before.
+//
+// Invariant: plan and consume list a step's sampling tasks in the same
+// order (schedule order; a request that forks lists its N samples by
+// index), so consume's k-th task of an entry is plan.tasks[en.planLo+k].
+// All of it is loop-owned.
+
+// Task plan codes besides a draw index (≥ 0).
+const (
+	taskHost = -1 // sampled on the host from its copied row
+	taskDead = -2 // the processor forces a token outside the vocabulary: a dead end
+)
+
+// drawPlan is one step's device-draw plan and results.
+type drawPlan struct {
+	draws    []forward.Draw
+	drawn    []forward.Drawn
+	tasks    []int32 // per sampling task: index into draws, taskHost or taskDead
+	hostRows []int32 // logits rows copied to the host, ascending
+	hostIdx  []int32 // [rows]: row → its index in hostRows, -1 if not copied
+	excl     []int32 // backing store of the draws' Exclude lists
+	mask     sampler.Mask
+	masks    map[*sampler.IDSet]int32 // registered sets (loop-owned, backend's life)
+
+	hostTasks []sampleTask // the host tasks of a step, rows renumbered to hostIdx
+	hostOf    []int        // hostTasks[i] is rs.tasks[hostOf[i]]
+	hostLSE   []float64
+}
+
+// deviceDraws reports whether this engine plans device draws.
+func (e *Paged) deviceDraws() bool { return e.db != nil }
+
+// planDraws plans the step laid out by buildBatch (see drawPlan).
+func (e *Paged) planDraws() {
+	p := &e.dp
+	rows := len(e.batch.LogitRows)
+	p.draws, p.tasks, p.excl, p.hostRows = p.draws[:0], p.tasks[:0], p.excl[:0], p.hostRows[:0]
+	if cap(p.hostIdx) < rows {
+		p.hostIdx = make([]int32, rows)
+	}
+	p.hostIdx = p.hostIdx[:rows]
+	for i := range p.hostIdx {
+		p.hostIdx[i] = -1
+	}
+	for k := range e.sched {
+		en := &e.sched[k]
+		s, r := en.s, en.s.r
+		en.plpDraw = len(p.draws)
+		for q := en.plpFrom; q < en.plpTo; q++ {
+			p.draws = append(p.draws, forward.Draw{Row: int32(en.rowStart + q - en.plpFrom), Force: r.req.Prompt[q+1], Mask: -1})
+		}
+		en.planLo = len(p.tasks)
+		if !en.sample {
+			continue
+		}
+		row := int32(en.rowStart + en.plpTo - en.plpFrom)
+		switch {
+		case r.forked:
+			e.planTask(row, s.samp, s.proc, s.generated())
+		case r.req.Params.MaxTokens == 0: // score-only: fork draws nothing
+		default: // the step the request forks: all N samples draw from row
+			for i := range r.n {
+				samp, proc := e.sampleState(r, i)
+				e.planTask(row, samp, proc, s.generated())
+			}
+		}
+	}
+	for row, h := range p.hostIdx {
+		if h == 0 { // marked by planTask
+			p.hostIdx[row] = int32(len(p.hostRows))
+			p.hostRows = append(p.hostRows, int32(row))
+		}
+	}
+	if cap(p.drawn) < len(p.draws) {
+		p.drawn = make([]forward.Drawn, len(p.draws), 2*len(p.draws))
+	}
+	p.drawn = p.drawn[:len(p.draws)]
+}
+
+// planTask plans one sampling task on row: a draw when its processor can
+// say what it does without the row, else the host way (row copied).
+func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsProcessor, gen []int32) {
+	p := &e.dp
+	par := samp.Params()
+	m := &p.mask
+	m.Reset()
+	ok := true
+	if proc != nil {
+		mk, isMasker := proc.(sampler.Masker)
+		ok = isMasker && mk.Mask(gen, m)
+	}
+	if rp := par.RepetitionPenalty; rp > 0 && rp != 1 {
+		ok = false // the penalty reads the prompt and history per token
+	}
+	if len(m.Exclude) > forward.MaxDrawExclude {
+		ok = false
+	}
+	mi := int32(-1)
+	if ok && !m.Forced && m.Allowed != nil {
+		mi, ok = e.maskIndex(m.Allowed)
+	}
+	if !ok {
+		p.tasks = append(p.tasks, taskHost)
+		p.hostIdx[row] = 0 // mark; planDraws numbers the marked rows
+		return
+	}
+	if m.Forced && (m.Force < 0 || int(m.Force) >= e.vocab) {
+		p.tasks = append(p.tasks, taskDead)
+		return
+	}
+	d := forward.Draw{Row: row, Force: -1, Mask: mi, Temperature: par.Temperature, TopP: par.TopP, MinP: par.MinP, TopK: int32(par.TopK)}
+	if m.Forced {
+		d.Force = m.Force
+	} else if len(m.Exclude) > 0 {
+		lo := len(p.excl)
+		p.excl = append(p.excl, m.Exclude...)
+		d.Exclude = p.excl[lo:len(p.excl):len(p.excl)]
+	}
+	if par.Temperature != 0 {
+		d.U = samp.Uniform()
+	}
+	p.tasks = append(p.tasks, int32(len(p.draws)))
+	p.draws = append(p.draws, d)
+}
+
+// maskIndex returns set's index on the backend, registering it the first
+// time; false if the backend refuses it (the task then goes the host way).
+func (e *Paged) maskIndex(set *sampler.IDSet) (int32, bool) {
+	p := &e.dp
+	if i, ok := p.masks[set]; ok {
+		return i, i >= 0
+	}
+	if p.masks == nil {
+		p.masks = map[*sampler.IDSet]int32{}
+	}
+	i, err := e.db.RegisterMask(set.Bits())
+	if err != nil {
+		i = -1 // refused: remembered, never asked again
+	}
+	p.masks[set] = i
+	return i, i >= 0
+}
+
+// sampleState returns the Sampler and processor of sample i of r: the
+// prompt sequence's for i == 0, else made now and kept for fork (whose
+// newSeq takes them), so that the plan can take their first draw's U.
+func (e *Paged) sampleState(r *request, i int) (*sampler.Sampler, sampler.LogitsProcessor) {
+	if i == 0 {
+		return r.seqs[0].samp, r.seqs[0].proc
+	}
+	if len(r.pre) < r.n {
+		r.pre = make([]preSample, r.n)
+	}
+	ps := &r.pre[i]
+	if ps.samp == nil {
+		ps.samp = sampler.New(r.req.Params, i)
+		if r.req.NewProcessor != nil {
+			ps.proc = r.req.NewProcessor(i)
+		}
+	}
+	return ps.samp, ps.proc
+}
+
+// preSample is a sample's state made before its sequence exists.
+type preSample struct {
+	samp *sampler.Sampler
+	proc sampler.LogitsProcessor
+}
+
+// resolveDraws fills the step's tasks from the device draws and samples
+// the host tasks from the copied rows (consume's phase 2 on this path).
+// lse is [rows] (the backend's log-sum-exps); logits holds the host rows.
+func (e *Paged) resolveDraws(logits []float32, lse []float64, rows int) {
+	p, rs := &e.dp, &e.rs
+	p.hostTasks, p.hostOf = p.hostTasks[:0], p.hostOf[:0]
+	for i := range rs.tasks {
+		t := &rs.tasks[i]
+		switch d := p.tasks[t.plan]; {
+		case d == taskDead:
+			t.err = sampler.ErrDeadEnd
+		case d == taskHost:
+			ht := *t
+			ht.row = p.hostIdx[t.row]
+			p.hostTasks = append(p.hostTasks, ht)
+			p.hostOf = append(p.hostOf, i)
+		default:
+			dr, got := &p.draws[d], p.drawn[d]
+			t.err = nil
+			if got.Tok < 0 || (dr.Force >= 0 && !(got.Logit > negInf32)) {
+				t.err = sampler.ErrDeadEnd
+				continue
+			}
+			t.tok, t.lp = got.Tok, float32(float64(got.Logit)-lse[t.row])
+		}
+	}
+	if len(p.hostTasks) == 0 {
+		return
+	}
+	H := len(p.hostRows)
+	if cap(p.hostLSE) < H {
+		p.hostLSE = make([]float64, H)
+	}
+	hl := p.hostLSE[:H]
+	for k, row := range p.hostRows {
+		hl[k] = lse[row]
+	}
+	all := rs.tasks
+	rs.tasks = p.hostTasks
+	rs.run(logits, e.vocab, H, hl, e.samplingWorkers(len(p.hostTasks)))
+	rs.tasks = all
+	for k, i := range p.hostOf {
+		t, ht := &all[i], &p.hostTasks[k]
+		t.tok, t.lp, t.err = ht.tok, ht.lp, ht.err
+	}
+}

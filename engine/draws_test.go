@@ -1,0 +1,208 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"chunlian/forward"
+	"chunlian/sampler"
+)
+
+// maskProc is a test processor that is a pure mask at every step: allowed
+// set by step, the last generated token excluded, and every fourth step a
+// forced token (sometimes outside the vocabulary: a dead end).
+type maskProc struct {
+	sets  []*sampler.IDSet
+	vocab int
+}
+
+func (p maskProc) describe(gen []int32, m *sampler.Mask) {
+	m.Reset()
+	if len(gen)%4 == 3 {
+		m.Forced, m.Force = true, int32(len(gen)*7%(p.vocab+1))
+		return
+	}
+	m.Allowed = p.sets[len(gen)%len(p.sets)]
+	if len(gen) > 0 {
+		m.Exclude = append(m.Exclude, gen[len(gen)-1])
+	}
+}
+
+func (p maskProc) Process(gen []int32, row []float32) error {
+	var m sampler.Mask
+	p.describe(gen, &m)
+	return m.Apply(row)
+}
+
+// maskerProc is maskProc that says so (sampler.Masker): drawn on the device.
+type maskerProc struct{ maskProc }
+
+func (p maskerProc) Mask(gen []int32, m *sampler.Mask) bool { p.describe(gen, m); return true }
+
+// countDraws counts what the engine asks of a DrawBackend.
+type countDraws struct {
+	forward.DrawBackend
+	steps, draws, hostRows, rows atomic.Int64
+}
+
+func (c *countDraws) ForwardDraw(b *forward.Batch, d []forward.Draw, out []forward.Drawn, host []int32, logits []float32) error {
+	c.steps.Add(1)
+	c.draws.Add(int64(len(d)))
+	c.hostRows.Add(int64(len(host)))
+	c.rows.Add(int64(len(b.LogitRows)))
+	return c.DrawBackend.ForwardDraw(b, d, out, host, logits)
+}
+
+// drawRequests is genRequests with processors: masker (device draws),
+// plain mask processors (host rows) and none, mixed.
+func drawRequests(seed uint64, k, vocab int, greedy bool) []*Request {
+	reqs := genRequests(seed, k, vocab, 30, 40)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var sets []*sampler.IDSet
+	for range 3 {
+		keep := rng.Uint64()
+		sets = append(sets, sampler.NewIDSet(vocab, func(id int32) bool { return keep>>(id%64)&1 == 1 || id%5 == 0 }))
+	}
+	mp := maskProc{sets: sets, vocab: vocab}
+	for i, r := range reqs {
+		if greedy {
+			r.Params.Temperature = 0
+		}
+		switch i % 3 {
+		case 0:
+			r.NewProcessor = func(int) sampler.LogitsProcessor { return maskerProc{mp} }
+		case 1:
+			r.NewProcessor = func(int) sampler.LogitsProcessor { return mp }
+		}
+	}
+	return reqs
+}
+
+// TestDeviceDrawsGreedyMatchHost: with draws planned for the device
+// (forward.HostDraws runs sampler.DrawRow, the GPU's definition), greedy
+// results — tokens, log-probs, prompt log-probs, dead ends, n > 1 — are
+// exactly the host path's, whatever the chunking, preemption and prefix
+// hits; and the device path did draw (fewer rows crossed than computed).
+func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
+	const vocab = 24
+	cases := []struct {
+		name   string
+		blocks int
+		bs     int
+		cfg    Config
+		seed   uint64
+	}{
+		{"defaults", 512, 4, Config{}, 1},
+		{"chunked prefill", 512, 4, Config{MaxNumBatchedTokens: 7, EnablePrefixCaching: true}, 2},
+		{"few seqs per step", 512, 8, Config{MaxNumSeqs: 3, EnablePrefixCaching: true}, 3},
+		{"tiny cache preempts", 20, 4, Config{MaxNumBatchedTokens: 64, EnablePrefixCaching: true}, 6},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs := drawRequests(tc.seed, 30, vocab, true)
+			hostCfg := tc.cfg
+			hostCfg.HostSampling = true
+			if hostCfg == (Config{HostSampling: true}) {
+				hostCfg = DefaultConfig()
+				hostCfg.HostSampling = true
+			}
+			host, err := New(forward.HostDraws(newFake(tc.blocks, tc.bs, vocab)), hostCfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if host.deviceDraws() {
+				t.Fatal("HostSampling engine plans device draws")
+			}
+			want := runConcurrent(t, host, reqs)
+			cd := &countDraws{DrawBackend: forward.HostDraws(newFake(tc.blocks, tc.bs, vocab))}
+			dev, err := New(cd, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !dev.deviceDraws() {
+				t.Fatal("engine on a DrawBackend does not plan device draws")
+			}
+			got := runConcurrent(t, dev, reqs)
+			dead := 0
+			for i := range reqs {
+				if err := sameResult(got[i], want[i]); err != nil {
+					t.Errorf("request %d (%+v): %v", i, reqs[i].Params, err)
+				}
+				for _, c := range got[i].Completions {
+					if c.Finish == FinishDeadEnd {
+						dead++
+					}
+				}
+			}
+			if cd.draws.Load() == 0 || cd.hostRows.Load() >= cd.rows.Load() {
+				t.Errorf("device path: %d draws, %d of %d rows copied", cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load())
+			}
+			if dead == 0 {
+				t.Error("no dead end: the forced-outside-vocabulary case went untested")
+			}
+			t.Logf("%d steps, %d draws, %d of %d rows copied, %d dead ends", cd.steps.Load(), cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load(), dead)
+			checkDrained(t, dev)
+			checkDrained(t, host)
+		})
+	}
+}
+
+// TestDeviceDrawsSampled: sampled draws on the device path obey every
+// processor, and the same seeds give the same results on a second engine.
+func TestDeviceDrawsSampled(t *testing.T) {
+	const vocab = 24
+	reqs := drawRequests(9, 40, vocab, false)
+	run := func() []*Result {
+		e, err := New(forward.HostDraws(newFake(512, 4, vocab)), Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer checkDrained(t, e)
+		return runConcurrent(t, e, reqs)
+	}
+	a, b := run(), run()
+	checked := 0
+	for i, r := range reqs {
+		if err := sameResult(a[i], b[i]); err != nil {
+			t.Errorf("request %d: not reproducible: %v", i, err)
+		}
+		if r.NewProcessor == nil {
+			continue
+		}
+		for _, c := range a[i].Completions {
+			p := r.NewProcessor(c.Index)
+			for j, tok := range c.Tokens {
+				row := make([]float32, vocab) // all zeros: allowed = finite after Process
+				if err := p.Process(c.Tokens[:j], row); err != nil {
+					t.Fatalf("request %d sample %d step %d: drew %d where the processor allows nothing", i, c.Index, j, tok)
+				}
+				if !(row[tok] == 0) {
+					t.Fatalf("request %d sample %d step %d: drew %d, which the processor forbids", i, c.Index, j, tok)
+				}
+				checked++
+			}
+		}
+	}
+	// Samples of one request have their own random streams (sampler.New
+	// with their index, also when a device plan made them before the fork).
+	multi, same := 0, 0
+	for i, r := range reqs {
+		if r.Params.N < 2 || r.Params.Temperature == 0 || r.Params.MaxTokens < 6 {
+			continue
+		}
+		multi++
+		c := a[i].Completions
+		if slices.Equal(c[0].Tokens, c[1].Tokens) {
+			same++
+		}
+	}
+	if multi == 0 || 2*same >= multi {
+		t.Errorf("%d of %d sampled requests with N ≥ 2 have identical first two samples", same, multi)
+	}
+	if checked < 100 {
+		t.Fatalf("only %d tokens checked", checked)
+	}
+	t.Logf("%d processed tokens checked", checked)
+}

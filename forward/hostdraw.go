@@ -1,0 +1,95 @@
+package forward
+
+import (
+	"fmt"
+
+	"chunlian/sampler"
+)
+
+// HostDraws gives any Backend the DrawBackend interface by running its
+// Forward for every row and then drawing on the host with sampler.DrawRow,
+// the definition the GPU's draws implement. It is the reference for the
+// device path: engine and couplet tests run the engine's draw planning on
+// it without a GPU, and it costs what the host path costs plus the draws,
+// so production CPU serving does not use it.
+func HostDraws(b Backend) DrawBackend { return &hostDraws{Backend: b} }
+
+type hostDraws struct {
+	Backend
+	masks  [][]uint64
+	all    []float32 // [R, V] every row of the last ForwardDraw
+	lse    []float32 // [R]
+	hadLSE bool
+}
+
+var _ DrawBackend = (*hostDraws)(nil)
+
+func (h *hostDraws) DrawVocab() bool { return true }
+
+func (h *hostDraws) RegisterMask(allowed []uint64) (int32, error) {
+	if len(h.masks) >= 64 {
+		return -1, fmt.Errorf("forward: more than 64 draw masks")
+	}
+	h.masks = append(h.masks, append([]uint64(nil), allowed...))
+	return int32(len(h.masks) - 1), nil
+}
+
+// Forward keeps Forward's own contract (and LogSumExp's).
+func (h *hostDraws) Forward(b *Batch, logits []float32) error {
+	if err := h.Backend.Forward(b, logits); err != nil {
+		return err
+	}
+	h.setLSE(logits, len(b.LogitRows))
+	return nil
+}
+
+func (h *hostDraws) setLSE(all []float32, R int) {
+	V := h.VocabSize()
+	h.lse = h.lse[:0]
+	for i := range R {
+		h.lse = append(h.lse, float32(sampler.LogSumExp(all[i*V:(i+1)*V])))
+	}
+}
+
+func (h *hostDraws) LogSumExp() []float32 { return h.lse }
+
+func (h *hostDraws) ForwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []int32, logits []float32) error {
+	V, R := h.VocabSize(), len(b.LogitRows)
+	if len(out) != len(draws) || len(logits) < len(hostRows)*V {
+		return fmt.Errorf("forward: ForwardDraw with %d draws, %d results, %d host rows, %d logits", len(draws), len(out), len(hostRows), len(logits))
+	}
+	if cap(h.all) < R*V {
+		h.all = make([]float32, R*V)
+	}
+	all := h.all[:R*V]
+	if err := h.Backend.Forward(b, all); err != nil {
+		return err
+	}
+	h.setLSE(all, R)
+	for i, d := range draws {
+		if d.Row < 0 || int(d.Row) >= R || int(d.Force) >= V || d.Mask < -1 || int(d.Mask) >= len(h.masks) || len(d.Exclude) > MaxDrawExclude {
+			return fmt.Errorf("forward: bad draw %d: %+v", i, d)
+		}
+		row := all[int(d.Row)*V : int(d.Row+1)*V]
+		if d.Force >= 0 {
+			out[i] = Drawn{Tok: d.Force, Logit: row[d.Force]}
+			continue
+		}
+		var mask []uint64
+		if d.Mask >= 0 {
+			mask = h.masks[d.Mask]
+		}
+		tok := sampler.DrawRow(row, mask, d.Exclude, sampler.DrawParams{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK}, d.U)
+		out[i] = Drawn{Tok: tok}
+		if tok >= 0 {
+			out[i].Logit = row[tok]
+		}
+	}
+	for k, r := range hostRows {
+		if r < 0 || int(r) >= R {
+			return fmt.Errorf("forward: host row %d out of [0,%d)", r, R)
+		}
+		copy(logits[k*V:(k+1)*V], all[int(r)*V:int(r+1)*V])
+	}
+	return nil
+}
