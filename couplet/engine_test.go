@@ -3,6 +3,7 @@ package couplet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -14,11 +15,20 @@ import (
 )
 
 // realStack starts the paged engine on the random test model's CPU backend.
-func realStack(t testing.TB, m *model.Model) engine.Engine {
+func realStack(t testing.TB, m *model.Model) engine.Engine { return realStackDraws(t, m, false) }
+
+// realStackDraws is realStack, with the tokens drawn the GPU's way when
+// draws is set: forward.HostDraws plans every step's draws from the
+// processors' masks (sampler.Masker) as on the CUDA backend.
+func realStackDraws(t testing.TB, m *model.Model, draws bool) engine.Engine {
 	t.Helper()
-	b, err := forward.NewCPU(m, forward.CPUOptions{})
+	cpu, err := forward.NewCPU(m, forward.CPUOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var b forward.Backend = cpu
+	if draws {
+		b = forward.HostDraws(cpu)
 	}
 	e, err := engine.New(b, engine.Config{})
 	if err != nil {
@@ -50,9 +60,17 @@ func (x extraProc) Generate(ctx context.Context, r *engine.Request) (*engine.Res
 // TestPropertyEngine is the point of the package: a random model (which on
 // its own writes gibberish of any shape) plus the constraints, on the real
 // engine, must still give well-formed couplets, for many seeds, keywords,
-// modes and lengths — here also concurrently, as the service calls it.
+// modes and lengths — here also concurrently, as the service calls it —
+// with tokens drawn on the host and, as on the GPU, from the processors'
+// masks (device draws).
 func TestPropertyEngine(t *testing.T) {
-	g := newFakeGen(t, realStack(t, testModel))
+	for _, draws := range []bool{false, true} {
+		t.Run(fmt.Sprintf("device draws %v", draws), func(t *testing.T) { testPropertyEngine(t, draws) })
+	}
+}
+
+func testPropertyEngine(t *testing.T, draws bool) {
+	g := newFakeGen(t, realStackDraws(t, testModel, draws))
 	kws := usableKeywords(t, g)
 	lengths := []int{0, 4, 5, 7, 9, 11, 13}
 	uppers := []string{"春回大地", "天增岁月人增寿", "月照人照月", "春风入户，福气满门", "喜", "一年四季，春夏秋冬"}
