@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -226,6 +227,40 @@ func (n *nullBackend) BlockSize() int                    { return n.bs }
 func (n *nullBackend) VocabSize() int                    { return len(n.row) }
 func (n *nullBackend) Close() error                      { return nil }
 
+// nullDraws is nullBackend drawing "on the device": every draw returns
+// its forced token or the row's argmax at no cost, so a benchmark on it
+// measures the engine goroutine's own work on the device-draw path.
+type nullDraws struct {
+	nullBackend
+	lse []float32
+}
+
+func (n *nullDraws) DrawVocab() bool                              { return true }
+func (n *nullDraws) RegisterMask(allowed []uint64) (int32, error) { return 0, nil }
+func (n *nullDraws) LogSumExp() []float32                         { return n.lse }
+func (n *nullDraws) ForwardDraw(b *forward.Batch, d []forward.Draw, out []forward.Drawn, host []int32, logits []float32) error {
+	for len(n.lse) < len(b.LogitRows) {
+		n.lse = append(n.lse, 9)
+	}
+	n.lse = n.lse[:len(b.LogitRows)]
+	best := int32(0)
+	for i, v := range n.row {
+		if v > n.row[best] {
+			best = int32(i)
+		}
+	}
+	for i := range d {
+		out[i] = forward.Drawn{Tok: best, Logit: n.row[best]}
+		if d[i].Force >= 0 {
+			out[i] = forward.Drawn{Tok: d[i].Force, Logit: n.row[d[i].Force]}
+		}
+	}
+	for k := range host {
+		copy(logits[k*len(n.row):], n.row)
+	}
+	return nil
+}
+
 // BenchmarkEngineOverhead: 128 concurrent requests (8 prompt tokens, 32
 // generated, greedy or top-p sampling) over a vocabulary of 6000 on a
 // backend that does nothing; ns/token is the engine's own cost per
@@ -266,6 +301,9 @@ func BenchmarkEngineOverhead(b *testing.B) {
 		// The H200's regime: thousands of sequences per step, where the
 		// engine goroutine's serial work per sequence bounds a step.
 		{"users=2048/greedy", 2048, 6294, 0, 0, nil},
+		// The same on the device-draw path (nullDraws): what is left on
+		// the host when the GPU draws.
+		{"users=2048/device-draws", 2048, 6294, 0.8, 0.95, nil},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -275,7 +313,12 @@ func BenchmarkEngineOverhead(b *testing.B) {
 			cfg.MaxNumSeqs = max(cfg.MaxNumSeqs, c.users)
 			cfg.MaxQueue = max(cfg.MaxQueue, c.users)
 			cfg.MaxNumBatchedTokens = max(cfg.MaxNumBatchedTokens, 8*c.users)
-			e, err := New(&nullBackend{numBlocks: 2 * c.users * (promptLen + genLen) / 16, bs: 16, row: zipf(c.vocab)}, cfg)
+			nb := nullBackend{numBlocks: 2 * c.users * (promptLen + genLen) / 16, bs: 16, row: zipf(c.vocab)}
+			var fb forward.Backend = &nb
+			if strings.HasSuffix(c.name, "device-draws") {
+				fb = &nullDraws{nullBackend: nb}
+			}
+			e, err := New(fb, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
