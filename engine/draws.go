@@ -117,6 +117,12 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 	if len(m.Exclude) > forward.MaxDrawExclude {
 		ok = false
 	}
+	if par.TopK > 0 && par.TopP > 0 && par.TopP < 1 {
+		// The host cuts top-p within the top-k mass (as HF and vLLM do);
+		// DrawRow's one-candidate nucleus test takes top-p of the whole
+		// mass, which can keep more. Rare; keep the host's semantics.
+		ok = false
+	}
 	mi := int32(-1)
 	if ok && !m.Forced && m.Allowed != nil {
 		mi, ok = e.maskIndex(m.Allowed)
