@@ -10,6 +10,9 @@
 #                             # engine lines, couplet pipeline with a CPU profile
 #   bash cuda/h200.sh wide    # ≤ 140 s: the wide-step server, 1 user and 300/1000/2000 users,
 #                             # /metrics around each; then the BASE build at the same levels
+#   bash cuda/h200.sh draws   # ≤ 200 s: GPU draw tests + ForwardDraw benchmark, then the wide
+#                             # server at 1/300/1000/2000 users with tokens drawn on the GPU
+#                             # and, same binary, with --device-sampling=false (A/B)
 #                             # when one was built (WIDE_LEVELS="300 1000" picks the levels)
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
@@ -206,6 +209,36 @@ wide)
 		echo "base:"; grep -E "^\| target" "$OUT/http_base.md"
 		kill $SPID; wait $SPID 2>/dev/null
 	fi
+	;;
+draws)
+	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
+	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
+	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
+	timeout 90 /tmp/cuda.test -test.run 'Draw|TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)" "$OUT/cuda_test.log" | head -40
+	timeout 40 /tmp/cuda.test -test.run XXX -test.bench 'ForwardDraw' -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
+	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
+	pack
+	LEVELS=${WIDE_LEVELS:-1 300 1000 2000}
+	for V in gpu host; do
+		F=; [ $V = host ] && F=--device-sampling=false
+		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
+		for C in $LEVELS; do
+			curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${V}_${C}_a.txt"
+			PP=
+			if [ "$C" = 2000 ]; then
+				(sleep 2.5; curl -s -o "$OUT/serve_${V}_2000.cpu.prof" "http://127.0.0.1:18080/debug/pprof/profile?seconds=3") &
+				PP=$!
+			fi
+			timeout 20 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $C --duration 5s \
+				--warmup 1s --quiet --json "$OUT/http_${V}_$C.json" --out "$OUT/http_${V}_$C.md" > "$OUT/http_${V}_$C.log" 2>&1
+			curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${V}_${C}_b.txt"
+			echo -n "$V: "; grep -E "^\| target" "$OUT/http_${V}_$C.md" | tail -1
+			[ -n "$PP" ] && wait $PP
+		done
+		kill $SPID; wait $SPID 2>/dev/null
+		pack
+	done
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
