@@ -168,6 +168,14 @@ type Backend struct {
 	capMeta               int
 	hostMeta              []int32 // host copy, reused
 
+	// Device draws (draw.go): the registered allowed-token masks
+	// [maxMasks, maskWords] uint64 (allocated by the first RegisterMask),
+	// draw_rows' output [capDraws, 2] int32, the gathered host rows
+	// [capGather, V], and the host packing scratch of the draw specs.
+	masks, drawOut, gatherBuf   uintptr
+	nMasks, capDraws, capGather int
+	drawMeta                    []int32
+
 	// pinned is the caller's logits buffer, page-locked with
 	// cuMemHostRegister so the logits copy runs at full DMA speed; it is
 	// referenced here so the GC cannot free it while registered. pinAddr
@@ -218,6 +226,7 @@ type launchArgs struct {
 var (
 	_ forward.Backend       = (*Backend)(nil)
 	_ forward.RowLSEBackend = (*Backend)(nil) // the engine uses LogSumExp when RowLogSumExp is on
+	_ forward.DrawBackend   = (*Backend)(nil) // ForwardDraw: draw.go
 )
 
 // New uploads m to the GPU, compiles the kernels for the device and
@@ -742,6 +751,15 @@ func (b *Backend) Forward(bt *forward.Batch, logits []float32) error {
 // tokens [T] | positions [T] | slots [T] | tokSeq [T] | rows [R] |
 // blockTables [S, stride]. It returns the offsets (in int32s) and stride.
 func (b *Backend) prepare(bt *forward.Batch, logits []float32) (off [6]int, stride int, err error) {
+	if R, V := len(bt.LogitRows), b.cfg.VocabSize; len(logits) < R*V {
+		return off, 0, fmt.Errorf("cuda: logits buffer %d < %d rows × %d", len(logits), R, V)
+	}
+	return b.prepareMeta(bt)
+}
+
+// prepareMeta is prepare without the logits buffer's check (ForwardDraw
+// checks it against its host rows).
+func (b *Backend) prepareMeta(bt *forward.Batch) (off [6]int, stride int, err error) {
 	T, R, S := len(bt.Tokens), len(bt.LogitRows), len(bt.Seqs)
 	V, bs := b.cfg.VocabSize, b.opt.BlockSize
 	if T == 0 {
@@ -749,9 +767,6 @@ func (b *Backend) prepare(bt *forward.Batch, logits []float32) (off [6]int, stri
 	}
 	if len(bt.Positions) != T || len(bt.SlotMapping) != T {
 		return off, 0, fmt.Errorf("cuda: batch has %d tokens, %d positions, %d slots", T, len(bt.Positions), len(bt.SlotMapping))
-	}
-	if len(logits) < R*V {
-		return off, 0, fmt.Errorf("cuda: logits buffer %d < %d rows × %d", len(logits), R, V)
 	}
 	for _, s := range bt.Seqs {
 		stride = max(stride, len(s.BlockTable))
@@ -828,16 +843,45 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 	if err != nil {
 		return err
 	}
+	R := len(bt.LogitRows)
+	meta, off, tp := b.stepMeta(bt, off, stride)
+	errs := b.run(meta, off, len(bt.Tokens), R, stride, tp)
+	d := &b.l.drv
+	if errs == nil && R > 0 {
+		b.pin(logits)
+		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), b.logitBuf, uintptr(R*b.cfg.VocabSize*4), b.stream)
+	}
+	errs = b.copyLSE(errs, R)
+	if err := b.sync(); err != nil {
+		return errors.Join(errs, err)
+	}
+	runtime.KeepAlive(logits)
+	return errs
+}
+
+// stepMeta returns the metadata of the step prepare packed (offsets off):
+// hostMeta as it is, or padded to the graph bucket tp > 0 when the step
+// runs as a CUDA graph (tp = 0: eager).
+func (b *Backend) stepMeta(bt *forward.Batch, off [6]int, stride int) ([]int32, [6]int, int) {
 	T, R, S := len(bt.Tokens), len(bt.LogitRows), len(bt.Seqs)
-	n := off[5] + S*stride
-	meta := b.hostMeta[:n]
-	Te, Re := T, R // shapes the kernels run at
+	meta := b.hostMeta[:off[5]+S*stride]
 	tp := 0
 	if b.graphsOn {
 		tp = graphBucket(T)
 	}
 	if tp > 0 {
 		meta, off = b.padMeta(off, T, R, S, stride, tp)
+	}
+	return meta, off, tp
+}
+
+// run copies meta to the device and enqueues the forward pass of T tokens
+// and R logits rows (as the graph for bucket tp > 0, else eagerly). The
+// kernels read the metadata at the offsets off; anything after them in
+// meta travels in the same copy.
+func (b *Backend) run(meta []int32, off [6]int, T, R, stride, tp int) error {
+	Te, Re := T, R // shapes the kernels run at
+	if tp > 0 {
 		Te, Re = tp, tp
 	}
 	if err := b.growScratch(max(Te, Re)); err != nil {
@@ -852,29 +896,26 @@ func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
 	if err := d.call("cuMemcpyHtoDAsync(meta)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&meta[0])), uintptr(len(meta)*4), b.stream); err != nil {
 		return err
 	}
-	var errs error
 	if tp > 0 {
-		errs = b.launchGraph(tp, stride, off)
-	} else {
-		b.eagerSteps++
-		errs = b.enqueue(Te, Re, stride, off)
+		return b.launchGraph(tp, stride, off)
 	}
-	if errs == nil && R > 0 {
-		b.pin(logits)
-		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), b.logitBuf, uintptr(R*b.cfg.VocabSize*4), b.stream)
-	}
+	b.eagerSteps++
+	return b.enqueue(Te, Re, stride, off)
+}
+
+// copyLSE enqueues the copy of the R rows' log-sum-exp into lseHost (when
+// Options.RowLogSumExp and errs is nil) and returns errs joined with its
+// error; lseHost is empty otherwise.
+func (b *Backend) copyLSE(errs error, R int) error {
 	b.lseHost = b.lseHost[:0]
 	if errs == nil && R > 0 && b.opt.RowLogSumExp {
 		if cap(b.lseHost) < R {
 			b.lseHost = make([]float32, R, 2*R)
 		}
 		b.lseHost = b.lseHost[:R]
+		d := &b.l.drv
 		errs = d.call("cuMemcpyDtoHAsync(lse)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&b.lseHost[0])), b.lseBuf, uintptr(R*4), b.stream)
 	}
-	if err := b.sync(); err != nil {
-		return errors.Join(errs, err)
-	}
-	runtime.KeepAlive(logits)
 	return errs
 }
 

@@ -33,7 +33,7 @@ func TestKernelsCompile(t *testing.T) {
 		if tc.arch == "" {
 			continue
 		}
-		res, err := f.compileSource("llama.cu", llamaSource, tc.arch, kernelOptions(tc.headDim))
+		res, err := f.compileSource("llama.cu", kernelSource, tc.arch, kernelOptions(tc.headDim))
 		if err != nil {
 			t.Fatalf("headDim %d arch %s: %v", tc.headDim, tc.arch, err)
 		}

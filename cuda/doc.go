@@ -41,6 +41,15 @@
 // 8 tokens run instead on fused GEMV kernels, 5 launches per layer
 // (gemv.go), optionally with programmatic dependent launches (Options.PDL).
 //
+// Device draws (draw.go, kernels/draw.cu; forward.DrawBackend): ForwardDraw
+// runs the step, then draw_rows draws each forward.Draw from its logits row
+// on the GPU (sampler.DrawRow's definition: mask, temperature, top-k/top-p
+// by rejection rounds over an id-order prefix sum, min-p; one block per
+// draw, the row's probabilities in shared memory, so V·4 bytes must fit:
+// DrawVocab), gather_rows packs the rows the host still reads, and only
+// the draws' tokens and logits, the log-sum-exps and those rows come back.
+// Allowed-token sets live on the device (RegisterMask, up to 64).
+//
 // Measured on an H200: docs/BENCHMARKS.md, section H200; bash cuda/h200.sh
 // reproduces it.
 package cuda

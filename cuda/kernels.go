@@ -13,10 +13,19 @@ import (
 //go:embed kernels/llama.cu
 var llamaSource string
 
+// drawSource holds the device draw's kernels (draw_rows, gather_rows); it
+// uses llama.cu's macros and is compiled appended to it.
+//
+//go:embed kernels/draw.cu
+var drawSource string
+
+// kernelSource is the one NVRTC program: llama.cu then draw.cu.
+var kernelSource = llamaSource + "\n" + drawSource
+
 // kernelNames are the entry points resolved after loading the module.
 var kernelNames = []string{"embed_gather", "rmsnorm", "rope_kv", "paged_attention", "silu_mul", "copy_blocks", "row_lse",
 	"gemv", "gemv_qkv_rope", "gemv_gu_silu", "gemv_bf16", "gemv_qkv_rope_bf16", "gemv_gu_silu_bf16",
-	"paged_attention_chunked"}
+	"paged_attention_chunked", "draw_rows", "gather_rows"}
 
 // kernelOptions are the NVRTC options for a model with this head dimension.
 func kernelOptions(headDim int) []string {
@@ -56,7 +65,7 @@ func compileCached(f *nvrtcFns, arch string, headDim int) (*compileResult, error
 	if r, ok := compileCache[key]; ok {
 		return r, nil
 	}
-	r, err := f.compileSource("llama.cu", llamaSource, arch, kernelOptions(headDim))
+	r, err := f.compileSource("llama.cu", kernelSource, arch, kernelOptions(headDim))
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,281 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"chunlian/forward"
+)
+
+// Device draws: Backend as forward.DrawBackend.
+//
+// ForwardDraw runs the step like Forward, then, on the same stream:
+// draw_rows (kernels/draw.cu) draws every forward.Draw from its logits row
+// where the row lies (one block of drawThreads threads per draw, the row's
+// probabilities in shared memory), gather_rows packs the rows the host
+// still reads (hostRows) into one contiguous buffer unless they already
+// are the first rows in order, and only the draws' results (8 bytes each),
+// the log-sum-exps and those rows come back: one metadata copy in, three
+// copies out, one stream sync. The draw is sampler.DrawRow's definition
+// (see there); only the summation order of the float64 sums differs.
+//
+// The draw specs travel at the end of the step's int32 metadata (after
+// the possibly graph-padded batch metadata, so the graphs' offsets stay
+// put): specs [nDraws, drawWords] | hostRows [nHost] | exclude lists.
+// A spec is row, force, mask, the bits of temperature, top-p and min-p,
+// top-k, the low and high words of the bits of U, the offset of its
+// exclude list in the exclude section and its length.
+
+const (
+	drawThreads = 512 // DRAW_THREADS in kernels/draw.cu
+	drawWords   = 11  // DRAW_WORDS
+	// maxMasks is the number of mask slots RegisterMask offers.
+	maxMasks = 64
+	// drawStaticShm bounds draw_rows' static shared memory (its
+	// reductions' partials take 576 bytes); drawMaxShm is what a kernel
+	// may use without opting in to more.
+	drawStaticShm = 1024
+	drawMaxShm    = 48 << 10
+	gatherThreads = 256
+)
+
+// forward.Drawn is what draw_rows writes per draw: int32 token, float32
+// logit; the results are copied straight into the caller's slice.
+var _ [0]struct{} = [unsafe.Sizeof(forward.Drawn{}) - 8]struct{}{}
+
+// drawShmOK reports whether a row of V float32s fits draw_rows' shared
+// memory.
+func drawShmOK(V int) bool { return V >= 1 && V*4+drawStaticShm <= drawMaxShm }
+
+// DrawVocab implements forward.DrawBackend: the model's rows fit draw_rows'
+// shared memory (V ≤ 12,032) and Options.RowLogSumExp is on (the engine
+// needs the log-sum-exps for the drawn tokens' log-probabilities).
+func (b *Backend) DrawVocab() bool { return b.opt.RowLogSumExp && drawShmOK(b.cfg.VocabSize) }
+
+// maskWords is the length of one registered mask in uint64s.
+func (b *Backend) maskWords() int { return (b.cfg.VocabSize + 63) / 64 }
+
+// RegisterMask implements forward.DrawBackend: it copies allowed (bits
+// past the vocabulary ignored, missing words = not allowed) into the next
+// of maxMasks device slots and returns its index.
+func (b *Backend) RegisterMask(allowed []uint64) (int32, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return -1, errors.New("cuda: backend closed")
+	}
+	idx := int32(-1)
+	err := b.do(func() error {
+		if b.nMasks >= maxMasks {
+			return fmt.Errorf("cuda: RegisterMask: all %d mask slots are taken", maxMasks)
+		}
+		W := b.maskWords()
+		if b.masks == 0 {
+			p, err := b.alloc(int64(maxMasks) * int64(W) * 8)
+			if err != nil {
+				return err
+			}
+			b.masks = p
+		}
+		h := make([]uint64, W)
+		copy(h, allowed)
+		d := &b.l.drv
+		dst := b.masks + uintptr(b.nMasks*W*8)
+		err := d.call("cuMemcpyHtoDAsync(mask)", d.cuMemcpyHtoDAsync, dst, uintptr(unsafe.Pointer(&h[0])), uintptr(W*8), b.stream)
+		if err == nil {
+			err = b.sync() // h is temporary
+		}
+		runtime.KeepAlive(h)
+		if err != nil {
+			return err
+		}
+		idx = int32(b.nMasks)
+		b.nMasks++
+		return nil
+	})
+	return idx, err
+}
+
+// ForwardDraw implements forward.DrawBackend.
+func (b *Backend) ForwardDraw(bt *forward.Batch, draws []forward.Draw, out []forward.Drawn, hostRows []int32, logits []float32) error {
+	if len(out) != len(draws) {
+		return fmt.Errorf("cuda: ForwardDraw with %d draws and %d results", len(draws), len(out))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errors.New("cuda: backend closed")
+	}
+	return b.do(func() error { return b.forwardDraw(bt, draws, out, hostRows, logits) })
+}
+
+// packDraws validates draws and hostRows for a step of R logits rows and
+// a vocabulary of V (nMasks masks registered) and appends their device
+// form to dst: specs [len(draws), drawWords] | hostRows | exclude lists
+// (see the file comment). It makes no CUDA call.
+func packDraws(dst []int32, draws []forward.Draw, hostRows []int32, R, V, nMasks int) ([]int32, error) {
+	for k, r := range hostRows {
+		if r < 0 || int(r) >= R {
+			return dst, fmt.Errorf("cuda: host row %d (#%d) out of [0,%d)", r, k, R)
+		}
+	}
+	nEx := 0
+	for i := range draws {
+		d := &draws[i]
+		var bad string
+		switch {
+		case d.Row < 0 || int(d.Row) >= R:
+			bad = fmt.Sprintf("row %d out of [0,%d)", d.Row, R)
+		case d.Force >= int32(V):
+			bad = fmt.Sprintf("forced token %d out of [0,%d)", d.Force, V)
+		case d.Mask < -1 || int(d.Mask) >= nMasks:
+			bad = fmt.Sprintf("mask %d out of [-1,%d)", d.Mask, nMasks)
+		case len(d.Exclude) > forward.MaxDrawExclude:
+			bad = fmt.Sprintf("%d excluded tokens > %d", len(d.Exclude), forward.MaxDrawExclude)
+		case d.Force >= 0:
+		// A forced draw reads nothing else (U and the parameters unused).
+		case math.IsNaN(float64(d.Temperature)) || d.Temperature < 0:
+			bad = fmt.Sprintf("temperature %v not ≥ 0", d.Temperature)
+		case math.IsNaN(float64(d.TopP)) || math.IsNaN(float64(d.MinP)) || d.MinP > 1:
+			bad = fmt.Sprintf("top-p %v / min-p %v (NaN, or min-p > 1)", d.TopP, d.MinP)
+		case d.Temperature != 0 && !(d.U >= 0 && d.U < 1):
+			bad = fmt.Sprintf("U %v not in [0,1)", d.U)
+		}
+		if bad != "" {
+			return dst, fmt.Errorf("cuda: draw %d: %s", i, bad)
+		}
+		nEx += len(d.Exclude)
+	}
+	n := len(draws)*drawWords + len(hostRows) + nEx
+	base := len(dst)
+	dst = growInt32(dst, base+n)
+	spec, hr, ex := dst[base:base+len(draws)*drawWords], dst[base+len(draws)*drawWords:base+len(draws)*drawWords+len(hostRows)], dst[base+len(draws)*drawWords+len(hostRows):]
+	copy(hr, hostRows)
+	eo := 0
+	for i := range draws {
+		d := &draws[i]
+		s := spec[i*drawWords : (i+1)*drawWords]
+		ub := math.Float64bits(d.U)
+		s[0], s[1], s[2] = d.Row, d.Force, d.Mask
+		s[3] = int32(math.Float32bits(d.Temperature))
+		s[4] = int32(math.Float32bits(d.TopP))
+		s[5] = int32(math.Float32bits(d.MinP))
+		s[6] = d.TopK
+		s[7], s[8] = int32(uint32(ub)), int32(uint32(ub>>32))
+		s[9], s[10] = int32(eo), int32(len(d.Exclude))
+		eo += copy(ex[eo:], d.Exclude)
+	}
+	return dst, nil
+}
+
+// growInt32 returns s extended to length n (contents kept, capacity to
+// spare when it has to move).
+func growInt32(s []int32, n int) []int32 {
+	if n <= cap(s) {
+		return s[:n]
+	}
+	t := make([]int32, n, n+n/2)
+	copy(t, s)
+	return t
+}
+
+// isPrefix reports whether rows is 0, 1, …, len(rows)-1: those rows are
+// already contiguous at the start of the logits buffer.
+func isPrefix(rows []int32) bool {
+	for k, r := range rows {
+		if int(r) != k {
+			return false
+		}
+	}
+	return true
+}
+
+// growDraws makes room for nDraws results and, when gather, nHost
+// gathered rows. The previous step ended with a stream sync, so no kernel
+// still uses the buffers it replaces.
+func (b *Backend) growDraws(nDraws, nHost int, gather bool) error {
+	if nDraws > b.capDraws {
+		b.free(b.drawOut)
+		c := max(nDraws, 2*b.capDraws, 256)
+		p, err := b.alloc(int64(c) * 8)
+		if err != nil {
+			b.drawOut, b.capDraws = 0, 0
+			return err
+		}
+		b.drawOut, b.capDraws = p, c
+	}
+	if gather && nHost > b.capGather {
+		b.free(b.gatherBuf)
+		c := max(nHost, 2*b.capGather, 8)
+		p, err := b.alloc(int64(c) * int64(b.cfg.VocabSize) * 4)
+		if err != nil {
+			b.gatherBuf, b.capGather = 0, 0
+			return err
+		}
+		b.gatherBuf, b.capGather = p, c
+	}
+	return nil
+}
+
+// forwardDraw is ForwardDraw on the worker.
+func (b *Backend) forwardDraw(bt *forward.Batch, draws []forward.Draw, out []forward.Drawn, hostRows []int32, logits []float32) error {
+	V, R := b.cfg.VocabSize, len(bt.LogitRows)
+	nD, nH := len(draws), len(hostRows)
+	if len(logits) < nH*V {
+		return fmt.Errorf("cuda: logits buffer %d < %d host rows × %d", len(logits), nH, V)
+	}
+	if nD > 0 && !drawShmOK(V) {
+		return fmt.Errorf("cuda: vocabulary %d too large for device draws", V)
+	}
+	off, stride, err := b.prepareMeta(bt)
+	if err != nil {
+		return err
+	}
+	if b.drawMeta, err = packDraws(b.drawMeta[:0], draws, hostRows, R, V, b.nMasks); err != nil {
+		return err
+	}
+	meta, off, tp := b.stepMeta(bt, off, stride)
+	base := len(meta)
+	meta = append(meta, b.drawMeta...)
+	// Keep the grown buffer for the next step.
+	if tp > 0 {
+		b.padBuf = meta
+	} else {
+		b.hostMeta = meta
+	}
+	gather := nH > 0 && !isPrefix(hostRows)
+	if err := b.growDraws(nD, nH, gather); err != nil {
+		return err
+	}
+	errs := b.run(meta, off, len(bt.Tokens), R, stride, tp)
+	specs := uint64(b.meta + uintptr(base*4))
+	rows := specs + uint64(nD*drawWords*4)
+	excl := rows + uint64(nH*4)
+	if errs == nil && nD > 0 {
+		errs = b.launchShm("draw_rows", nD, 1, drawThreads, V*4, uint64(b.drawOut), uint64(b.logitBuf), i32(V),
+			specs, excl, uint64(b.masks), i32(b.maskWords()))
+	}
+	src := b.logitBuf
+	if errs == nil && gather {
+		errs = b.launch("gather_rows", nH, 1, gatherThreads, uint64(b.gatherBuf), uint64(b.logitBuf), rows, i32(V))
+		src = b.gatherBuf
+	}
+	d := &b.l.drv
+	if errs == nil && nD > 0 {
+		errs = d.call("cuMemcpyDtoHAsync(draws)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&out[0])), b.drawOut, uintptr(nD*8), b.stream)
+	}
+	if errs == nil && nH > 0 {
+		b.pin(logits)
+		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), src, uintptr(nH*V*4), b.stream)
+	}
+	errs = b.copyLSE(errs, R)
+	if err := b.sync(); err != nil {
+		return errors.Join(errs, err)
+	}
+	runtime.KeepAlive(logits)
+	runtime.KeepAlive(out)
+	return errs
+}
