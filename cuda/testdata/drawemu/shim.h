@@ -1,0 +1,61 @@
+// CPU emulation of the CUDA subset kernels/draw.cu uses, for
+// TestDrawKernelEmulated (draw_emu_test.go): one block at a time on
+// DRAW_THREADS std::threads, __syncthreads = a barrier, warp shuffles
+// through a block-wide exchange (draw.cu only shuffles in block-uniform
+// code), __shared__ = static, the dynamic shared array dp a global.
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+#define WARP 32
+typedef long long i64;
+static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
+static inline int __float_as_int(float f) { int x; memcpy(&x, &f, 4); return x; }
+static inline long long __double_as_longlong(double d) { long long x; memcpy(&x, &d, 8); return x; }
+static inline double __longlong_as_double(long long x) { double d; memcpy(&d, &x, 8); return d; }
+static inline double __hiloint2double(int hi, int lo) {
+    return __longlong_as_double((long long)(((unsigned long long)(unsigned)hi << 32) | (unsigned)lo));
+}
+// volatile: each operation rounded on its own (no contraction).
+static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+#define NEG_INF __int_as_float(0xff800000)
+struct dim3_ { unsigned x; };
+thread_local dim3_ threadIdx;
+dim3_ blockIdx, blockDim;
+static std::barrier<>* g_bar;
+static inline void __syncthreads() { g_bar->arrive_and_wait(); }
+static unsigned long long g_x[1024];
+template <typename T> T shfl_from(T v, int src) {
+    unsigned long long b = 0;
+    memcpy(&b, &v, sizeof(T));
+    g_x[threadIdx.x] = b;
+    __syncthreads();
+    unsigned long long r = g_x[src];
+    __syncthreads();
+    T out;
+    memcpy(&out, &r, sizeof(T));
+    return out;
+}
+template <typename T> T __shfl_xor_sync(unsigned, T v, int o) {
+    int t = threadIdx.x;
+    return shfl_from(v, (t & ~31) | ((t & 31) ^ o));
+}
+template <typename T> T __shfl_up_sync(unsigned, T v, int d) {
+    int t = threadIdx.x;
+    return shfl_from(v, (t & 31) >= d ? t - d : t);
+}
+using std::max;
+using std::min;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+float dp[1 << 16];
