@@ -24,10 +24,14 @@ import (
 // on machines without a GPU. Rows: peaked, flat, many ties, NaN and -Inf,
 // one dominant token, large offsets, nearly all -Inf; vocabularies smaller
 // than the block and the shipped model's; 64 and 512 threads. It needs
-// g++ with C++20 (<barrier>); it skips without g++ and under -short.
+// g++ with C++20 (<barrier>); it skips without g++, under -short and
+// where a GPU is usable.
 func TestDrawKernelEmulated(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
+	}
+	if ok, _ := Available(""); ok {
+		t.Skip("a GPU is here: TestForwardDrawMatchesDrawRow runs the kernel itself")
 	}
 	cxx, err := exec.LookPath("g++")
 	if err != nil {
