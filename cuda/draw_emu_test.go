@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"chunlian/forward"
-	"chunlian/sampler"
 )
 
 // TestDrawKernelEmulated runs kernels/draw.cu's draw_rows itself, compiled
@@ -85,14 +84,7 @@ func TestDrawKernelEmulated(t *testing.T) {
 		var sampled, differ int
 		for i, d := range draws {
 			row := rows[int(d.Row)*tc.V : (int(d.Row)+1)*tc.V]
-			var allowed []uint64
-			if d.Mask >= 0 {
-				allowed = masks[d.Mask]
-			}
-			want := d.Force
-			if want < 0 {
-				want = sampler.DrawRow(row, allowed, d.Exclude, sampler.DrawParams{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK}, d.U)
-			}
+			want := refDraw(row, masks, d)
 			o := got[i]
 			if o.Tok >= 0 && int(o.Tok) < tc.V && math.Float32bits(o.Logit) != math.Float32bits(row[o.Tok]) {
 				t.Errorf("V %d draw %d: logit %v, row %v", tc.V, i, o.Logit, row[o.Tok])

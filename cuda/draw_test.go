@@ -318,14 +318,7 @@ func TestForwardDrawMatchesDrawRow(t *testing.T) {
 					}
 					for i, d := range draws {
 						row := ref[int(d.Row)*V : (int(d.Row)+1)*V]
-						var allowed []uint64
-						if d.Mask >= 0 {
-							allowed = masks[d.Mask]
-						}
-						want := d.Force
-						if want < 0 {
-							want = sampler.DrawRow(row, allowed, d.Exclude, sampler.DrawParams{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK}, d.U)
-						}
+						want := refDraw(row, masks, d)
 						o := out[i]
 						desc := fmt.Sprintf("step %d draw %d (row %d, %+v)", si, i, d.Row, d)
 						if o.Tok < -1 || int(o.Tok) >= V {
@@ -341,7 +334,7 @@ func TestForwardDrawMatchesDrawRow(t *testing.T) {
 							}
 							continue
 						}
-						if !allowedBy(allowed, o.Tok) || slices.Contains(d.Exclude, o.Tok) || row[o.Tok] != row[o.Tok] {
+						if (d.Mask >= 0 && !allowedBy(masks[d.Mask], o.Tok)) || slices.Contains(d.Exclude, o.Tok) || row[o.Tok] != row[o.Tok] {
 							t.Errorf("%s: drew forbidden token %d", desc, o.Tok)
 						}
 						sampled++
@@ -469,4 +462,17 @@ func BenchmarkForwardDraw(b *testing.B) {
 			})
 		}
 	}
+}
+
+// refDraw is draw d's result by the definition (sampler.DrawRow; a Force
+// draw returns its token) on its row, masks[i] being mask i's bits.
+func refDraw(row []float32, masks [][]uint64, d forward.Draw) int32 {
+	if d.Force >= 0 {
+		return d.Force
+	}
+	var allowed []uint64
+	if d.Mask >= 0 {
+		allowed = masks[d.Mask]
+	}
+	return sampler.DrawRow(row, allowed, d.Exclude, sampler.DrawParams{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK}, d.U)
 }
