@@ -124,3 +124,21 @@ type DrawBackend interface {
 	// logits[k·V:(k+1)·V]. LogSumExp covers every row of b.LogitRows.
 	ForwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []int32, logits []float32) error
 }
+
+// AsyncDrawBackend is an optional DrawBackend extension: ForwardDraw split
+// in two, so that the host can consume one step's results and schedule
+// the next while the device computes (two steps in flight, on alternating
+// slots). Work runs in launch order.
+type AsyncDrawBackend interface {
+	DrawBackend
+	// LaunchDraw starts ForwardDraw's work on slot (0 or 1) and returns
+	// without waiting for it; b, draws and hostRows may be reused as soon
+	// as it returns. A slot holds at most one launch until its WaitDraw.
+	// CopyBlocks and RegisterMask calls made between a launch and its wait
+	// run after the launched work.
+	LaunchDraw(slot int, b *Batch, draws []Draw, hostRows []int32) error
+	// WaitDraw waits for slot's launch and writes its results: out
+	// [len(draws)], logits [len(hostRows)·V] and lse [len(b.LogitRows)]
+	// (log-sum-exp per logits row, as LogSumExp).
+	WaitDraw(slot int, out []Drawn, logits []float32, lse []float32) error
+}
