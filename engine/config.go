@@ -22,11 +22,18 @@ type Config struct {
 	// can draw where the logits are (forward.DrawBackend: the GPU), for
 	// comparisons; outputs follow each path's own random stream.
 	HostSampling bool
+	// NoOverlap runs one step at a time even on a backend that can take
+	// two (forward.AsyncDrawBackend): the host then waits for the device
+	// instead of consuming the previous step meanwhile. For comparisons.
+	NoOverlap bool
+	// OverlapMinSeqs is the number of sequences (running + waiting) from
+	// which two steps are kept in flight (default 128; see stepAsync).
+	OverlapMinSeqs int
 }
 
 // DefaultConfig returns the defaults, prefix caching on.
 func DefaultConfig() Config {
-	return Config{MaxNumSeqs: 256, MaxNumBatchedTokens: 2048, MaxQueue: 1024, EnablePrefixCaching: true}
+	return Config{MaxNumSeqs: 256, MaxNumBatchedTokens: 2048, MaxQueue: 1024, EnablePrefixCaching: true, OverlapMinSeqs: 128}
 }
 
 // withDefaults fills zero fields (see Config).
@@ -47,6 +54,9 @@ func (c Config) withDefaults(backendBlockSize int) Config {
 	if c.MaxQueue == 0 {
 		c.MaxQueue = d.MaxQueue
 	}
+	if c.OverlapMinSeqs == 0 {
+		c.OverlapMinSeqs = d.OverlapMinSeqs
+	}
 	return c
 }
 
@@ -63,6 +73,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine: max-num-batched-tokens %d must be ≥ 0 (0 = default)", c.MaxNumBatchedTokens)
 	case c.MaxQueue < 0:
 		return fmt.Errorf("engine: max queue %d must be ≥ 0 (0 = default)", c.MaxQueue)
+	case c.OverlapMinSeqs < 0:
+		return fmt.Errorf("engine: overlap min seqs %d must be ≥ 0 (0 = default)", c.OverlapMinSeqs)
 	case c.SamplingWorkers < 0:
 		return fmt.Errorf("engine: sampling workers %d must be ≥ 0 (0 = GOMAXPROCS)", c.SamplingWorkers)
 	}

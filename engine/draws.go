@@ -42,7 +42,6 @@ type drawPlan struct {
 	hostIdx  []int32 // [rows]: row → its index in hostRows, -1 if not copied
 	excl     []int32 // backing store of the draws' Exclude lists
 	mask     sampler.Mask
-	masks    map[*sampler.IDSet]int32 // registered sets (loop-owned, backend's life)
 
 	hostTasks []sampleTask // the host tasks of a step, rows renumbered to hostIdx
 	hostOf    []int        // hostTasks[i] is rs.tasks[hostOf[i]]
@@ -154,18 +153,17 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 // maskIndex returns set's index on the backend, registering it the first
 // time; false if the backend refuses it (the task then goes the host way).
 func (e *Paged) maskIndex(set *sampler.IDSet) (int32, bool) {
-	p := &e.dp
-	if i, ok := p.masks[set]; ok {
+	if i, ok := e.drawMasks[set]; ok {
 		return i, i >= 0
 	}
-	if p.masks == nil {
-		p.masks = map[*sampler.IDSet]int32{}
+	if e.drawMasks == nil {
+		e.drawMasks = map[*sampler.IDSet]int32{}
 	}
 	i, err := e.db.RegisterMask(set.Bits())
 	if err != nil {
 		i = -1 // refused: remembered, never asked again
 	}
-	p.masks[set] = i
+	e.drawMasks[set] = i
 	return i, i >= 0
 }
 

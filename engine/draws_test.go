@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -41,18 +42,37 @@ type maskerProc struct{ maskProc }
 
 func (p maskerProc) Mask(gen []int32, m *sampler.Mask) bool { p.describe(gen, m); return true }
 
-// countDraws counts what the engine asks of a DrawBackend.
+// countDraws counts what the engine asks of an AsyncDrawBackend, and how
+// often two steps were in flight at once.
 type countDraws struct {
-	forward.DrawBackend
+	forward.AsyncDrawBackend
 	steps, draws, hostRows, rows atomic.Int64
+	inflight, overlapped         atomic.Int64
 }
 
-func (c *countDraws) ForwardDraw(b *forward.Batch, d []forward.Draw, out []forward.Drawn, host []int32, logits []float32) error {
+func (c *countDraws) count(b *forward.Batch, d []forward.Draw, host []int32) {
 	c.steps.Add(1)
 	c.draws.Add(int64(len(d)))
 	c.hostRows.Add(int64(len(host)))
 	c.rows.Add(int64(len(b.LogitRows)))
-	return c.DrawBackend.ForwardDraw(b, d, out, host, logits)
+}
+
+func (c *countDraws) ForwardDraw(b *forward.Batch, d []forward.Draw, out []forward.Drawn, host []int32, logits []float32) error {
+	c.count(b, d, host)
+	return c.AsyncDrawBackend.ForwardDraw(b, d, out, host, logits)
+}
+
+func (c *countDraws) LaunchDraw(slot int, b *forward.Batch, d []forward.Draw, host []int32) error {
+	c.count(b, d, host)
+	if c.inflight.Add(1) == 2 {
+		c.overlapped.Add(1)
+	}
+	return c.AsyncDrawBackend.LaunchDraw(slot, b, d, host)
+}
+
+func (c *countDraws) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {
+	c.inflight.Add(-1)
+	return c.AsyncDrawBackend.WaitDraw(slot, out, logits, lse)
 }
 
 // drawRequests is genRequests with processors: masker (device draws),
@@ -84,7 +104,9 @@ func drawRequests(seed uint64, k, vocab int, greedy bool) []*Request {
 // (forward.HostDraws runs sampler.DrawRow, the GPU's definition), greedy
 // results — tokens, log-probs, prompt log-probs, dead ends, n > 1 — are
 // exactly the host path's, whatever the chunking, preemption and prefix
-// hits; and the device path did draw (fewer rows crossed than computed).
+// hits, one step at a time (NoOverlap) and with two steps in flight
+// (loopAsync); and the device path did draw (fewer rows crossed than
+// computed), and the overlapping engine did have two steps in flight.
 func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	const vocab = 24
 	cases := []struct {
@@ -116,37 +138,56 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 				t.Fatal("HostSampling engine plans device draws")
 			}
 			want := runConcurrent(t, host, reqs)
-			cd := &countDraws{DrawBackend: forward.HostDraws(newFake(tc.blocks, tc.bs, vocab))}
-			dev, err := New(cd, tc.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !dev.deviceDraws() {
-				t.Fatal("engine on a DrawBackend does not plan device draws")
-			}
-			got := runConcurrent(t, dev, reqs)
-			dead := 0
-			for i := range reqs {
-				if err := sameResult(got[i], want[i]); err != nil {
-					t.Errorf("request %d (%+v): %v", i, reqs[i].Params, err)
+			for _, overlap := range []bool{false, true} {
+				cfg := tc.cfg
+				if cfg == (Config{}) {
+					cfg = DefaultConfig()
 				}
-				for _, c := range got[i].Completions {
-					if c.Finish == FinishDeadEnd {
-						dead++
-					}
-				}
+				// Overlap from 2 sequences: the tests' loads are small.
+				cfg.NoOverlap, cfg.OverlapMinSeqs = !overlap, 2
+				t.Run(fmt.Sprintf("overlap %v", overlap), func(t *testing.T) {
+					checkDeviceDraws(t, tc.blocks, tc.bs, vocab, cfg, reqs, want, overlap)
+				})
 			}
-			if cd.draws.Load() == 0 || cd.hostRows.Load() >= cd.rows.Load() {
-				t.Errorf("device path: %d draws, %d of %d rows copied", cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load())
-			}
-			if dead == 0 {
-				t.Error("no dead end: the forced-outside-vocabulary case went untested")
-			}
-			t.Logf("%d steps, %d draws, %d of %d rows copied, %d dead ends", cd.steps.Load(), cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load(), dead)
-			checkDrained(t, dev)
 			checkDrained(t, host)
 		})
 	}
+}
+
+// checkDeviceDraws runs reqs on a device-draw engine and compares the
+// results with the host path's (want).
+func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*Request, want []*Result, overlap bool) {
+	cd := &countDraws{AsyncDrawBackend: forward.HostDraws(newFake(blocks, bs, vocab))}
+	dev, err := New(cd, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dev.deviceDraws() || (dev.ab != nil) != overlap {
+		t.Fatalf("device draws %v, overlap %v", dev.deviceDraws(), dev.ab != nil)
+	}
+	got := runConcurrent(t, dev, reqs)
+	dead := 0
+	for i := range reqs {
+		if err := sameResult(got[i], want[i]); err != nil {
+			t.Errorf("request %d (%+v): %v", i, reqs[i].Params, err)
+		}
+		for _, c := range got[i].Completions {
+			if c.Finish == FinishDeadEnd {
+				dead++
+			}
+		}
+	}
+	if cd.draws.Load() == 0 || cd.hostRows.Load() >= cd.rows.Load() {
+		t.Errorf("device path: %d draws, %d of %d rows copied", cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load())
+	}
+	if dead == 0 {
+		t.Error("no dead end: the forced-outside-vocabulary case went untested")
+	}
+	if overlap && cd.overlapped.Load() == 0 {
+		t.Error("never two steps in flight")
+	}
+	t.Logf("%d steps (%d with two in flight), %d draws, %d of %d rows copied, %d dead ends", cd.steps.Load(), cd.overlapped.Load(), cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load(), dead)
+	checkDrained(t, dev)
 }
 
 // TestDeviceDrawsSampled: sampled draws on the device path obey every

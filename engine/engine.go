@@ -89,24 +89,43 @@ type Paged struct {
 	running  []*sequence // admission order: the last is the first preemption victim
 	children []*sequence // forked in this step, join running at its end
 	nextID   kvcache.SeqID
-	sched    []entry
+	// *stepBuf is the step being scheduled or consumed (its sched, batch,
+	// plan, logits); bufs holds two, so that with an AsyncDrawBackend one
+	// step can be on the device while the host works on the other (see
+	// loopAsync). pend is the launched step not yet consumed, next the
+	// slot the next step is scheduled into.
+	*stepBuf
+	bufs [2]stepBuf
+	pend *stepBuf
+	next int
 	// wake holds requests completed in this iteration; their done channels
 	// are closed after publish, so that Stats already reflects their freed
 	// blocks when Generate returns.
-	wake   []*request
-	batch  forward.Batch
-	logits []float32 // [len(batch.LogitRows), vocab]
-	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row (NaN = not needed/known)
-	rs     rowSampler
+	wake []*request
+	rs   rowSampler
 	// db is b as a forward.DrawBackend when tokens are drawn on it (see
-	// draws.go), else nil; dp is the current step's plan.
-	db forward.DrawBackend
-	dp drawPlan
+	// draws.go), else nil; ab is b as an AsyncDrawBackend when steps
+	// overlap (loopAsync), else nil. drawMasks: the sets registered on db.
+	db        forward.DrawBackend
+	ab        forward.AsyncDrawBackend
+	drawMasks map[*sampler.IDSet]int32
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
 	computedTokens                         int64
 	phases                                 StepPhases
+}
+
+// stepBuf is one step's state from scheduling to consumption.
+type stepBuf struct {
+	slot   int // its AsyncDrawBackend slot (its index in bufs)
+	sched  []entry
+	batch  forward.Batch
+	dp     drawPlan  // device draws (draws.go)
+	logits []float32 // [host rows, vocab]: every row, or dp.hostRows with device draws
+	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row (NaN = not needed/known)
+	lse32  []float32 // the backend's, with an AsyncDrawBackend
+	t0     time.Time // scheduling began
 }
 
 type seqState uint8
@@ -130,6 +149,9 @@ type sequence struct {
 	logprobs    []float32 // raw log-probs of tokens[len(prompt):]
 	state       seqState
 	finish      FinishReason
+	// inflight: in a launched step not yet consumed (loopAsync); it is
+	// neither scheduled again nor preempted until then.
+	inflight bool
 }
 
 func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
@@ -204,7 +226,12 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 	}
 	if db, ok := b.(forward.DrawBackend); ok && db.DrawVocab() && !cfg.HostSampling {
 		e.db = db
+		if ab, ok := b.(forward.AsyncDrawBackend); ok && !cfg.NoOverlap {
+			e.ab = ab
+		}
 	}
+	e.bufs[1].slot = 1
+	e.stepBuf = &e.bufs[0]
 	e.stats.KVBlocksTotal = e.numBlocks
 	go e.loop()
 	return e, nil
@@ -295,7 +322,7 @@ func (e *Paged) Close() error {
 func (e *Paged) loop() {
 	defer close(e.stopped)
 	for {
-		if len(e.active) == 0 {
+		if len(e.active) == 0 && e.pend == nil {
 			select {
 			case r := <-e.submit:
 				e.add(r)
@@ -320,7 +347,10 @@ func (e *Paged) loop() {
 		default:
 		}
 		e.reapAborted()
-		if len(e.running)+len(e.waiting) > 0 {
+		switch {
+		case e.ab != nil:
+			e.stepAsync()
+		case len(e.running)+len(e.waiting) > 0:
 			e.step()
 		}
 		e.publishAndWake()
@@ -373,8 +403,14 @@ func (e *Paged) compact() {
 	e.running = slices.DeleteFunc(e.running, func(s *sequence) bool { return s.state == stDone })
 }
 
-// shutdown fails everything still pending with ErrClosed.
+// shutdown fails everything still pending with ErrClosed (after landing
+// a step still on the device).
 func (e *Paged) shutdown() {
+	if p := e.pend; p != nil {
+		e.pend = nil
+		e.stepBuf = p
+		e.landStep()
+	}
 	for {
 		select {
 		case r := <-e.submit:
@@ -491,34 +527,164 @@ func (e *Paged) preempt(s *sequence) {
 	e.preemptions++
 }
 
-// step schedules one batch, runs it and consumes its logits.
+// step schedules one batch, runs it and consumes its logits (one step at
+// a time; loopAsync overlaps two).
 func (e *Paged) step() {
-	t0 := time.Now()
+	if !e.scheduleStep() {
+		return
+	}
+	t1 := time.Now()
+	rows := len(e.batch.LogitRows)
+	var err error
+	if e.db != nil {
+		err = e.db.ForwardDraw(&e.batch, e.dp.draws, e.dp.drawn, e.dp.hostRows, e.logits)
+	} else {
+		err = e.b.Forward(&e.batch, e.logits)
+	}
+	if err != nil {
+		e.failAll(fmt.Errorf("engine: forward: %w", err))
+		return
+	}
+	t2 := time.Now()
+	e.consumeStep(e.rowLSE(rows))
+	e.phases.Schedule += t1.Sub(e.t0).Seconds()
+	e.phases.Forward += t2.Sub(t1).Seconds()
+	e.phases.Consume += time.Since(t2).Seconds()
+}
+
+// stepAsync is one iteration with two steps in flight: schedule and
+// launch a step from the sequences not in flight (on the slot not in
+// use), then wait for and consume the step launched in the previous
+// iteration, while the device computes the new one. Under load the
+// running sequences fall into two groups that alternate; a lone request
+// runs launch, land, launch, land, as step does.
+func (e *Paged) stepAsync() {
+	a := &e.bufs[e.next]
+	e.stepBuf = a
+	// Two steps in flight pay only when the host's work per step is
+	// comparable to the device's: below OverlapMinSeqs sequences a second
+	// group would double every sequence's device time per token, so a
+	// step is launched only when none is in flight (as step does).
+	load := len(e.running) + len(e.waiting)
+	launched := load > 0 && (e.pend == nil || load >= e.cfg.OverlapMinSeqs) && e.launchStep()
+	if p := e.pend; p != nil {
+		e.pend = nil
+		e.stepBuf = p
+		e.landStep()
+	}
+	if launched {
+		e.pend = a
+		e.next ^= 1
+	}
+}
+
+// launchStep schedules a step into the current stepBuf and launches it on
+// its slot without waiting (loopAsync). It reports whether it launched.
+func (e *Paged) launchStep() bool {
+	if !e.scheduleStep() {
+		return false
+	}
+	t1 := time.Now()
+	if err := e.ab.LaunchDraw(e.slot, &e.batch, e.dp.draws, e.dp.hostRows); err != nil {
+		e.failAll(fmt.Errorf("engine: forward: %w", err))
+		return false
+	}
+	for k := range e.sched {
+		e.sched[k].s.inflight = true
+	}
+	e.phases.Schedule += t1.Sub(e.t0).Seconds()
+	e.phases.Forward += time.Since(t1).Seconds()
+	return true
+}
+
+// landStep waits for the launched step in the current stepBuf and
+// consumes it (loopAsync).
+func (e *Paged) landStep() {
+	t1 := time.Now()
+	rows := len(e.batch.LogitRows)
+	if cap(e.lse32) < rows {
+		e.lse32 = make([]float32, rows)
+	}
+	lse32 := e.lse32[:rows]
+	err := e.ab.WaitDraw(e.slot, e.dp.drawn, e.logits, lse32)
+	for k := range e.sched {
+		e.sched[k].s.inflight = false
+	}
+	if err != nil {
+		e.failAll(fmt.Errorf("engine: forward: %w", err))
+		return
+	}
+	if cap(e.lse) < rows {
+		e.lse = make([]float64, rows)
+	}
+	lse := e.lse[:rows]
+	for i, v := range lse32 {
+		lse[i] = float64(v)
+	}
+	t2 := time.Now()
+	e.consumeStep(lse)
+	e.phases.Forward += t2.Sub(t1).Seconds()
+	e.phases.Consume += time.Since(t2).Seconds()
+}
+
+// consumeStep takes a finished step's results (lse: [rows]) into the
+// sequences.
+func (e *Paged) consumeStep(lse []float64) {
+	e.steps++
+	e.computedTokens += int64(len(e.batch.Tokens))
+	e.consume(e.logits, len(e.batch.LogitRows), lse)
+	e.compact()
+	for _, c := range e.children {
+		if c.state == stRunning {
+			e.running = append(e.running, c)
+		}
+	}
+	clear(e.children)
+	e.children = e.children[:0]
+}
+
+// scheduleStep fills the current stepBuf: the scheduled entries, the flat
+// batch, pending block copies sent to the backend, the device-draw plan
+// and a logits buffer of the right size. It reports false when nothing
+// could be scheduled.
+func (e *Paged) scheduleStep() bool {
+	e.t0 = time.Now()
 	budget := e.cfg.MaxNumBatchedTokens
 	maxSeqs := e.cfg.MaxNumSeqs
+	if e.ab != nil && e.pend == nil && len(e.running) >= e.cfg.OverlapMinSeqs {
+		// Nothing in flight under load: take half of the running
+		// sequences, so that the other half forms the second group.
+		maxSeqs = min(maxSeqs, max(1, len(e.running)/2))
+	}
 	e.sched = e.sched[:0]
 	preempted := false
 
 	// Running sequences first, in admission order: each gets the tokens it
 	// still needs (one for a decode, the rest of its prompt for a chunked
-	// prefill), within the token budget.
+	// prefill), within the token budget. Sequences of a step still on the
+	// device (inflight) wait for their results.
+running:
 	for i := 0; i < len(e.running) && budget > 0 && len(e.sched) < maxSeqs; i++ {
 		s := e.running[i]
+		if s.inflight {
+			continue
+		}
 		n := min(len(s.tokens)-s.numComputed, budget)
 		for !e.mgr.Allocate(s.id, n, kvcache.Computed{}) {
 			// Out of blocks: preempt the most recently admitted running
-			// sequence (possibly s itself). Scheduled ones sit before i,
-			// so they are never victims.
-			victim := e.running[len(e.running)-1]
-			e.running = e.running[:len(e.running)-1]
+			// sequence not in flight (possibly s itself). Scheduled ones
+			// sit before i, so they are never victims.
+			v := len(e.running) - 1
+			for v > i && e.running[v].inflight {
+				v--
+			}
+			victim := e.running[v]
+			e.running = slices.Delete(e.running, v, v+1)
 			e.preempt(victim)
 			preempted = true
 			if victim == s {
-				break
+				break running
 			}
-		}
-		if s.state != stRunning {
-			break
 		}
 		e.sched = append(e.sched, entry{s: s, n: n})
 		budget -= n
@@ -558,23 +724,22 @@ func (e *Paged) step() {
 	}
 
 	if len(e.sched) == 0 {
-		if !preempted && len(e.running) == 0 && len(e.waiting) > 0 {
+		if !preempted && len(e.running) == 0 && len(e.waiting) > 0 && e.pend == nil {
 			// Cannot happen with Generate's size check; fail rather than spin.
 			e.fail(e.waiting[0].r, ErrTooLong, FinishAbort)
 			e.compact()
 		}
-		return
+		return false
 	}
 
 	e.buildBatch()
 	if src, dst := e.mgr.TakeCopies(); len(src) > 0 {
 		if err := e.b.CopyBlocks(src, dst); err != nil {
 			e.failAll(fmt.Errorf("engine: copy blocks: %w", err))
-			return
+			return false
 		}
 	}
-	rows := len(e.batch.LogitRows)
-	hostRows := rows // logits rows the host receives
+	hostRows := len(e.batch.LogitRows) // logits rows the host receives
 	if e.db != nil {
 		e.planDraws()
 		hostRows = len(e.dp.hostRows)
@@ -582,35 +747,8 @@ func (e *Paged) step() {
 	if cap(e.logits) < hostRows*e.vocab {
 		e.logits = make([]float32, hostRows*e.vocab)
 	}
-	logits := e.logits[:hostRows*e.vocab]
-	t1 := time.Now()
-	var err error
-	if e.db != nil {
-		err = e.db.ForwardDraw(&e.batch, e.dp.draws, e.dp.drawn, e.dp.hostRows, logits)
-	} else {
-		err = e.b.Forward(&e.batch, logits)
-	}
-	if err != nil {
-		e.failAll(fmt.Errorf("engine: forward: %w", err))
-		return
-	}
-	e.steps++
-	e.computedTokens += int64(len(e.batch.Tokens))
-	t2 := time.Now()
-
-	e.consume(logits, rows)
-	e.compact()
-	t3 := time.Now()
-	e.phases.Schedule += t1.Sub(t0).Seconds()
-	e.phases.Forward += t2.Sub(t1).Seconds()
-	e.phases.Consume += t3.Sub(t2).Seconds()
-	for _, c := range e.children {
-		if c.state == stRunning {
-			e.running = append(e.running, c)
-		}
-	}
-	clear(e.children)
-	e.children = e.children[:0]
+	e.logits = e.logits[:hostRows*e.vocab]
+	return true
 }
 
 // buildBatch lays the scheduled entries out as one flat forward.Batch.
@@ -675,7 +813,7 @@ func (e *Paged) failAll(err error) {
 // before. Whatever the number of workers, each row is computed by the
 // same code from the same inputs, so tokens and log-probs do not depend on
 // it.
-func (e *Paged) consume(logits []float32, rows int) {
+func (e *Paged) consume(logits []float32, rows int, lse []float64) {
 	now := time.Now()
 	V := e.vocab
 	rs := &e.rs
@@ -714,7 +852,6 @@ func (e *Paged) consume(logits []float32, rows int) {
 		en.taskHi = len(rs.tasks)
 	}
 
-	lse := e.rowLSE(rows)
 	if e.db != nil {
 		e.resolveDraws(logits, lse, rows)
 	} else {

@@ -633,13 +633,31 @@ func TestTimingsAndStats(t *testing.T) {
 // request) with preemptions in a tiny cache: the survivors still match the
 // naive engine and every block comes back.
 func TestRandomAbortsUnderPressure(t *testing.T) {
+	// Also with tokens drawn "on the device" and two steps in flight
+	// (forward.HostDraws, OverlapMinSeqs 2): aborts and preemptions then
+	// meet sequences whose step is still on the device. Sampled tokens
+	// follow the device draw's stream there, so only greedy requests are
+	// compared with the naive engine.
+	for _, overlap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overlap %v", overlap), func(t *testing.T) { testRandomAborts(t, overlap) })
+	}
+}
+
+func testRandomAborts(t *testing.T, overlap bool) {
 	const vocab = 24
-	aborted, preempted := 0, int64(0)
+	aborted, preempted, overlapped := 0, int64(0), int64(0)
 	for seed := uint64(10); seed < 16; seed++ {
 		reqs := genRequests(seed, 20, vocab, 20, 30)
 		naive := NewNaive(newFake(32, 4, vocab))
 		want := runConcurrent(t, naive, reqs)
-		e, err := New(newFake(24, 4, vocab), Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: seed%2 == 0})
+		cfg := Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: seed%2 == 0}
+		var b forward.Backend = newFake(24, 4, vocab)
+		cd := &countDraws{}
+		if overlap {
+			cd.AsyncDrawBackend = forward.HostDraws(b)
+			b, cfg.OverlapMinSeqs = cd, 2
+		}
+		e, err := New(b, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -675,6 +693,11 @@ func TestRandomAbortsUnderPressure(t *testing.T) {
 				aborted++
 			case errs[i] != nil:
 				t.Errorf("seed %d request %d: %v", seed, i, errs[i])
+			case overlap && reqs[i].Params.Temperature != 0: // another stream
+			case overlap: // log-probs from the backend's float32 log-sum-exps
+				if err := closeResult(got[i], want[i], 1e-5); err != nil {
+					t.Errorf("seed %d request %d: %v", seed, i, err)
+				}
 			default: // finished (maybe before its abort point)
 				if err := sameResult(got[i], want[i]); err != nil {
 					t.Errorf("seed %d request %d: %v", seed, i, err)
@@ -682,10 +705,11 @@ func TestRandomAbortsUnderPressure(t *testing.T) {
 			}
 		}
 		preempted += e.Stats().Preemptions
+		overlapped += cd.overlapped.Load()
 		checkDrained(t, e)
 	}
-	if aborted == 0 || preempted == 0 {
-		t.Errorf("the mix made %d aborts and %d preemptions; want both", aborted, preempted)
+	if aborted == 0 || preempted == 0 || (overlap && overlapped == 0) {
+		t.Errorf("the mix made %d aborts, %d preemptions, %d steps launched with another in flight; want all", aborted, preempted, overlapped)
 	}
 }
 

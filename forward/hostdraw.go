@@ -6,23 +6,34 @@ import (
 	"chunlian/sampler"
 )
 
-// HostDraws gives any Backend the DrawBackend interface by running its
-// Forward for every row and then drawing on the host with sampler.DrawRow,
-// the definition the GPU's draws implement. It is the reference for the
-// device path: engine and couplet tests run the engine's draw planning on
-// it without a GPU, and it costs what the host path costs plus the draws,
-// so production CPU serving does not use it.
-func HostDraws(b Backend) DrawBackend { return &hostDraws{Backend: b} }
+// HostDraws gives any Backend the AsyncDrawBackend interface by running
+// its Forward for every row and then drawing on the host with
+// sampler.DrawRow, the definition the GPU's draws implement. It is the
+// reference for the device path: engine and couplet tests run the
+// engine's draw planning and its two steps in flight on it without a GPU
+// (LaunchDraw does the work at once, in launch order; WaitDraw hands the
+// slot's results over). It costs what the host path costs plus the
+// draws, so production CPU serving does not use it.
+func HostDraws(b Backend) AsyncDrawBackend { return &hostDraws{Backend: b} }
 
 type hostDraws struct {
 	Backend
-	masks  [][]uint64
-	all    []float32 // [R, V] every row of the last ForwardDraw
-	lse    []float32 // [R]
-	hadLSE bool
+	masks [][]uint64
+	all   []float32 // [R, V] every row of the last ForwardDraw
+	lse   []float32 // [R]
+	slots [2]hostSlot
 }
 
-var _ DrawBackend = (*hostDraws)(nil)
+// hostSlot is one LaunchDraw's results, kept until its WaitDraw.
+type hostSlot struct {
+	busy   bool
+	err    error
+	out    []Drawn
+	logits []float32
+	lse    []float32
+}
+
+var _ AsyncDrawBackend = (*hostDraws)(nil)
 
 func (h *hostDraws) DrawVocab() bool { return true }
 
@@ -91,5 +102,37 @@ func (h *hostDraws) ForwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []
 		}
 		copy(logits[k*V:(k+1)*V], all[int(r)*V:int(r+1)*V])
 	}
+	return nil
+}
+
+func (h *hostDraws) LaunchDraw(slot int, b *Batch, draws []Draw, hostRows []int32) error {
+	if slot < 0 || slot > 1 || h.slots[slot].busy {
+		return fmt.Errorf("forward: LaunchDraw on slot %d (busy or out of range)", slot)
+	}
+	sl := &h.slots[slot]
+	V := h.VocabSize()
+	sl.out = append(sl.out[:0], make([]Drawn, len(draws))...)
+	sl.logits = append(sl.logits[:0], make([]float32, len(hostRows)*V)...)
+	sl.err = h.ForwardDraw(b, draws, sl.out, hostRows, sl.logits)
+	sl.lse = append(sl.lse[:0], h.lse...)
+	sl.busy = true
+	return nil
+}
+
+func (h *hostDraws) WaitDraw(slot int, out []Drawn, logits []float32, lse []float32) error {
+	if slot < 0 || slot > 1 || !h.slots[slot].busy {
+		return fmt.Errorf("forward: WaitDraw on slot %d without a launch", slot)
+	}
+	sl := &h.slots[slot]
+	sl.busy = false
+	if sl.err != nil {
+		return sl.err
+	}
+	if len(out) != len(sl.out) || len(logits) != len(sl.logits) || len(lse) != len(sl.lse) {
+		return fmt.Errorf("forward: WaitDraw slices %d/%d/%d, launch had %d/%d/%d", len(out), len(logits), len(lse), len(sl.out), len(sl.logits), len(sl.lse))
+	}
+	copy(out, sl.out)
+	copy(logits, sl.logits)
+	copy(lse, sl.lse)
 	return nil
 }

@@ -34,6 +34,7 @@ type stackConfig struct {
 	CPUInt8             bool                              // CPU backend: small-batch GEMMs on int8 weight copies
 	PrefixCaching       bool                              // automatic prefix caching (paged engine)
 	DeviceSampling      bool                              // draw tokens where the logits are (cuda backend)
+	OverlapSteps        bool                              // two steps in flight (cuda backend with device sampling)
 	SamplesPerCouplet   int                               // constrained samples drawn and ranked per returned couplet
 	BannerCandidates    int                               // retrieved 横批 candidates scored by the model per couplet
 	CUDA                cudaConfig                        // CUDA-only flags (stack_cuda.go)
@@ -53,6 +54,7 @@ func defaultStackConfig() stackConfig {
 		MaxQueue:            1024,
 		PrefixCaching:       true,
 		DeviceSampling:      true,
+		OverlapSteps:        true,
 		// One sample per couplet: the rules already guarantee the form, and a
 		// second ranked sample costs ~2× the decode work for a small gain in
 		// quality (docs/BENCHMARKS.md); raise it for quality over throughput.
@@ -86,6 +88,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	c.envBool("CHUNLIAN_PREFIX_CACHING", &c.PrefixCaching)
 	c.envBool("CHUNLIAN_INT8", &c.CPUInt8)
 	c.envBool("CHUNLIAN_DEVICE_SAMPLING", &c.DeviceSampling)
+	c.envBool("CHUNLIAN_OVERLAP_STEPS", &c.OverlapSteps)
 	c.envInt("CHUNLIAN_SAMPLES_PER_COUPLET", &c.SamplesPerCouplet)
 	c.envInt("CHUNLIAN_BANNER_CANDIDATES", &c.BannerCandidates)
 
@@ -101,6 +104,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.CPUInt8, "cpu-int8", c.CPUInt8, "CPU backend: run GEMMs of 1..256 rows on int8 copies of the weights (per-row scales; ~1.3x faster decode here, logits differ from bf16 by up to ~0.4, see docs/BENCHMARKS.md) [CHUNLIAN_INT8]")
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
 	fs.BoolVar(&c.DeviceSampling, "device-sampling", c.DeviceSampling, "cuda backend: draw tokens on the GPU (masks, top-k/top-p/min-p) so that only 8 bytes per row reach the host; false = copy every logits row and sample on the host [CHUNLIAN_DEVICE_SAMPLING]")
+	fs.BoolVar(&c.OverlapSteps, "overlap-steps", c.OverlapSteps, "cuda backend with --device-sampling: from 128 sequences on, keep two engine steps in flight, so that the host consumes one while the GPU computes the other; false = one step at a time [CHUNLIAN_OVERLAP_STEPS]")
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, "constrained samples drawn and ranked for each returned couplet (quality vs throughput) [CHUNLIAN_SAMPLES_PER_COUPLET]")
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only [CHUNLIAN_BANNER_CANDIDATES]")
 	c.CUDA.register(fs)
@@ -262,6 +266,7 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 			MaxQueue:            cfg.MaxQueue,
 			EnablePrefixCaching: cfg.PrefixCaching,
 			HostSampling:        !cfg.DeviceSampling,
+			NoOverlap:           !cfg.OverlapSteps,
 		})
 	}
 	if err != nil {
