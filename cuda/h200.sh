@@ -13,6 +13,8 @@
 #   bash cuda/h200.sh draws   # ≤ 200 s: GPU draw tests + ForwardDraw benchmark, then the wide
 #                             # server at 1/300/1000/2000 users with tokens drawn on the GPU
 #                             # and, same binary, with --device-sampling=false (A/B)
+#   bash cuda/h200.sh overlap # ≤ 230 s: as draws, but the A/B is two steps in flight vs
+#                             # --overlap-steps=false, at 1/300/1000/2000/3000 users
 #                             # when one was built (WIDE_LEVELS="300 1000" picks the levels)
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
@@ -48,6 +50,27 @@ serve_wide() {
 	$bin serve $SFW "$@" > "$log" 2>&1 &
 	SPID=$!
 	for i in $(seq 60); do curl -sf http://127.0.0.1:18080/ready > /dev/null && break; sleep 0.5; done
+}
+
+# bench_levels TAG: chunlian bench against the server on :18080 at each of
+# $LEVELS users (5 s + 1 s warm-up), /metrics scraped before and after each
+# level (metrics_TAG_C_{a,b}.txt: engine step phases, computed rows), a 3 s
+# CPU profile inside the 2000-user window (serve_TAG_2000.cpu.prof).
+bench_levels() {
+	local tag=$1 C PP
+	for C in $LEVELS; do
+		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${tag}_${C}_a.txt"
+		PP=
+		if [ "$C" = 2000 ]; then
+			(sleep 2.5; curl -s -o "$OUT/serve_${tag}_2000.cpu.prof" "http://127.0.0.1:18080/debug/pprof/profile?seconds=3") &
+			PP=$!
+		fi
+		timeout 20 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $C --duration 5s \
+			--warmup 1s --quiet --json "$OUT/http_${tag}_$C.json" --out "$OUT/http_${tag}_$C.md" > "$OUT/http_${tag}_$C.log" 2>&1
+		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${tag}_${C}_b.txt"
+		echo -n "$tag: "; grep -E "^\| target" "$OUT/http_${tag}_$C.md" | tail -1
+		if [ -n "$PP" ]; then wait $PP; fi
+	done
 }
 
 case "$MODE" in
@@ -180,23 +203,8 @@ wide)
 		grep -E "^(--- |ok|FAIL|PASS)" "$OUT/cuda_test.log"
 	fi
 	serve_wide /tmp/chunlian "$OUT/serve_wide.log" --pprof
-	# One bench per level, /metrics scraped around each (engine step phases,
-	# computed rows, prefix-cache hits: per-level deltas).
 	LEVELS=${WIDE_LEVELS:-1 300 1000 2000}
-	for C in $LEVELS; do
-		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${C}_a.txt"
-		# A 3 s CPU profile of the server inside the 2000-user window.
-		PP=
-		if [ "$C" = 2000 ]; then
-			(sleep 2.5; curl -s -o "$OUT/serve_2000.cpu.prof" "http://127.0.0.1:18080/debug/pprof/profile?seconds=3") &
-			PP=$!
-		fi
-		timeout 20 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $C --duration 5s \
-			--warmup 1s --quiet --json "$OUT/http_wide_$C.json" --out "$OUT/http_wide_$C.md" > "$OUT/http_wide_$C.log" 2>&1
-		curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${C}_b.txt"
-		grep -E "^\| target" "$OUT/http_wide_$C.md" | tail -1
-		[ -n "$PP" ] && wait $PP
-	done
+	bench_levels wide
 	pack
 	kill $SPID; wait $SPID 2>/dev/null
 	# The comparison build (BASE=<commit> bash cuda/build_device.sh), same flags.
@@ -223,19 +231,28 @@ draws)
 	for V in gpu host; do
 		F=; [ $V = host ] && F=--device-sampling=false
 		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
-		for C in $LEVELS; do
-			curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${V}_${C}_a.txt"
-			PP=
-			if [ "$C" = 2000 ]; then
-				(sleep 2.5; curl -s -o "$OUT/serve_${V}_2000.cpu.prof" "http://127.0.0.1:18080/debug/pprof/profile?seconds=3") &
-				PP=$!
-			fi
-			timeout 20 /tmp/chunlian bench --url http://127.0.0.1:18080 --concurrency $C --duration 5s \
-				--warmup 1s --quiet --json "$OUT/http_${V}_$C.json" --out "$OUT/http_${V}_$C.md" > "$OUT/http_${V}_$C.log" 2>&1
-			curl -s http://127.0.0.1:18080/metrics > "$OUT/metrics_${V}_${C}_b.txt"
-			echo -n "$V: "; grep -E "^\| target" "$OUT/http_${V}_$C.md" | tail -1
-			[ -n "$PP" ] && wait $PP
-		done
+		bench_levels $V
+		kill $SPID; wait $SPID 2>/dev/null
+		pack
+	done
+	;;
+overlap)
+	# ≤ 230 s: GPU tests (draws, two steps in flight, GPU = CPU), the
+	# async benchmark, then the wide server with two steps in flight and,
+	# same binary, with --overlap-steps=false (both drawing on the GPU).
+	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
+	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
+	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
+	timeout 90 /tmp/cuda.test -test.run 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)" "$OUT/cuda_test.log" | head -40
+	timeout 40 /tmp/cuda.test -test.run XXX -test.bench 'ForwardDraw|LaunchDraw' -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
+	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
+	pack
+	LEVELS=${WIDE_LEVELS:-1 300 1000 2000 3000}
+	for V in overlap single; do
+		F=; [ $V = single ] && F=--overlap-steps=false
+		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
+		bench_levels $V
 		kill $SPID; wait $SPID 2>/dev/null
 		pack
 	done
