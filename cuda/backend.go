@@ -176,6 +176,9 @@ type Backend struct {
 	nMasks, capDraws, capGather int
 	drawMeta                    []int32
 
+	// LaunchDraw/WaitDraw's slots (async.go).
+	slots [asyncSlots]asyncSlot
+
 	// pinned is the caller's logits buffer, page-locked with
 	// cuMemHostRegister so the logits copy runs at full DMA speed; it is
 	// referenced here so the GC cannot free it while registered. pinAddr
@@ -720,7 +723,8 @@ func (b *Backend) gemm(y, x, w uintptr, M, N, K int, accumulate bool) error {
 // the row, computed on the GPU (nil unless Options.RowLogSumExp). A
 // row's log-probability of token t is logits[t] − LogSumExp()[row]. The
 // slice is reused by the next Forward; call it from the goroutine that
-// called Forward.
+// called Forward. ForwardDraw sets it too; LaunchDraw/WaitDraw leave it
+// as it was (WaitDraw returns the launch's log-sum-exps itself).
 func (b *Backend) LogSumExp() []float32 {
 	if !b.opt.RowLogSumExp {
 		return nil
@@ -839,13 +843,16 @@ func (b *Backend) prepareMeta(bt *forward.Batch) (off [6]int, stride int, err er
 }
 
 func (b *Backend) forward(bt *forward.Batch, logits []float32) error {
+	if err := b.asyncIdle("Forward"); err != nil {
+		return err
+	}
 	off, stride, err := b.prepare(bt, logits)
 	if err != nil {
 		return err
 	}
 	R := len(bt.LogitRows)
 	meta, off, tp := b.stepMeta(bt, off, stride)
-	errs := b.run(meta, off, len(bt.Tokens), R, stride, tp)
+	errs := b.run(meta, 0, off, len(bt.Tokens), R, stride, tp)
 	d := &b.l.drv
 	if errs == nil && R > 0 {
 		b.pin(logits)
@@ -878,8 +885,11 @@ func (b *Backend) stepMeta(bt *forward.Batch, off [6]int, stride int) ([]int32, 
 // run copies meta to the device and enqueues the forward pass of T tokens
 // and R logits rows (as the graph for bucket tp > 0, else eagerly). The
 // kernels read the metadata at the offsets off; anything after them in
-// meta travels in the same copy.
-func (b *Backend) run(meta []int32, off [6]int, T, R, stride, tp int) error {
+// meta travels in the same copy. src, when not 0, is a page-locked copy
+// of meta to copy from instead (LaunchDraw's staging: a truly
+// asynchronous copy, which the caller keeps intact until the stream has
+// passed it).
+func (b *Backend) run(meta []int32, src uintptr, off [6]int, T, R, stride, tp int) error {
 	Te, Re := T, R // shapes the kernels run at
 	if tp > 0 {
 		Te, Re = tp, tp
@@ -893,7 +903,10 @@ func (b *Backend) run(meta []int32, off [6]int, T, R, stride, tp int) error {
 	d := &b.l.drv
 	// Pageable source: the driver stages it before returning, so the host
 	// buffer may be rewritten by the next step.
-	if err := d.call("cuMemcpyHtoDAsync(meta)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&meta[0])), uintptr(len(meta)*4), b.stream); err != nil {
+	if src == 0 {
+		src = uintptr(unsafe.Pointer(&meta[0]))
+	}
+	if err := d.call("cuMemcpyHtoDAsync(meta)", d.cuMemcpyHtoDAsync, b.meta, src, uintptr(len(meta)*4), b.stream); err != nil {
 		return err
 	}
 	if tp > 0 {
@@ -1027,12 +1040,18 @@ func (b *Backend) CopyBlocks(src, dst []int32) error {
 		h := make([]int32, 0, 2*n)
 		h = append(append(h, src...), dst...)
 		d := &b.l.drv
-		if err := d.call("cuMemcpyHtoDAsync(pairs)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&h[0])), uintptr(2*n*4), b.stream); err != nil {
+		// No stream sync: the pageable pairs are staged by the driver before
+		// the copy returns (as run's metadata), and the kernel is ordered
+		// on the stream after any launched step and before the next one,
+		// so a CopyBlocks between LaunchDraw and WaitDraw does not wait
+		// for the launch. (ensureMeta syncs if it has to grow b.meta.)
+		err := d.call("cuMemcpyHtoDAsync(pairs)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&h[0])), uintptr(2*n*4), b.stream)
+		runtime.KeepAlive(h)
+		if err != nil {
 			return err
 		}
-		err := b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
+		return b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
 			uint64(b.allocBlocks), i32(b.blockElems))
-		return errors.Join(err, b.sync())
 	})
 }
 
@@ -1055,6 +1074,7 @@ func (b *Backend) release() {
 	if b.stream != 0 {
 		_ = b.sync()
 	}
+	b.releaseAsync()
 	b.unpin()
 	b.dropGraphs()
 	if b.blas != 0 {

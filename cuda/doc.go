@@ -49,6 +49,11 @@
 // DrawVocab), gather_rows packs the rows the host still reads, and only
 // the draws' tokens and logits, the log-sum-exps and those rows come back.
 // Allowed-token sets live on the device (RegisterMask, up to 64).
+// LaunchDraw/WaitDraw (async.go; forward.AsyncDrawBackend) split ForwardDraw
+// so that two steps can be in flight on slots 0 and 1: the launch returns
+// once everything is enqueued (metadata from and results into page-locked
+// per-slot staging), the wait syncs on the slot's event only. Forward and
+// ForwardDraw refuse to run while a launch is outstanding.
 //
 // Measured on an H200: docs/BENCHMARKS.md, section H200; bash cuda/h200.sh
 // reproduces it.

@@ -84,10 +84,9 @@ func (b *Backend) RegisterMask(allowed []uint64) (int32, error) {
 		copy(h, allowed)
 		d := &b.l.drv
 		dst := b.masks + uintptr(b.nMasks*W*8)
+		// No stream sync: the driver stages the pageable h before the copy
+		// returns, and no launch in flight reads this new slot.
 		err := d.call("cuMemcpyHtoDAsync(mask)", d.cuMemcpyHtoDAsync, dst, uintptr(unsafe.Pointer(&h[0])), uintptr(W*8), b.stream)
-		if err == nil {
-			err = b.sync() // h is temporary
-		}
 		runtime.KeepAlive(h)
 		if err != nil {
 			return err
@@ -194,10 +193,15 @@ func isPrefix(rows []int32) bool {
 }
 
 // growDraws makes room for nDraws results and, when gather, nHost
-// gathered rows. The previous step ended with a stream sync, so no kernel
-// still uses the buffers it replaces.
+// gathered rows. It syncs the stream before freeing a buffer it replaces:
+// an asynchronous launch (LaunchDraw) may still be using it.
 func (b *Backend) growDraws(nDraws, nHost int, gather bool) error {
 	if nDraws > b.capDraws {
+		if b.capDraws > 0 {
+			if err := b.sync(); err != nil {
+				return err
+			}
+		}
 		b.free(b.drawOut)
 		c := max(nDraws, 2*b.capDraws, 256)
 		p, err := b.alloc(int64(c) * 8)
@@ -208,6 +212,11 @@ func (b *Backend) growDraws(nDraws, nHost int, gather bool) error {
 		b.drawOut, b.capDraws = p, c
 	}
 	if gather && nHost > b.capGather {
+		if b.capGather > 0 {
+			if err := b.sync(); err != nil {
+				return err
+			}
+		}
 		b.free(b.gatherBuf)
 		c := max(nHost, 2*b.capGather, 8)
 		p, err := b.alloc(int64(c) * int64(b.cfg.VocabSize) * 4)
@@ -220,22 +229,35 @@ func (b *Backend) growDraws(nDraws, nHost int, gather bool) error {
 	return nil
 }
 
-// forwardDraw is ForwardDraw on the worker.
-func (b *Backend) forwardDraw(bt *forward.Batch, draws []forward.Draw, out []forward.Drawn, hostRows []int32, logits []float32) error {
+// drawStep describes a step enqueueDraw enqueued: its draws, host rows,
+// logits rows, and the device rows the host rows are copied from (the
+// gathered buffer, or the logits buffer when they are its first rows).
+type drawStep struct {
+	nD, nH, R int
+	src       uintptr
+}
+
+// enqueueDraw validates the step, packs its metadata and enqueues the
+// forward pass, draw_rows and gather_rows: ForwardDraw's and LaunchDraw's
+// work up to the copies back. stage, when not nil, is called with the
+// packed metadata once nothing can fail any more before the enqueueing
+// and returns a page-locked copy to upload from (0: upload from the
+// pageable metadata). started is false when nothing was enqueued (err is
+// then a validation or allocation error); when true, the stream holds
+// work even if err is not nil, and the caller must sync before reporting.
+func (b *Backend) enqueueDraw(bt *forward.Batch, draws []forward.Draw, hostRows []int32, stage func(meta []int32) (uintptr, error)) (st drawStep, started bool, err error) {
 	V, R := b.cfg.VocabSize, len(bt.LogitRows)
 	nD, nH := len(draws), len(hostRows)
-	if len(logits) < nH*V {
-		return fmt.Errorf("cuda: logits buffer %d < %d host rows × %d", len(logits), nH, V)
-	}
+	st = drawStep{nD: nD, nH: nH, R: R}
 	if nD > 0 && !drawShmOK(V) {
-		return fmt.Errorf("cuda: vocabulary %d too large for device draws", V)
+		return st, false, fmt.Errorf("cuda: vocabulary %d too large for device draws", V)
 	}
 	off, stride, err := b.prepareMeta(bt)
 	if err != nil {
-		return err
+		return st, false, err
 	}
 	if b.drawMeta, err = packDraws(b.drawMeta[:0], draws, hostRows, R, V, b.nMasks); err != nil {
-		return err
+		return st, false, err
 	}
 	meta, off, tp := b.stepMeta(bt, off, stride)
 	base := len(meta)
@@ -248,9 +270,15 @@ func (b *Backend) forwardDraw(bt *forward.Batch, draws []forward.Draw, out []for
 	}
 	gather := nH > 0 && !isPrefix(hostRows)
 	if err := b.growDraws(nD, nH, gather); err != nil {
-		return err
+		return st, false, err
 	}
-	errs := b.run(meta, off, len(bt.Tokens), R, stride, tp)
+	var src uintptr
+	if stage != nil {
+		if src, err = stage(meta); err != nil {
+			return st, false, err
+		}
+	}
+	errs := b.run(meta, src, off, len(bt.Tokens), R, stride, tp)
 	specs := uint64(b.meta + uintptr(base*4))
 	rows := specs + uint64(nD*drawWords*4)
 	excl := rows + uint64(nH*4)
@@ -258,20 +286,36 @@ func (b *Backend) forwardDraw(bt *forward.Batch, draws []forward.Draw, out []for
 		errs = b.launchShm("draw_rows", nD, 1, drawThreads, V*4, uint64(b.drawOut), uint64(b.logitBuf), i32(V),
 			specs, excl, uint64(b.masks), i32(b.maskWords()))
 	}
-	src := b.logitBuf
+	st.src = b.logitBuf
 	if errs == nil && gather {
 		errs = b.launch("gather_rows", nH, 1, gatherThreads, uint64(b.gatherBuf), uint64(b.logitBuf), rows, i32(V))
-		src = b.gatherBuf
+		st.src = b.gatherBuf
+	}
+	return st, true, errs
+}
+
+// forwardDraw is ForwardDraw on the worker.
+func (b *Backend) forwardDraw(bt *forward.Batch, draws []forward.Draw, out []forward.Drawn, hostRows []int32, logits []float32) error {
+	if err := b.asyncIdle("ForwardDraw"); err != nil {
+		return err
+	}
+	V := b.cfg.VocabSize
+	if nH := len(hostRows); len(logits) < nH*V {
+		return fmt.Errorf("cuda: logits buffer %d < %d host rows × %d", len(logits), nH, V)
+	}
+	st, started, errs := b.enqueueDraw(bt, draws, hostRows, nil)
+	if !started {
+		return errs
 	}
 	d := &b.l.drv
-	if errs == nil && nD > 0 {
-		errs = d.call("cuMemcpyDtoHAsync(draws)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&out[0])), b.drawOut, uintptr(nD*8), b.stream)
+	if errs == nil && st.nD > 0 {
+		errs = d.call("cuMemcpyDtoHAsync(draws)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&out[0])), b.drawOut, uintptr(st.nD*8), b.stream)
 	}
-	if errs == nil && nH > 0 {
+	if errs == nil && st.nH > 0 {
 		b.pin(logits)
-		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), src, uintptr(nH*V*4), b.stream)
+		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&logits[0])), st.src, uintptr(st.nH*V*4), b.stream)
 	}
-	errs = b.copyLSE(errs, R)
+	errs = b.copyLSE(errs, st.R)
 	if err := b.sync(); err != nil {
 		return errors.Join(errs, err)
 	}

@@ -21,6 +21,10 @@ type driverFns struct {
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize                         uintptr
 	cuGetErrorName, cuGetErrorString                                             uintptr
 	cuMemHostRegister, cuMemHostUnregister                                       uintptr
+	// Page-locked staging and per-slot events of LaunchDraw/WaitDraw
+	// (async.go).
+	cuMemAllocHost, cuMemFreeHost                                    uintptr
+	cuEventCreate, cuEventRecord, cuEventSynchronize, cuEventDestroy uintptr
 	// Optional (graphs are off when any is missing).
 	cuStreamBeginCapture, cuStreamEndCapture, cuGraphInstantiate, cuGraphLaunch uintptr
 	cuGraphDestroy, cuGraphExecDestroy                                          uintptr
@@ -56,6 +60,12 @@ func (f *driverFns) load(h uintptr) error {
 	f.cuGetErrorString = sym(h, "cuGetErrorString", &miss)
 	f.cuMemHostRegister = sym(h, "cuMemHostRegister_v2", &miss)
 	f.cuMemHostUnregister = sym(h, "cuMemHostUnregister", &miss)
+	f.cuMemAllocHost = sym(h, "cuMemAllocHost_v2", &miss)
+	f.cuMemFreeHost = sym(h, "cuMemFreeHost", &miss)
+	f.cuEventCreate = sym(h, "cuEventCreate", &miss)
+	f.cuEventRecord = sym(h, "cuEventRecord", &miss)
+	f.cuEventSynchronize = sym(h, "cuEventSynchronize", &miss)
+	f.cuEventDestroy = sym(h, "cuEventDestroy_v2", &miss)
 	if len(miss) > 0 {
 		return fmt.Errorf("missing driver symbols: %s", strings.Join(miss, ", "))
 	}
