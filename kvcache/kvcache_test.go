@@ -139,6 +139,21 @@ func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits
 		if err := m.CheckInvariants(); err != nil {
 			fail("%v", err)
 		}
+		// Usage's live slots (stamped scratch, reused across calls) against
+		// a fresh count: a block's live slots are the most any holder fills.
+		most := map[int32]int{}
+		for _, sq := range m.seqs {
+			for i, id := range sq.blocks {
+				most[id] = max(most[id], min(m.blockSize, sq.slots-i*m.blockSize))
+			}
+		}
+		want := 0
+		for _, f := range most {
+			want += f
+		}
+		if u := m.Usage(); u.LiveSlots != want {
+			fail("Usage: %d live slots, a fresh count gives %d", u.LiveSlots, want)
+		}
 		for _, s := range live {
 			if m.Slots(s.id) < s.computed {
 				fail("seq %d: %d slots < %d computed", s.id, m.Slots(s.id), s.computed)
