@@ -109,12 +109,19 @@ type Paged struct {
 	db        forward.DrawBackend
 	ab        forward.AsyncDrawBackend
 	drawMasks map[*sampler.IDSet]int32
+	maskList  []maskRef // the first few of drawMasks, searched first
+	// usage is the last kvcache Usage, taken at usageAt (publish).
+	usage   kvcache.Usage
+	usageAt time.Time
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
 	computedTokens                         int64
 	phases                                 StepPhases
 }
+
+// usageEvery bounds the age of Stats' live-slot count under load.
+const usageEvery = 20 * time.Millisecond
 
 // stepBuf is one step's state from scheduling to consumption.
 type stepBuf struct {
@@ -760,12 +767,13 @@ func (e *Paged) buildBatch() {
 		en := &e.sched[k]
 		s, r := en.s, en.s.r
 		start := len(b.Tokens)
+		bt, bs := e.mgr.BlockTable(s.id), int32(e.cfg.BlockSize) // one lookup per sequence (kvcache.Manager.Slot's rule)
 		for p := s.numComputed; p < s.numComputed+en.n; p++ {
 			b.Tokens = append(b.Tokens, s.tokens[p])
 			b.Positions = append(b.Positions, int32(p))
-			b.SlotMapping = append(b.SlotMapping, e.mgr.Slot(s.id, p))
+			b.SlotMapping = append(b.SlotMapping, bt[int32(p)/bs]*bs+int32(p)%bs)
 		}
-		b.Seqs = append(b.Seqs, forward.SeqSpan{Start: start, Len: en.n, CtxLen: s.numComputed + en.n, BlockTable: e.mgr.BlockTable(s.id)})
+		b.Seqs = append(b.Seqs, forward.SeqSpan{Start: start, Len: en.n, CtxLen: s.numComputed + en.n, BlockTable: bt})
 		en.rowStart = len(b.LogitRows)
 		en.plpFrom, en.plpTo = 0, 0
 		if !r.forked && r.wantsPromptRows() {
@@ -985,7 +993,20 @@ func (e *Paged) applySample(t *sampleTask, now time.Time) {
 
 // publish refreshes the Stats snapshot.
 func (e *Paged) publish() {
-	u := e.mgr.Usage()
+	// Usage's live-slot count walks every sequence's block table: at
+	// thousands of sequences it cost the engine goroutine ~10 % of a
+	// step. Under load it is refreshed every usageEvery; the block counts
+	// are exact every time, and everything is exact whenever nothing runs
+	// (so a drained engine's Stats are).
+	now := time.Now()
+	if len(e.running) == 0 || now.Sub(e.usageAt) >= usageEvery {
+		e.usage, e.usageAt = e.mgr.Usage(), now
+	} else {
+		p := e.mgr.Pool()
+		e.usage.UsedBlocks = p.NumBlocks() - p.NumFree()
+		e.usage.AllocatedSlots = e.usage.UsedBlocks * e.cfg.BlockSize
+	}
+	u := e.usage
 	st := Stats{
 		Running:          len(e.running),
 		Waiting:          len(e.waiting) + len(e.submit),
