@@ -132,6 +132,11 @@ func checkSlot(slot int) error {
 // error (after a stream sync). Errors the device reports later come back
 // from WaitDraw.
 func (b *Backend) LaunchDraw(slot int, bt *forward.Batch, draws []forward.Draw, hostRows []int32) error {
+	return b.onSlot(slot, func() error { return b.launchDraw(slot, bt, draws, hostRows) })
+}
+
+// onSlot runs f on the CUDA worker for a valid slot of an open backend.
+func (b *Backend) onSlot(slot int, f func() error) error {
 	if err := checkSlot(slot); err != nil {
 		return err
 	}
@@ -140,7 +145,7 @@ func (b *Backend) LaunchDraw(slot int, bt *forward.Batch, draws []forward.Draw, 
 	if b.closed {
 		return errors.New("cuda: backend closed")
 	}
-	return b.do(func() error { return b.launchDraw(slot, bt, draws, hostRows) })
+	return b.do(f)
 }
 
 // launchDraw is LaunchDraw on the worker.
@@ -212,15 +217,7 @@ func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, 
 // leaves the launch outstanding; any other error (the device's, seen at
 // the wait) ends it.
 func (b *Backend) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {
-	if err := checkSlot(slot); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return errors.New("cuda: backend closed")
-	}
-	return b.do(func() error { return b.waitDraw(slot, out, logits, lse) })
+	return b.onSlot(slot, func() error { return b.waitDraw(slot, out, logits, lse) })
 }
 
 // waitDraw is WaitDraw on the worker.

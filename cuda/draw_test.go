@@ -273,22 +273,7 @@ func TestForwardDrawMatchesDrawRow(t *testing.T) {
 					for i := range out {
 						out[i] = forward.Drawn{Tok: -7, Logit: 12345}
 					}
-					// Host rows: all in order (step 0), none, a reordered
-					// subset with a duplicate, the first row only.
-					var host []int32
-					switch si % 4 {
-					case 0:
-						for k := range R {
-							host = append(host, int32(k))
-						}
-					case 2:
-						for k := R - 1; k >= 0; k -= 2 {
-							host = append(host, int32(k))
-						}
-						host = append(host, host[0])
-					case 3:
-						host = []int32{0}
-					}
+					host := hostRowsFor(si, R)
 					got := make([]float32, (len(host)+1)*V)
 					for i := range got {
 						got[i] = float32(math.NaN())

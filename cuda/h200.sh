@@ -73,6 +73,29 @@ bench_levels() {
 	done
 }
 
+# ab_run TESTS BENCH LEVELS A B BFLAG: the GPU tests matching TESTS, the
+# benchmarks matching BENCH, then the wide server (this build) at $LEVELS
+# (WIDE_LEVELS overrides) as A, and the same binary with BFLAG as B.
+ab_run() {
+	local tests=$1 bench=$2 V F
+	LEVELS=${WIDE_LEVELS:-$3}
+	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
+	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
+	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
+	timeout 90 /tmp/cuda.test -test.run "$tests" -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)" "$OUT/cuda_test.log" | head -40
+	timeout 40 /tmp/cuda.test -test.run XXX -test.bench "$bench" -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
+	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
+	pack
+	for V in $4 $5; do
+		F=; [ $V = $5 ] && F=$6
+		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
+		bench_levels $V
+		kill $SPID; wait $SPID 2>/dev/null
+		pack
+	done
+}
+
 case "$MODE" in
 smoke)
 	# (no head in this pipeline: closing it early kills the tests by SIGPIPE)
@@ -219,43 +242,15 @@ wide)
 	fi
 	;;
 draws)
-	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
-	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
-	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
-	timeout 90 /tmp/cuda.test -test.run 'Draw|TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
-	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)" "$OUT/cuda_test.log" | head -40
-	timeout 40 /tmp/cuda.test -test.run XXX -test.bench 'ForwardDraw' -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
-	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
-	pack
-	LEVELS=${WIDE_LEVELS:-1 300 1000 2000}
-	for V in gpu host; do
-		F=; [ $V = host ] && F=--device-sampling=false
-		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
-		bench_levels $V
-		kill $SPID; wait $SPID 2>/dev/null
-		pack
-	done
+	# ≤ 200 s: GPU draw tests + ForwardDraw benchmark, then the wide server
+	# drawing on the GPU and, same binary, with --device-sampling=false.
+	ab_run 'Draw|TestEngineGreedy|TestDefaultModelMatchesCPU' 'ForwardDraw' "1 300 1000 2000" gpu host --device-sampling=false
 	;;
 overlap)
 	# ≤ 230 s: GPU tests (draws, two steps in flight, GPU = CPU), the
 	# async benchmark, then the wide server with two steps in flight and,
 	# same binary, with --overlap-steps=false (both drawing on the GPU).
-	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
-	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
-	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
-	timeout 90 /tmp/cuda.test -test.run 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
-	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)" "$OUT/cuda_test.log" | head -40
-	timeout 40 /tmp/cuda.test -test.run XXX -test.bench 'ForwardDraw|LaunchDraw' -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
-	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
-	pack
-	LEVELS=${WIDE_LEVELS:-1 300 1000 2000 3000}
-	for V in overlap single; do
-		F=; [ $V = single ] && F=--overlap-steps=false
-		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
-		bench_levels $V
-		kill $SPID; wait $SPID 2>/dev/null
-		pack
-	done
+	ab_run 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' 'ForwardDraw|LaunchDraw' "1 300 1000 2000 3000" overlap single --overlap-steps=false
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
