@@ -360,6 +360,13 @@ func TestCloseFailsPending(t *testing.T) {
 	}{
 		{"paged", func(b forward.Backend) Engine { e, _ := New(b, Config{}); return e }},
 		{"naive", func(b forward.Backend) Engine { return NewNaive(b) }},
+		// Two steps in flight: Close lands the step still "on the device".
+		{"paged, device draws, overlap", func(b forward.Backend) Engine {
+			cfg := DefaultConfig()
+			cfg.OverlapMinSeqs = 2
+			e, _ := New(forward.HostDraws(b), cfg)
+			return e
+		}},
 	} {
 		t.Run(mk.name, func(t *testing.T) {
 			fb := newFake(64, 4, 24)
