@@ -123,6 +123,18 @@ func (f forcedBanner) Mask(gen []int32, m *sampler.Mask) bool {
 	return true
 }
 
+// Peek implements sampler.Peeker: the step that assigns the slots reads
+// the row only at the pool candidates' first characters
+// (assignByFirstChar), and the forced token is one of them, so those
+// logits are all it needs (8 bytes each from the GPU instead of the row).
+func (f forcedBanner) Peek(gen []int32) ([]int32, bool) {
+	ids := make([]int32, 0, len(f.a.pool))
+	for _, c := range f.a.pool {
+		ids = append(ids, c.ids[0])
+	}
+	return ids, true
+}
+
 // Forced implements sampler.Forcer: every step is forced, to the slot's
 // candidate's next character, or to -1 (outside every row: a dead end)
 // when the pool has fewer candidates than samples or the four are written.

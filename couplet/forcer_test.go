@@ -198,6 +198,20 @@ func TestForcedBannerForced(t *testing.T) {
 		}
 	}
 	byForced, byProcess := &bannerAssign{pool: pool, k: k}, &bannerAssign{pool: pool, k: k}
+	// Peek: the same steps on a row holding only the peeked logits (the
+	// device-draw path's row) give the same assignment and tokens.
+	byPeek := &bannerAssign{pool: pool, k: k}
+	ids, ok := (forcedBanner{byPeek, 0}).Peek(nil)
+	if !ok || len(ids) != len(pool) {
+		t.Fatalf("Peek: %v, %v", ids, ok)
+	}
+	sparse := make([]float32, V)
+	for i := range sparse {
+		sparse[i] = negInf
+	}
+	for _, id := range ids {
+		sparse[id] = row[id]
+	}
 	var m sampler.Mask
 	if (forcedBanner{byForced, 0}).Mask(nil, &m) {
 		t.Fatal("Mask describes a step before the slots are assigned (it needs the row)")
@@ -209,6 +223,9 @@ func TestForcedBannerForced(t *testing.T) {
 			id, ok := f.Forced(gen, row)
 			if !ok {
 				t.Fatalf("slot %d step %d: not forced", slot, step)
+			}
+			if pid, pok := (forcedBanner{byPeek, slot}).Forced(gen, sparse); !pok || pid != id {
+				t.Fatalf("slot %d step %d: Forced on the peeked row %d, on the whole row %d", slot, step, pid, id)
 			}
 			// Once assigned, Mask says what Forced says.
 			if !f.Mask(gen, &m) || !m.Forced || m.Force != id {
@@ -228,6 +245,9 @@ func TestForcedBannerForced(t *testing.T) {
 			}
 			gen = append(gen, id)
 		}
+	}
+	if !slices.Equal(byForced.slots, byPeek.slots) {
+		t.Fatalf("assigned %v from the whole row, %v from the peeked logits", byForced.slots, byPeek.slots)
 	}
 	if !slices.Equal(byForced.slots, byProcess.slots) || len(byForced.slots) != k {
 		t.Fatalf("assigned %v by Forced, %v by Process", byForced.slots, byProcess.slots)

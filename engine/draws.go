@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"cmp"
 	"math"
+	"slices"
 
 	"chunlian/forward"
 	"chunlian/sampler"
@@ -39,14 +41,33 @@ type drawPlan struct {
 	drawn    []forward.Drawn
 	tasks    []int32 // per sampling task: index into draws, taskHost or taskDead
 	hostRows []int32 // logits rows copied to the host, ascending
-	hostIdx  []int32 // [rows]: row → its index in hostRows, -1 if not copied
+	hostIdx  []int32 // [rows]: row → its host row (hostRows, then peekRows), -1 if none
+	// Rows whose tasks read only a few logits (sampler.Peeker): those come
+	// back as Force draws (peeks[i]: draws[d0:d1] of row), and the host
+	// row is made from them (-Inf elsewhere) after index len(hostRows).
+	peekRows []int32
+	peeks    []peek
 	excl     []int32 // backing store of the draws' Exclude lists
 	mask     sampler.Mask
 
-	hostTasks []sampleTask // the host tasks of a step, rows renumbered to hostIdx
-	hostOf    []int        // hostTasks[i] is rs.tasks[hostOf[i]]
+	hostTasks []sampleTask // the host tasks of a step, rows renumbered to hostIdx, sorted by them; plan = index in rs.tasks
 	hostLSE   []float64
 }
+
+// peek is one Peeker task's gathered logits: draws[d0:d1] on row.
+type peek struct {
+	row    int32
+	d0, d1 int
+}
+
+// hostIdx marks while planning (then replaced by indices).
+const (
+	markHost = -2 // the whole row is needed
+	markPeek = -3 // only peeked logits are needed
+)
+
+// maxPeek bounds the ids one Peeker task may gather.
+const maxPeek = 64
 
 // deviceDraws reports whether this engine plans device draws.
 func (e *Paged) deviceDraws() bool { return e.db != nil }
@@ -56,6 +77,7 @@ func (e *Paged) planDraws() {
 	p := &e.dp
 	rows := len(e.batch.LogitRows)
 	p.draws, p.tasks, p.excl, p.hostRows = p.draws[:0], p.tasks[:0], p.excl[:0], p.hostRows[:0]
+	p.peekRows, p.peeks = p.peekRows[:0], p.peeks[:0]
 	if cap(p.hostIdx) < rows {
 		p.hostIdx = make([]int32, rows)
 	}
@@ -87,11 +109,18 @@ func (e *Paged) planDraws() {
 		}
 	}
 	for row, h := range p.hostIdx {
-		if h == 0 { // marked by planTask
+		if h == markHost {
 			p.hostIdx[row] = int32(len(p.hostRows))
 			p.hostRows = append(p.hostRows, int32(row))
 		}
 	}
+	for row, h := range p.hostIdx {
+		if h == markPeek {
+			p.hostIdx[row] = int32(len(p.hostRows) + len(p.peekRows))
+			p.peekRows = append(p.peekRows, int32(row))
+		}
+	}
+	e.peekedRows += int64(len(p.peekRows))
 	if cap(p.drawn) < len(p.draws) {
 		p.drawn = make([]forward.Drawn, len(p.draws), 2*len(p.draws))
 	}
@@ -128,7 +157,20 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 	}
 	if !ok {
 		p.tasks = append(p.tasks, taskHost)
-		p.hostIdx[row] = 0 // mark; planDraws numbers the marked rows
+		if pk, isPeeker := proc.(sampler.Peeker); isPeeker && p.hostIdx[row] != markHost {
+			if ids, ok := pk.Peek(gen); ok && len(ids) <= maxPeek {
+				d0 := len(p.draws)
+				for _, id := range ids {
+					if id >= 0 && int(id) < e.vocab {
+						p.draws = append(p.draws, forward.Draw{Row: row, Force: id, Mask: -1})
+					}
+				}
+				p.peeks = append(p.peeks, peek{row: row, d0: d0, d1: len(p.draws)})
+				p.hostIdx[row] = markPeek
+				return
+			}
+		}
+		p.hostIdx[row] = markHost // planDraws numbers the marked rows
 		return
 	}
 	if m.Forced && (m.Force < 0 || int(m.Force) >= e.vocab) {
@@ -209,12 +251,37 @@ type preSample struct {
 	proc sampler.LogitsProcessor
 }
 
+// fillPeekRows makes the host rows of peekRows (in logits after the
+// copied rows): -Inf, then the peeked logits. Rows that are also copied
+// whole already hold them.
+func (e *Paged) fillPeekRows(logits []float32) {
+	p, V := &e.dp, e.vocab
+	nh := len(p.hostRows)
+	for k := range p.peekRows {
+		row := logits[(nh+k)*V : (nh+k+1)*V]
+		row[0] = negInf32
+		for n := 1; n < len(row); n *= 2 {
+			copy(row[n:], row[:n])
+		}
+	}
+	for _, pk := range p.peeks {
+		h := int(p.hostIdx[pk.row])
+		if h < nh {
+			continue
+		}
+		row := logits[h*V : (h+1)*V]
+		for d := pk.d0; d < pk.d1; d++ {
+			row[p.draws[d].Force] = p.drawn[d].Logit
+		}
+	}
+}
+
 // resolveDraws fills the step's tasks from the device draws and samples
 // the host tasks from the copied rows (consume's phase 2 on this path).
 // lse is [rows] (the backend's log-sum-exps); logits holds the host rows.
 func (e *Paged) resolveDraws(logits []float32, lse []float64, rows int) {
 	p, rs := &e.dp, &e.rs
-	p.hostTasks, p.hostOf = p.hostTasks[:0], p.hostOf[:0]
+	p.hostTasks = p.hostTasks[:0]
 	for i := range rs.tasks {
 		t := &rs.tasks[i]
 		switch d := p.tasks[t.plan]; {
@@ -222,9 +289,8 @@ func (e *Paged) resolveDraws(logits []float32, lse []float64, rows int) {
 			t.err = sampler.ErrDeadEnd
 		case d == taskHost:
 			ht := *t
-			ht.row = p.hostIdx[t.row]
+			ht.row, ht.plan = p.hostIdx[t.row], int32(i)
 			p.hostTasks = append(p.hostTasks, ht)
-			p.hostOf = append(p.hostOf, i)
 		default:
 			dr, got := &p.draws[d], p.drawn[d]
 			t.err = nil
@@ -238,7 +304,11 @@ func (e *Paged) resolveDraws(logits []float32, lse []float64, rows int) {
 	if len(p.hostTasks) == 0 {
 		return
 	}
-	H := len(p.hostRows)
+	e.fillPeekRows(logits)
+	// rowSampler wants its tasks in row order; peeked rows are numbered
+	// after the copied ones, so renumbering broke it.
+	slices.SortStableFunc(p.hostTasks, func(a, b sampleTask) int { return cmp.Compare(a.row, b.row) })
+	nh, H := len(p.hostRows), len(p.hostRows)+len(p.peekRows)
 	if cap(p.hostLSE) < H {
 		p.hostLSE = make([]float64, H)
 	}
@@ -246,12 +316,16 @@ func (e *Paged) resolveDraws(logits []float32, lse []float64, rows int) {
 	for k, row := range p.hostRows {
 		hl[k] = lse[row]
 	}
+	for k, row := range p.peekRows {
+		hl[nh+k] = lse[row]
+	}
 	all := rs.tasks
 	rs.tasks = p.hostTasks
 	rs.run(logits, e.vocab, H, hl, e.samplingWorkers(len(p.hostTasks)))
 	rs.tasks = all
-	for k, i := range p.hostOf {
-		t, ht := &all[i], &p.hostTasks[k]
+	for k := range p.hostTasks {
+		ht := &p.hostTasks[k]
+		t := &all[ht.plan]
 		t.tok, t.lp, t.err = ht.tok, ht.lp, ht.err
 	}
 }

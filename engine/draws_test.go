@@ -42,12 +42,46 @@ type maskerProc struct{ maskProc }
 
 func (p maskerProc) Mask(gen []int32, m *sampler.Mask) bool { p.describe(gen, m); return true }
 
+// peekProc forces, at every step, the id with the highest logit among a
+// few step-dependent ids, reading the row only there: a sampler.Peeker
+// (like couplet's forced 横批 samples on their first step).
+type peekProc struct{ vocab int }
+
+func (p peekProc) Peek(gen []int32) ([]int32, bool) {
+	k := len(gen)
+	return []int32{int32(k % p.vocab), int32((k*5 + 3) % p.vocab), int32((k*11 + 7) % p.vocab)}, true
+}
+
+func (p peekProc) Forced(gen []int32, row []float32) (int32, bool) {
+	ids, _ := p.Peek(gen)
+	best := int32(-1)
+	for _, id := range ids {
+		if v := row[id]; v > negInf32 && (best < 0 || v > row[best] || (v == row[best] && id < best)) {
+			best = id
+		}
+	}
+	return best, true
+}
+
+func (p peekProc) Process(gen []int32, row []float32) error {
+	id, _ := p.Forced(gen, row)
+	if id < 0 {
+		return sampler.ErrDeadEnd
+	}
+	v := row[id]
+	for i := range row {
+		row[i] = negInf32
+	}
+	row[id] = v
+	return nil
+}
+
 // countDraws counts what the engine asks of an AsyncDrawBackend, and how
 // often two steps were in flight at once.
 type countDraws struct {
 	forward.AsyncDrawBackend
-	steps, draws, hostRows, rows atomic.Int64
-	inflight, overlapped         atomic.Int64
+	steps, draws, hostRows, rows, forced atomic.Int64
+	inflight, overlapped                 atomic.Int64
 }
 
 func (c *countDraws) count(b *forward.Batch, d []forward.Draw, host []int32) {
@@ -55,6 +89,11 @@ func (c *countDraws) count(b *forward.Batch, d []forward.Draw, host []int32) {
 	c.draws.Add(int64(len(d)))
 	c.hostRows.Add(int64(len(host)))
 	c.rows.Add(int64(len(b.LogitRows)))
+	for i := range d {
+		if d[i].Force >= 0 {
+			c.forced.Add(1)
+		}
+	}
 }
 
 func (c *countDraws) ForwardDraw(b *forward.Batch, d []forward.Draw, out []forward.Drawn, host []int32, logits []float32) error {
@@ -76,8 +115,9 @@ func (c *countDraws) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 }
 
 // drawRequests is genRequests with processors: masker (device draws),
-// plain mask processors (host rows) and none, mixed.
-func drawRequests(seed uint64, k, vocab int, greedy bool) []*Request {
+// plain mask processors (host rows) and none, mixed; with peek, every
+// fourth request gets a peekProc (peeked logits) instead.
+func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 	reqs := genRequests(seed, k, vocab, 30, 40)
 	rng := rand.New(rand.NewPCG(seed, 2))
 	var sets []*sampler.IDSet
@@ -90,10 +130,12 @@ func drawRequests(seed uint64, k, vocab int, greedy bool) []*Request {
 		if greedy {
 			r.Params.Temperature = 0
 		}
-		switch i % 3 {
-		case 0:
+		switch {
+		case peek && i%4 == 3:
+			r.NewProcessor = func(int) sampler.LogitsProcessor { return peekProc{vocab} }
+		case i%3 == 0:
 			r.NewProcessor = func(int) sampler.LogitsProcessor { return maskerProc{mp} }
-		case 1:
+		case i%3 == 1:
 			r.NewProcessor = func(int) sampler.LogitsProcessor { return mp }
 		}
 	}
@@ -123,7 +165,7 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			reqs := drawRequests(tc.seed, 30, vocab, true)
+			reqs := drawRequests(tc.seed, 30, vocab, true, true)
 			hostCfg := tc.cfg
 			hostCfg.HostSampling = true
 			if hostCfg == (Config{HostSampling: true}) {
@@ -186,15 +228,19 @@ func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*R
 	if overlap && cd.overlapped.Load() == 0 {
 		t.Error("never two steps in flight")
 	}
+
 	t.Logf("%d steps (%d with two in flight), %d draws, %d of %d rows copied, %d dead ends", cd.steps.Load(), cd.overlapped.Load(), cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load(), dead)
 	checkDrained(t, dev)
+	if dev.peekedRows == 0 { // the loop has exited: read after Close
+		t.Error("no row was made from peeked logits")
+	}
 }
 
 // TestDeviceDrawsSampled: sampled draws on the device path obey every
 // processor, and the same seeds give the same results on a second engine.
 func TestDeviceDrawsSampled(t *testing.T) {
 	const vocab = 24
-	reqs := drawRequests(9, 40, vocab, false)
+	reqs := drawRequests(9, 40, vocab, false, false)
 	run := func() []*Result {
 		e, err := New(forward.HostDraws(newFake(512, 4, vocab)), Config{})
 		if err != nil {

@@ -110,6 +110,9 @@ type Paged struct {
 	ab        forward.AsyncDrawBackend
 	drawMasks map[*sampler.IDSet]int32
 	maskList  []maskRef // the first few of drawMasks, searched first
+	// peekedRows counts rows made from peeked logits instead of copied
+	// (draws.go; read by tests after Close).
+	peekedRows int64
 	// usage is the last kvcache Usage, taken at usageAt (publish).
 	usage   kvcache.Usage
 	usageAt time.Time
@@ -544,7 +547,7 @@ func (e *Paged) step() {
 	rows := len(e.batch.LogitRows)
 	var err error
 	if e.db != nil {
-		err = e.db.ForwardDraw(&e.batch, e.dp.draws, e.dp.drawn, e.dp.hostRows, e.logits)
+		err = e.db.ForwardDraw(&e.batch, e.dp.draws, e.dp.drawn, e.dp.hostRows, e.logits[:len(e.dp.hostRows)*e.vocab])
 	} else {
 		err = e.b.Forward(&e.batch, e.logits)
 	}
@@ -613,7 +616,7 @@ func (e *Paged) landStep() {
 		e.lse32 = make([]float32, rows)
 	}
 	lse32 := e.lse32[:rows]
-	err := e.ab.WaitDraw(e.slot, e.dp.drawn, e.logits, lse32)
+	err := e.ab.WaitDraw(e.slot, e.dp.drawn, e.logits[:len(e.dp.hostRows)*e.vocab], lse32)
 	for k := range e.sched {
 		e.sched[k].s.inflight = false
 	}
@@ -746,10 +749,10 @@ running:
 			return false
 		}
 	}
-	hostRows := len(e.batch.LogitRows) // logits rows the host receives
+	hostRows := len(e.batch.LogitRows) // logits rows the host receives or makes
 	if e.db != nil {
 		e.planDraws()
-		hostRows = len(e.dp.hostRows)
+		hostRows = len(e.dp.hostRows) + len(e.dp.peekRows)
 	}
 	if cap(e.logits) < hostRows*e.vocab {
 		e.logits = make([]float32, hostRows*e.vocab)

@@ -103,3 +103,15 @@ func (s *IDSet) Bits() []uint64 { return s.bits }
 // draw made elsewhere (forward.Draw), one per draw at Temperature > 0, so
 // that a seeded sample's stream advances as its host draws would.
 func (s *Sampler) Uniform() float64 { return s.rng.Float64() }
+
+// Peeker is an optional interface of a LogitsProcessor, for steps where
+// Masker declines because the step reads the row — but only at a few ids.
+// Peek lists them: Forced and Process, called on a row that holds the
+// true values at those ids and -Inf everywhere else, must behave exactly
+// as on the whole row (same token, same error, same side effects). A
+// device-draw backend then sends back those values instead of the whole
+// row. ok false: the step needs the whole row. Like Mask, Peek has no side
+// effects and runs on the engine goroutine.
+type Peeker interface {
+	Peek(generated []int32) (ids []int32, ok bool)
+}
