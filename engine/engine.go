@@ -92,7 +92,7 @@ type Paged struct {
 	// *stepBuf is the step being scheduled or consumed (its sched, batch,
 	// plan, logits); bufs holds two, so that with an AsyncDrawBackend one
 	// step can be on the device while the host works on the other (see
-	// loopAsync). pend is the launched step not yet consumed, next the
+	// stepAsync). pend is the launched step not yet consumed, next the
 	// slot the next step is scheduled into.
 	*stepBuf
 	bufs [2]stepBuf
@@ -105,7 +105,7 @@ type Paged struct {
 	rs   rowSampler
 	// db is b as a forward.DrawBackend when tokens are drawn on it (see
 	// draws.go), else nil; ab is b as an AsyncDrawBackend when steps
-	// overlap (loopAsync), else nil. drawMasks: the sets registered on db.
+	// overlap (stepAsync), else nil. drawMasks: the sets registered on db.
 	db        forward.DrawBackend
 	ab        forward.AsyncDrawBackend
 	drawMasks map[*sampler.IDSet]int32
@@ -159,7 +159,7 @@ type sequence struct {
 	logprobs    []float32 // raw log-probs of tokens[len(prompt):]
 	state       seqState
 	finish      FinishReason
-	// inflight: in a launched step not yet consumed (loopAsync); it is
+	// inflight: in a launched step not yet consumed (stepAsync); it is
 	// neither scheduled again nor preempted until then.
 	inflight bool
 }
@@ -538,7 +538,7 @@ func (e *Paged) preempt(s *sequence) {
 }
 
 // step schedules one batch, runs it and consumes its logits (one step at
-// a time; loopAsync overlaps two).
+// a time; stepAsync overlaps two).
 func (e *Paged) step() {
 	if !e.scheduleStep() {
 		return
@@ -589,7 +589,7 @@ func (e *Paged) stepAsync() {
 }
 
 // launchStep schedules a step into the current stepBuf and launches it on
-// its slot without waiting (loopAsync). It reports whether it launched.
+// its slot without waiting (stepAsync). It reports whether it launched.
 func (e *Paged) launchStep() bool {
 	if !e.scheduleStep() {
 		return false
@@ -608,7 +608,7 @@ func (e *Paged) launchStep() bool {
 }
 
 // landStep waits for the launched step in the current stepBuf and
-// consumes it (loopAsync).
+// consumes it (stepAsync).
 func (e *Paged) landStep() {
 	t1 := time.Now()
 	rows := len(e.batch.LogitRows)
