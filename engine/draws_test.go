@@ -147,7 +147,7 @@ func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 // results — tokens, log-probs, prompt log-probs, dead ends, n > 1 — are
 // exactly the host path's, whatever the chunking, preemption and prefix
 // hits, one step at a time (NoOverlap) and with two steps in flight
-// (loopAsync); and the device path did draw (fewer rows crossed than
+// (stepAsync); and the device path did draw (fewer rows crossed than
 // computed), and the overlapping engine did have two steps in flight.
 func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	const vocab = 24
