@@ -20,9 +20,11 @@ var negInf32 = float32(math.Inf(-1))
 // for the logit of the next prompt token (a Force draw). The backend then
 // returns 8 bytes per draw instead of a 6,189-float row, and the host
 // sampling phase shrinks to the few rows whose processor must read the row
-// itself (the first step of the forced 横批 samples, which ranks the
-// candidates by the row; a repetition penalty; an unknown processor):
-// those rows are copied whole and sampled on the host as before.
+// itself. Those that read it at a few ids only (sampler.Peeker: the first
+// step of the forced 横批 samples, which ranks the candidates by their
+// first characters' logits) get those logits as Force draws and a host
+// row rebuilt from them; the rest (a repetition penalty, an unknown
+// processor) are copied whole. Both are sampled on the host as before.
 //
 // Invariant: plan and consume list a step's sampling tasks in the same
 // order (schedule order; a request that forks lists its N samples by
@@ -31,7 +33,7 @@ var negInf32 = float32(math.Inf(-1))
 
 // Task plan codes besides a draw index (≥ 0).
 const (
-	taskHost = -1 // sampled on the host from its copied row
+	taskHost = -1 // sampled on the host from its copied or rebuilt row
 	taskDead = -2 // the processor forces a token outside the vocabulary: a dead end
 )
 
