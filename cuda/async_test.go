@@ -282,16 +282,8 @@ func TestLaunchDrawCopyBlocks(t *testing.T) {
 // outstanding) and the synchronous calls while a launch is outstanding
 // fail; the backend stays usable.
 func TestLaunchDrawErrors(t *testing.T) {
-	gpuOrSkip(t)
-	m := model.NewRandom(model.TestConfig(), 3)
-	g, err := New(m, Options{KVCacheBytes: 1 << 20, RowLogSumExp: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	V := m.Config.VocabSize
-	bt := &forward.Batch{Tokens: []int32{1, 2}, Positions: []int32{0, 1}, SlotMapping: []int32{0, 1},
-		Seqs: []forward.SeqSpan{{Start: 0, Len: 2, CtxLen: 2, BlockTable: []int32{0}}}, LogitRows: []int{1, 0}}
+	g, V := tinyBackend(t, Options{RowLogSumExp: true})
+	bt := twoTokens(1, 0)
 	good := []forward.Draw{{Row: 0, Force: -1, Mask: -1, Temperature: 1, U: 0.5}, {Row: 1, Force: -1, Mask: -1}}
 	host := []int32{1}
 	out, logits, lse := make([]forward.Drawn, 2), make([]float32, V), make([]float32, 2)

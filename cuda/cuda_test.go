@@ -385,21 +385,34 @@ func roundModelBF16(m *model.Model) {
 	}
 }
 
-// TestForwardRejectsBadBatches checks that malformed batches fail with an
-// error instead of reading or writing out of bounds on the device.
-func TestForwardRejectsBadBatches(t *testing.T) {
+// tinyBackend is a backend over the small random test model with a 1 MiB
+// cache (skipping without a GPU), closed when the test ends, and its
+// vocabulary size.
+func tinyBackend(t *testing.T, o Options) (*Backend, int) {
+	t.Helper()
 	gpuOrSkip(t)
 	m := model.NewRandom(model.TestConfig(), 3)
-	g, err := New(m, Options{KVCacheBytes: 1 << 20})
+	o.KVCacheBytes = 1 << 20
+	g, err := New(m, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.Close()
-	V := m.Config.VocabSize
-	ok := func() *forward.Batch {
-		return &forward.Batch{Tokens: []int32{1, 2}, Positions: []int32{0, 1}, SlotMapping: []int32{0, 1},
-			Seqs: []forward.SeqSpan{{Start: 0, Len: 2, CtxLen: 2, BlockTable: []int32{0}}}, LogitRows: []int{1}}
-	}
+	t.Cleanup(func() { g.Close() })
+	return g, m.Config.VocabSize
+}
+
+// twoTokens is a batch of one sequence of two tokens in block 0, with
+// logits for the given rows (indices into its two tokens).
+func twoTokens(rows ...int) *forward.Batch {
+	return &forward.Batch{Tokens: []int32{1, 2}, Positions: []int32{0, 1}, SlotMapping: []int32{0, 1},
+		Seqs: []forward.SeqSpan{{Start: 0, Len: 2, CtxLen: 2, BlockTable: []int32{0}}}, LogitRows: rows}
+}
+
+// TestForwardRejectsBadBatches checks that malformed batches fail with an
+// error instead of reading or writing out of bounds on the device.
+func TestForwardRejectsBadBatches(t *testing.T) {
+	g, V := tinyBackend(t, Options{})
+	ok := func() *forward.Batch { return twoTokens(1) }
 	if err := g.Forward(ok(), make([]float32, V)); err != nil {
 		t.Fatalf("valid batch failed: %v", err)
 	}

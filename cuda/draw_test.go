@@ -345,18 +345,8 @@ func TestForwardDrawMatchesDrawRow(t *testing.T) {
 // TestForwardDrawErrors: bad draws fail before anything runs, the backend
 // stays usable, and RegisterMask refuses a 65th set.
 func TestForwardDrawErrors(t *testing.T) {
-	gpuOrSkip(t)
-	m := model.NewRandom(model.TestConfig(), 3)
-	g, err := New(m, Options{KVCacheBytes: 1 << 20, RowLogSumExp: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	V := m.Config.VocabSize
-	bt := func() *forward.Batch {
-		return &forward.Batch{Tokens: []int32{1, 2}, Positions: []int32{0, 1}, SlotMapping: []int32{0, 1},
-			Seqs: []forward.SeqSpan{{Start: 0, Len: 2, CtxLen: 2, BlockTable: []int32{0}}}, LogitRows: []int{1}}
-	}
+	g, V := tinyBackend(t, Options{RowLogSumExp: true})
+	bt := func() *forward.Batch { return twoTokens(1) }
 	good := forward.Draw{Row: 0, Force: -1, Mask: -1, Temperature: 1, U: 0.5}
 	out := make([]forward.Drawn, 1)
 	for name, d := range map[string]forward.Draw{
