@@ -197,17 +197,7 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 // maskIndex returns set's index on the backend, registering it the first
 // time; false if the backend refuses it (the task then goes the host way).
 func (e *Paged) maskIndex(set *sampler.IDSet) (int32, bool) {
-	// The processors use a handful of sets: a short list beats a map
-	// lookup per draw.
-	for _, m := range e.maskList {
-		if m.set == set {
-			return m.idx, m.idx >= 0
-		}
-	}
 	if i, ok := e.drawMasks[set]; ok {
-		if len(e.maskList) < 8 {
-			e.maskList = append(e.maskList, maskRef{set, i})
-		}
 		return i, i >= 0
 	}
 	if e.drawMasks == nil {
@@ -219,12 +209,6 @@ func (e *Paged) maskIndex(set *sampler.IDSet) (int32, bool) {
 	}
 	e.drawMasks[set] = i
 	return i, i >= 0
-}
-
-// maskRef is one entry of Paged.maskList (a registered set and its index).
-type maskRef struct {
-	set *sampler.IDSet
-	idx int32
 }
 
 // sampleState returns the Sampler and processor of sample i of r: the

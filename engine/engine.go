@@ -109,7 +109,6 @@ type Paged struct {
 	db        forward.DrawBackend
 	ab        forward.AsyncDrawBackend
 	drawMasks map[*sampler.IDSet]int32
-	maskList  []maskRef // the first few of drawMasks, searched first
 	// peekedRows counts rows made from peeked logits instead of copied
 	// (draws.go; read by tests after Close).
 	peekedRows int64
