@@ -34,9 +34,7 @@ type Manager struct {
 	// copies pending copy-on-write: the backend must copy src[i] → dst[i]
 	// before the next forward pass (TakeCopies).
 	copySrc, copyDst []int32
-	fill             []int    // [numBlocks] scratch of Usage: live slots per block (valid where fillGen == gen)
-	fillGen          []uint32 // [numBlocks] Usage call that last wrote fill
-	gen              uint32
+	fill             []int // [numBlocks] scratch of Usage: live slots per block
 }
 
 // NewManager returns a manager over numBlocks blocks of blockSize tokens.
@@ -366,27 +364,14 @@ type Usage struct {
 func (m *Manager) Usage() Usage {
 	u := Usage{TotalBlocks: m.pool.NumBlocks(), UsedBlocks: m.pool.NumBlocks() - m.pool.NumFree()}
 	u.AllocatedSlots = u.UsedBlocks * m.blockSize
-	// fill[id] is block id's live slots so far in this call, valid where
-	// fillGen[id] == gen: a stamp instead of clearing an entry per block
-	// of the pool on every call (the engine calls Usage every loop
-	// iteration; a 16 GiB GPU cache has ~40,000 blocks).
 	if len(m.fill) != m.pool.NumBlocks() {
 		m.fill = make([]int, m.pool.NumBlocks())
-		m.fillGen = make([]uint32, m.pool.NumBlocks())
-		m.gen = 0
 	}
-	m.gen++
-	if m.gen == 0 { // wrapped: old stamps could match
-		clear(m.fillGen)
-		m.gen = 1
-	}
-	fill, fillGen, gen := m.fill, m.fillGen, m.gen
+	fill := m.fill
+	clear(fill)
 	for _, s := range m.seqs {
 		for i, id := range s.blocks {
 			f := min(m.blockSize, s.slots-i*m.blockSize)
-			if fillGen[id] != gen {
-				fillGen[id], fill[id] = gen, 0
-			}
 			if f > fill[id] {
 				u.LiveSlots += f - fill[id]
 				fill[id] = f
