@@ -181,12 +181,6 @@ func alive(logits []float32, s *idSet) error {
 	return sampler.ErrDeadEnd
 }
 
-// allowHan leaves only Chinese-character ids.
-func (t *tables) allowHan(logits []float32) error {
-	restrict(logits, &t.hanSet)
-	return alive(logits, &t.hanSet)
-}
-
 // force leaves only id allowed: ErrDeadEnd (row untouched) if id is outside
 // the row or its entry is -Inf or NaN, else every other entry becomes -Inf.
 // It is what the sampler.Forcer contract calls "force id": the processors
@@ -291,68 +285,71 @@ func (c *constraint) forcedAt(pt part, j int, upper, lower []int32) (int32, bool
 	return 0, false
 }
 
+// rule is a step's constraint: a forced token (forced; id -1 is a dead
+// end whatever the row), or the tokens of set minus the ids it appends to
+// excl. Process applies it to a row and Mask hands it to a device, so the
+// two cannot disagree; TestProcessorEquivalence checks both against the
+// reference processors.
+type rule struct {
+	forced bool
+	id     int32
+	set    *idSet
+}
+
+// apply does r (and excl) to logits, as Process.
+func (r rule) apply(logits []float32, excl []int32) error {
+	if r.forced {
+		return force(logits, r.id)
+	}
+	restrict(logits, r.set)
+	for _, id := range excl {
+		exclude(logits, id)
+	}
+	return alive(logits, r.set)
+}
+
+// mask says r (and excl) as a sampler.Mask.
+func (r rule) mask(m *sampler.Mask, excl []int32) {
+	m.Reset()
+	if r.forced {
+		m.Forced, m.Force = true, r.id
+		return
+	}
+	m.Allowed, m.Exclude = r.set.ids, append(m.Exclude, excl...)
+}
+
 // Process implements sampler.LogitsProcessor.
 func (c *constraint) Process(generated []int32, logits []float32) error {
-	pt, j, upper, lower := c.locate(generated)
-	if id, ok := c.forcedAt(pt, j, upper, lower); ok {
-		return force(logits, id)
-	}
-	switch pt {
-	case partUpper:
-		return c.upperStep(upper, j, logits)
-	case partLower:
-		return c.lowerStep(upper, lower, j, logits)
-	case partBanner:
-		return c.t.allowHan(logits)
-	}
-	return sampler.ErrDeadEnd
+	var buf [32]int32
+	r, excl := c.ruleAt(generated, buf[:0])
+	return r.apply(logits, excl)
 }
 
 // Mask implements sampler.Masker: every step of a couplet sample is a
-// pure mask (Process's steps below, said as sets), so the GPU can apply it
-// and draw there. It mirrors Process branch by branch;
-// TestMaskMatchesProcess checks the two on every step of random couplets.
+// pure mask, so the GPU can apply it and draw there.
 func (c *constraint) Mask(generated []int32, m *sampler.Mask) bool {
-	m.Reset()
+	var buf [32]int32
+	r, excl := c.ruleAt(generated, buf[:0])
+	r.mask(m, excl)
+	return true
+}
+
+// ruleAt is the constraint on the token after generated (see rule); its
+// excluded ids are appended to excl.
+func (c *constraint) ruleAt(generated, excl []int32) (rule, []int32) {
 	pt, j, upper, lower := c.locate(generated)
 	if id, ok := c.forcedAt(pt, j, upper, lower); ok {
-		m.Forced, m.Force = true, id
-		return true
+		return rule{forced: true, id: id}, excl
 	}
-	p, t := c.p, c.t
 	switch pt {
 	case partUpper:
-		// upperStep: Han characters, 仄 only on the last slot, in every mode.
-		m.Allowed = t.hanSet.ids
-		if j == c.last {
-			m.Allowed = t.zeSet.ids
-		}
-		switch {
-		case p.mode == ModeKeyword:
-			if !c.placed(upper, j) && !c.kwStart[j] {
-				m.Exclude = append(m.Exclude, p.heads[0])
-			}
-		case j == c.last && p.mode == ModeAcrostic && t.tone[p.heads[1]] != TonePing:
-			m.Exclude = append(m.Exclude, p.heads[0])
-		}
+		return c.upperRule(upper, j, excl)
 	case partLower:
-		set := &t.hanSet
-		if upper[j] == upper[c.last] {
-			set = &t.pingSet
-		}
-		m.Allowed = set.ids
-		m.Exclude = append(m.Exclude, upper[j])
-		for k := 0; k < j; k++ {
-			if p.template[k] == -1 {
-				m.Exclude = append(m.Exclude, lower[k])
-			}
-		}
+		return c.lowerRule(upper, lower, j, excl)
 	case partBanner:
-		m.Allowed = t.hanSet.ids
-	default: // Process: ErrDeadEnd whatever the row
-		m.Forced, m.Force = true, -1
+		return rule{set: &c.t.hanSet}, excl
 	}
-	return true
+	return rule{forced: true, id: -1}, excl // nothing is allowed
 }
 
 // placed reports whether the keyword sits complete in the 上联's first j
@@ -404,54 +401,45 @@ func (c *constraint) lowerForced(upper, lower []int32, j int) (int32, bool) {
 	return 0, false
 }
 
-// upperStep is Process for 上联 slot j where Forced forces nothing.
-func (c *constraint) upperStep(gen []int32, j int, logits []float32) error {
+// upperRule is ruleAt for 上联 slot j where forcedAt forces nothing.
+func (c *constraint) upperRule(gen []int32, j int, excl []int32) (rule, []int32) {
 	p, t := c.p, c.t
-	if p.mode == ModeKeyword {
-		k1 := p.heads[0]
-		placed := c.placed(gen, j)
-		// Han characters (仄 only on the last slot); before placement K1
-		// is only allowed where it can start the keyword, so that emitting
-		// it always means "place it here".
-		set := &t.hanSet
-		if j == c.last {
-			set = &t.zeSet
+	// Han characters, 仄 only on the last slot, in every mode.
+	r := rule{set: &t.hanSet}
+	if j == c.last {
+		r.set = &t.zeSet
+	}
+	switch {
+	case p.mode == ModeKeyword:
+		// Before placement K1 is only allowed where it can start the
+		// keyword, so that emitting it always means "place it here".
+		if !c.placed(gen, j) && !c.kwStart[j] {
+			excl = append(excl, p.heads[0])
 		}
-		restrict(logits, set)
-		if !placed && !c.kwStart[j] {
-			exclude(logits, k1)
-		}
-		return alive(logits, set)
+	case j == c.last && p.mode == ModeAcrostic && t.tone[p.heads[1]] != TonePing:
+		// A last character equal to heads[0] mirrors heads[1] onto the
+		// 下联's last slot, which must be 平.
+		excl = append(excl, p.heads[0])
 	}
-	if j != c.last {
-		return t.allowHan(logits)
-	}
-	// The last slot: 仄 only. Acrostic: a last character equal to heads[0]
-	// mirrors heads[1] onto the 下联's last slot, which must be 平.
-	restrict(logits, &t.zeSet)
-	if p.mode == ModeAcrostic && t.tone[p.heads[1]] != TonePing {
-		exclude(logits, p.heads[0])
-	}
-	return alive(logits, &t.zeSet)
+	return r, excl
 }
 
-// lowerStep is Process for 下联 slot j where Forced forces nothing.
-func (c *constraint) lowerStep(upper, lower []int32, j int, logits []float32) error {
+// lowerRule is ruleAt for 下联 slot j where forcedAt forces nothing: Han
+// characters (平 only where u[j] == u[last]), not u[j], not an earlier
+// 下联 character.
+func (c *constraint) lowerRule(upper, lower []int32, j int, excl []int32) (rule, []int32) {
 	p, t := c.p, c.t
-	// Han characters (平 only where u[j] == u[last]), not u[j], not an
-	// earlier 下联 character.
-	set := &t.hanSet
+	r := rule{set: &t.hanSet}
 	if upper[j] == upper[c.last] {
-		set = &t.pingSet
+		r.set = &t.pingSet
 	}
-	restrict(logits, set)
-	exclude(logits, upper[j])
+	excl = append(excl, upper[j])
 	for k := 0; k < j; k++ {
 		if p.template[k] == -1 {
-			exclude(logits, lower[k])
+			excl = append(excl, lower[k])
 		}
 	}
-	return alive(logits, set)
+	return r, excl
 }
 
 // bannerProc is the processor of a 横批 written on its own after a
@@ -459,28 +447,26 @@ func (c *constraint) lowerStep(upper, lower []int32, j int, logits []float32) er
 // then <eos>. Stateless, like constraint.
 type bannerProc struct{ t *tables }
 
-// Process implements sampler.LogitsProcessor.
-func (b bannerProc) Process(generated []int32, logits []float32) error {
+// ruleAt is the constraint on the token after generated: four Chinese
+// characters, then <eos>, then nothing.
+func (b bannerProc) ruleAt(generated []int32) rule {
 	switch pos := len(generated); {
 	case pos < 4:
-		return b.t.allowHan(logits)
+		return rule{set: &b.t.hanSet}
 	case pos == 4:
-		return force(logits, b.t.sp.EOS)
+		return rule{forced: true, id: b.t.sp.EOS}
 	}
-	return sampler.ErrDeadEnd
+	return rule{forced: true, id: -1}
+}
+
+// Process implements sampler.LogitsProcessor.
+func (b bannerProc) Process(generated []int32, logits []float32) error {
+	return b.ruleAt(generated).apply(logits, nil)
 }
 
 // Mask implements sampler.Masker (see Process).
 func (b bannerProc) Mask(generated []int32, m *sampler.Mask) bool {
-	m.Reset()
-	switch pos := len(generated); {
-	case pos < 4:
-		m.Allowed = b.t.hanSet.ids
-	case pos == 4:
-		m.Forced, m.Force = true, b.t.sp.EOS
-	default:
-		m.Forced, m.Force = true, -1
-	}
+	b.ruleAt(generated).mask(m, nil)
 	return true
 }
 
