@@ -353,22 +353,11 @@ func busy(d time.Duration) {
 // engine's pattern: launch step k on slot k%2, wait for step k−1, then the
 // host work. Lower ns/op than sync = the overlap.
 func BenchmarkLaunchDraw(b *testing.B) {
-	gpuOrSkip(b)
-	m := benchModel(b)
-	g, err := New(m, Options{KVCacheBytes: 4 << 30, RowLogSumExp: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer g.Close()
-	V := m.Config.VocabSize
+	g, V := benchDrawBackend(b)
 	const work = time.Millisecond
 	for _, n := range []int{64, 2048} {
 		bt := decodeBatch(n, 24, g.BlockSize(), true)
-		r := rand.New(rand.NewPCG(1, 1))
-		draws := make([]forward.Draw, n)
-		for i := range draws {
-			draws[i] = forward.Draw{Row: int32(i), Force: -1, Mask: -1, Temperature: 0.8, TopP: 0.95, U: r.Float64()}
-		}
+		draws := serviceDraws(n)
 		host := []int32{int32(n - 1)}
 		out, logits, lse := make([]forward.Drawn, n), make([]float32, V), make([]float32, n)
 		for _, mode := range []string{"sync", "async", "pipelined"} {

@@ -394,23 +394,12 @@ func TestForwardDrawErrors(t *testing.T) {
 // gather_rows. The host sampling that "forward" leaves to the engine is
 // not in its figure.
 func BenchmarkForwardDraw(b *testing.B) {
-	gpuOrSkip(b)
-	m := benchModel(b)
-	g, err := New(m, Options{KVCacheBytes: 4 << 30, RowLogSumExp: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer g.Close()
-	V := m.Config.VocabSize
+	g, V := benchDrawBackend(b)
 	b.Logf("device %+v, DrawVocab %v", g.Info(), g.DrawVocab())
 	for _, n := range []int{1, 64, 2048} {
 		bt := decodeBatch(n, 24, g.BlockSize(), true)
 		logits := make([]float32, n*V)
-		r := rand.New(rand.NewPCG(1, 1))
-		draws := make([]forward.Draw, n)
-		for i := range draws {
-			draws[i] = forward.Draw{Row: int32(i), Force: -1, Mask: -1, Temperature: 0.8, TopP: 0.95, U: r.Float64()}
-		}
+		draws := serviceDraws(n)
 		out := make([]forward.Drawn, n)
 		for _, mode := range []string{"forward", "draw", "draw-host1"} {
 			step := func() error {
@@ -450,4 +439,29 @@ func refDraw(row []float32, masks [][]uint64, d forward.Draw) int32 {
 		allowed = masks[d.Mask]
 	}
 	return sampler.DrawRow(row, allowed, d.Exclude, sampler.DrawParams{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK}, d.U)
+}
+
+// benchDrawBackend is a backend over the benchmark model (4 GiB cache,
+// row log-sum-exps on: what draws need), closed at the end, and its
+// vocabulary size.
+func benchDrawBackend(b *testing.B) (*Backend, int) {
+	gpuOrSkip(b)
+	m := benchModel(b)
+	g, err := New(m, Options{KVCacheBytes: 4 << 30, RowLogSumExp: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { g.Close() })
+	return g, m.Config.VocabSize
+}
+
+// serviceDraws is one sampled draw per logits row of n, at the couplet
+// service's defaults (T 0.8, top-p 0.95), with seeded uniforms.
+func serviceDraws(n int) []forward.Draw {
+	r := rand.New(rand.NewPCG(1, 1))
+	draws := make([]forward.Draw, n)
+	for i := range draws {
+		draws[i] = forward.Draw{Row: int32(i), Force: -1, Mask: -1, Temperature: 0.8, TopP: 0.95, U: r.Float64()}
+	}
+	return draws
 }
