@@ -151,19 +151,7 @@ func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 // computed), and the overlapping engine did have two steps in flight.
 func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	const vocab = 24
-	cases := []struct {
-		name   string
-		blocks int
-		bs     int
-		cfg    Config
-		seed   uint64
-	}{
-		{"defaults", 512, 4, Config{}, 1},
-		{"chunked prefill", 512, 4, Config{MaxNumBatchedTokens: 7, EnablePrefixCaching: true}, 2},
-		{"few seqs per step", 512, 8, Config{MaxNumSeqs: 3, EnablePrefixCaching: true}, 3},
-		{"tiny cache preempts", 20, 4, Config{MaxNumBatchedTokens: 64, EnablePrefixCaching: true}, 6},
-	}
-	for _, tc := range cases {
+	for _, tc := range engineCases {
 		t.Run(tc.name, func(t *testing.T) {
 			reqs := drawRequests(tc.seed, 30, vocab, true, true)
 			hostCfg := tc.cfg

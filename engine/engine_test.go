@@ -120,27 +120,30 @@ func checkDrained(t *testing.T, e *Paged) {
 // once to the continuous-batching engine must give exactly the naive
 // engine's results (greedy and seeded sampling, n > 1, stop tokens, prompt
 // log-probs) whatever the chunking, cache size, preemptions and prefix hits.
+// engineCases are the cache sizes and configurations the engine's
+// equivalence tests run (TestMatchesNaive; TestDeviceDrawsGreedyMatchHost).
+var engineCases = []struct {
+	name      string
+	blocks    int
+	bs        int
+	cfg       Config
+	seed      uint64
+	k         int
+	preempted bool // expect preemptions
+}{
+	{"defaults", 512, 4, Config{}, 1, 24, false},
+	{"chunked prefill", 512, 4, Config{MaxNumBatchedTokens: 7, EnablePrefixCaching: true}, 2, 24, false},
+	{"few seqs per step", 512, 8, Config{MaxNumSeqs: 3, EnablePrefixCaching: true}, 3, 24, false},
+	{"no prefix caching", 512, 4, Config{MaxNumSeqs: 64}, 4, 24, false},
+	{"one seq per step", 512, 4, Config{MaxNumSeqs: 1, EnablePrefixCaching: true}, 8, 12, false},
+	{"block size 1", 2048, 1, Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: true}, 5, 16, false},
+	{"tiny cache preempts", 20, 4, Config{MaxNumBatchedTokens: 64, EnablePrefixCaching: true}, 6, 24, true},
+	{"tiny cache no caching", 20, 4, Config{MaxNumBatchedTokens: 9, MaxNumSeqs: 8}, 7, 24, true},
+}
+
 func TestMatchesNaive(t *testing.T) {
 	const vocab = 24
-	cases := []struct {
-		name      string
-		blocks    int
-		bs        int
-		cfg       Config
-		seed      uint64
-		k         int
-		preempted bool // expect preemptions
-	}{
-		{"defaults", 512, 4, Config{}, 1, 24, false},
-		{"chunked prefill", 512, 4, Config{MaxNumBatchedTokens: 7, EnablePrefixCaching: true}, 2, 24, false},
-		{"few seqs per step", 512, 8, Config{MaxNumSeqs: 3, EnablePrefixCaching: true}, 3, 24, false},
-		{"no prefix caching", 512, 4, Config{MaxNumSeqs: 64}, 4, 24, false},
-		{"one seq per step", 512, 4, Config{MaxNumSeqs: 1, EnablePrefixCaching: true}, 8, 12, false},
-		{"block size 1", 2048, 1, Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: true}, 5, 16, false},
-		{"tiny cache preempts", 20, 4, Config{MaxNumBatchedTokens: 64, EnablePrefixCaching: true}, 6, 24, true},
-		{"tiny cache no caching", 20, 4, Config{MaxNumBatchedTokens: 9, MaxNumSeqs: 8}, 7, 24, true},
-	}
-	for _, tc := range cases {
+	for _, tc := range engineCases {
 		t.Run(tc.name, func(t *testing.T) {
 			reqs := genRequests(tc.seed, tc.k, vocab, 30, 40)
 			naive := NewNaive(newFake(tc.blocks, tc.bs, vocab))
