@@ -3,6 +3,8 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"chunlian/forward"
@@ -10,12 +12,25 @@ import (
 
 // Asynchronous device draws: Backend as forward.AsyncDrawBackend.
 //
-// LaunchDraw enqueues ForwardDraw's work — metadata upload, forward pass
-// (graph or eager), draw_rows, gather_rows and the three copies back — and
-// records the slot's event, without waiting; WaitDraw waits for that event
-// only and copies the results out. So the engine can keep two steps in
-// flight on slots 0 and 1: launch step N, then wait for and consume step
-// N−1 while the device computes N.
+// LaunchDraw hands ForwardDraw's work to the CUDA worker and returns at
+// once: the worker packs the step's metadata, enqueues the forward pass
+// (graph or eager), draw_rows, gather_rows, the three copies back and
+// mark_done, and records the slot's event, while the caller goes on (the
+// engine waits for and consumes the other slot's step meanwhile). So the
+// caller must leave the batch, the draws, the host rows and the block
+// tables the batch refers to unchanged until WaitDraw(slot) returns (the
+// forward.AsyncDrawBackend contract); errors of the launch, validation
+// included, come back from WaitDraw.
+//
+// WaitDraw first takes the worker's report of the launch (a channel: it
+// orders the worker's writes before the caller's reads), then polls the
+// slot's done word, which mark_done sets to the launch's sequence number
+// once the copies back are complete: the caller copies the results out of
+// page-locked memory without a round trip to the CUDA thread, which may
+// be busy enqueueing the next launch. Only when the word does not come
+// within waitSpin (a long step, a device fault, spinning disabled) does it
+// ask the worker to synchronise on the slot's event, which also reports
+// the device's errors.
 //
 // Everything runs on the one stream, so launches, CopyBlocks and
 // RegisterMask execute on the device in call order and one step's kernels
@@ -24,10 +39,11 @@ import (
 // shared by the slots safely. What the slots own is host memory that the
 // device reads or writes after LaunchDraw has returned: a page-locked
 // input buffer (the step's metadata: a copy from pageable memory may
-// synchronise with the stream, see run) and a page-locked output buffer
+// synchronise with the stream, see run), a page-locked output buffer
 // (draws' results | host rows | log-sum-exps: a copy into pageable memory
-// is synchronous with respect to the host). They grow (free + allocate)
-// only at LaunchDraw, when the slot has no launch outstanding.
+// is synchronous with respect to the host) and the done word. They grow
+// (free + allocate) only in the worker's launch, when the slot has no
+// launch outstanding.
 //
 // Nothing between a launch and its wait synchronises the stream, except
 // the growth of a device buffer (growScratch, ensureMeta, growDraws sync
@@ -52,16 +68,37 @@ type pinnedBuf struct {
 	bytes int
 }
 
-// asyncSlot is one slot's state (owned by the worker).
+// asyncSlot is one slot's state. busy and done are the caller's (under
+// Backend.mu; the worker's release resets them while the caller holds
+// mu); the rest is the worker's.
 type asyncSlot struct {
-	busy      bool // a launch is outstanding
-	in, out   pinnedBuf
-	event     uintptr
-	nD, nH, R int // the outstanding launch's draws, host rows, logits rows
-	lse       bool
-	outLogits int // byte offsets in out of the host rows and the lse
-	outLSE    int
+	busy bool          // a launch is outstanding (LaunchDraw called, WaitDraw not done)
+	done chan launched // cap 1: the worker's report of the outstanding launch
+
+	in, out, flag pinnedBuf // metadata, results, done word (flag: mark_done's target)
+	event         uintptr
+	seq           uint32 // launches on this slot so far; the done word's next value
 }
+
+// launched is the worker's report of one LaunchDraw, sent on the slot's
+// done channel: an error (nothing is left enqueued then), or what WaitDraw
+// needs to find the results.
+type launched struct {
+	err               error
+	nD, nH, R         int  // draws, host rows, logits rows
+	lse               bool // log-sum-exps copied back
+	out               uintptr
+	outLogits, outLSE int // byte offsets in out of the host rows and the lse
+	flag              uintptr
+	seq               uint32 // the value mark_done writes to flag
+	event             uintptr
+}
+
+// waitSpin bounds how long WaitDraw polls the done word before it asks
+// the worker to wait on the event: far above a step's device time (a
+// 2,048-sequence step is ~1.5 ms on an H200), so the fallback only runs
+// for errors and unusual steps.
+const waitSpin = 20 * time.Millisecond
 
 // hostPtr turns the address of C (page-locked) memory into a pointer;
 // the Go collector ignores it, the memory is freed by freePinned.
@@ -93,23 +130,25 @@ func (b *Backend) freePinned(pb *pinnedBuf) {
 }
 
 // releaseAsync frees the slots' staging and events (release: the stream
-// is synchronised already).
+// is synchronised already; the caller holds mu).
 func (b *Backend) releaseAsync() {
 	d := &b.l.drv
 	for i := range b.slots {
 		s := &b.slots[i]
 		b.freePinned(&s.in)
 		b.freePinned(&s.out)
+		b.freePinned(&s.flag)
 		if s.event != 0 {
 			_ = d.call("cuEventDestroy", d.cuEventDestroy, s.event)
 			s.event = 0
 		}
-		s.busy = false
+		s.busy, s.done = false, nil
 	}
 }
 
 // asyncIdle returns an error naming what when a launch is outstanding
-// (the synchronous calls must not interleave with launches).
+// (the synchronous calls must not interleave with launches). The caller
+// holds mu.
 func (b *Backend) asyncIdle(what string) error {
 	for i := range b.slots {
 		if b.slots[i].busy {
@@ -127,16 +166,10 @@ func checkSlot(slot int) error {
 }
 
 // LaunchDraw implements forward.AsyncDrawBackend: ForwardDraw's work on
-// slot, enqueued without waiting (see the file comment). Validation
-// errors come back here and leave the slot free; so does an enqueueing
-// error (after a stream sync). Errors the device reports later come back
-// from WaitDraw.
+// slot, handed to the worker without waiting (see the file comment).
+// Only a bad or busy slot and a closed backend are reported here; the
+// launch's own errors come back from WaitDraw.
 func (b *Backend) LaunchDraw(slot int, bt *forward.Batch, draws []forward.Draw, hostRows []int32) error {
-	return b.onSlot(slot, func() error { return b.launchDraw(slot, bt, draws, hostRows) })
-}
-
-// onSlot runs f on the CUDA worker for a valid slot of an open backend.
-func (b *Backend) onSlot(slot int, f func() error) error {
 	if err := checkSlot(slot); err != nil {
 		return err
 	}
@@ -145,29 +178,41 @@ func (b *Backend) onSlot(slot int, f func() error) error {
 	if b.closed {
 		return errors.New("cuda: backend closed")
 	}
-	return b.do(f)
-}
-
-// launchDraw is LaunchDraw on the worker.
-func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, hostRows []int32) error {
 	s := &b.slots[slot]
 	if s.busy {
 		return fmt.Errorf("cuda: LaunchDraw on slot %d, which holds a launch not waited for", slot)
 	}
+	if s.done == nil {
+		s.done = make(chan launched, 1)
+	}
+	s.busy = true
+	b.cmd <- func() { s.done <- b.launchDraw(slot, bt, draws, hostRows) }
+	return nil
+}
+
+// launchDraw is LaunchDraw on the worker.
+func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, hostRows []int32) launched {
+	s := &b.slots[slot]
 	d := &b.l.drv
 	if s.event == 0 {
 		if err := d.call("cuEventCreate", d.cuEventCreate, uintptr(unsafe.Pointer(&s.event)), cuEventDisableTiming); err != nil {
 			s.event = 0
-			return err
+			return launched{err: err}
 		}
+	}
+	if s.flag.p == 0 {
+		if err := b.growPinned(&s.flag, 4); err != nil {
+			return launched{err: err}
+		}
+		*(*uint32)(hostPtr(s.flag.p)) = s.seq
 	}
 	V, R := b.cfg.VocabSize, len(bt.LogitRows)
 	nD, nH := len(draws), len(hostRows)
-	lse := b.opt.RowLogSumExp && R > 0
-	outLogits := nD * 8
-	outLSE := outLogits + nH*V*4
-	outBytes := outLSE
-	if lse {
+	r := launched{nD: nD, nH: nH, R: R, lse: b.opt.RowLogSumExp && R > 0, flag: s.flag.p, event: s.event}
+	r.outLogits = nD * 8
+	r.outLSE = r.outLogits + nH*V*4
+	outBytes := r.outLSE
+	if r.lse {
 		outBytes += R * 4
 	}
 	stage := func(meta []int32) (uintptr, error) {
@@ -182,16 +227,22 @@ func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, 
 	}
 	st, started, errs := b.enqueueDraw(bt, draws, hostRows, stage)
 	if !started {
-		return errs
+		return launched{err: errs}
 	}
+	r.out = s.out.p
 	if errs == nil && nD > 0 {
 		errs = d.call("cuMemcpyDtoHAsync(draws)", d.cuMemcpyDtoHAsync, s.out.p, b.drawOut, uintptr(nD*8), b.stream)
 	}
 	if errs == nil && nH > 0 {
-		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, s.out.p+uintptr(outLogits), st.src, uintptr(nH*V*4), b.stream)
+		errs = d.call("cuMemcpyDtoHAsync(logits)", d.cuMemcpyDtoHAsync, s.out.p+uintptr(r.outLogits), st.src, uintptr(nH*V*4), b.stream)
 	}
-	if errs == nil && lse {
-		errs = d.call("cuMemcpyDtoHAsync(lse)", d.cuMemcpyDtoHAsync, s.out.p+uintptr(outLSE), b.lseBuf, uintptr(R*4), b.stream)
+	if errs == nil && r.lse {
+		errs = d.call("cuMemcpyDtoHAsync(lse)", d.cuMemcpyDtoHAsync, s.out.p+uintptr(r.outLSE), b.lseBuf, uintptr(R*4), b.stream)
+	}
+	s.seq++
+	r.seq = s.seq
+	if errs == nil {
+		errs = b.launch("mark_done", 1, 1, 1, uint64(s.flag.p), uint64(r.seq))
 	}
 	if errs == nil {
 		errs = d.call("cuEventRecord", d.cuEventRecord, s.event, b.stream)
@@ -199,55 +250,106 @@ func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, 
 	if errs != nil {
 		// Part of the step may be enqueued: let it finish before the
 		// slot's staging can be reused.
-		return errors.Join(errs, b.sync())
+		return launched{err: errors.Join(errs, b.sync())}
 	}
-	s.busy = true
-	s.nD, s.nH, s.R, s.lse = nD, nH, R, lse
-	s.outLogits, s.outLSE = outLogits, outLSE
-	return nil
+	return r
 }
 
 // WaitDraw implements forward.AsyncDrawBackend: it waits for slot's
-// launch (its event only: a later launch on the other slot keeps
-// running) and copies the results out of the slot's staging: out must
-// hold exactly the launch's draws, logits at least its host rows × V
+// launch (its done word, or its event: a later launch on the other slot
+// keeps running) and copies the results out of the slot's staging: out
+// must hold exactly the launch's draws, logits at least its host rows × V
 // (the rest is not written), lse at least its logits rows when
 // Options.RowLogSumExp (the rest is not written; without RowLogSumExp lse
 // is not written at all, as LogSumExp is nil then). A length error
-// leaves the launch outstanding; any other error (the device's, seen at
-// the wait) ends it.
+// leaves the launch outstanding; any other error (the launch's, or the
+// device's seen at the wait) ends it.
 func (b *Backend) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {
-	return b.onSlot(slot, func() error { return b.waitDraw(slot, out, logits, lse) })
-}
-
-// waitDraw is WaitDraw on the worker.
-func (b *Backend) waitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {
-	s := &b.slots[slot]
-	V := b.cfg.VocabSize
-	switch {
-	case !s.busy:
-		return fmt.Errorf("cuda: WaitDraw on slot %d, which holds no launch", slot)
-	case len(out) != s.nD:
-		return fmt.Errorf("cuda: WaitDraw(slot %d): %d results for %d draws", slot, len(out), s.nD)
-	case len(logits) < s.nH*V:
-		return fmt.Errorf("cuda: WaitDraw(slot %d): logits buffer %d < %d host rows × %d", slot, len(logits), s.nH, V)
-	case s.lse && len(lse) < s.R:
-		return fmt.Errorf("cuda: WaitDraw(slot %d): lse buffer %d < %d logits rows", slot, len(lse), s.R)
-	}
-	s.busy = false
-	d := &b.l.drv
-	if err := d.call("cuEventSynchronize", d.cuEventSynchronize, s.event); err != nil {
+	if err := checkSlot(slot); err != nil {
 		return err
 	}
-	base := hostPtr(s.out.p)
-	if s.nD > 0 {
-		copy(out, unsafe.Slice((*forward.Drawn)(base), s.nD))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errors.New("cuda: backend closed")
 	}
-	if s.nH > 0 {
-		copy(logits, unsafe.Slice((*float32)(unsafe.Add(base, s.outLogits)), s.nH*V))
+	s := &b.slots[slot]
+	if !s.busy {
+		return fmt.Errorf("cuda: WaitDraw on slot %d, which holds no launch", slot)
 	}
-	if s.lse {
-		copy(lse, unsafe.Slice((*float32)(unsafe.Add(base, s.outLSE)), s.R))
+	r := spinRecv(b.spin, s.done)
+	if r.err != nil {
+		s.busy = false
+		return r.err
+	}
+	V := b.cfg.VocabSize
+	var lenErr error
+	switch {
+	case len(out) != r.nD:
+		lenErr = fmt.Errorf("cuda: WaitDraw(slot %d): %d results for %d draws", slot, len(out), r.nD)
+	case len(logits) < r.nH*V:
+		lenErr = fmt.Errorf("cuda: WaitDraw(slot %d): logits buffer %d < %d host rows × %d", slot, len(logits), r.nH, V)
+	case r.lse && len(lse) < r.R:
+		lenErr = fmt.Errorf("cuda: WaitDraw(slot %d): lse buffer %d < %d logits rows", slot, len(lse), r.R)
+	}
+	if lenErr != nil {
+		s.done <- r // still outstanding
+		return lenErr
+	}
+	s.busy = false
+	if !b.pollDone(r) {
+		d := &b.l.drv
+		if err := b.do(func() error { return d.call("cuEventSynchronize", d.cuEventSynchronize, r.event) }); err != nil {
+			return err
+		}
+		b.slowWaits++
+	} else {
+		b.fastWaits++
+	}
+	base := hostPtr(r.out)
+	if r.nD > 0 {
+		copy(out, unsafe.Slice((*forward.Drawn)(base), r.nD))
+	}
+	if r.nH > 0 {
+		copy(logits, unsafe.Slice((*float32)(unsafe.Add(base, r.outLogits)), r.nH*V))
+	}
+	if r.lse {
+		copy(lse, unsafe.Slice((*float32)(unsafe.Add(base, r.outLSE)), r.R))
 	}
 	return nil
+}
+
+// pollDone reports whether r's done word reached r.seq within waitSpin
+// (one look when spinning is off). The word is written by the device
+// after the launch's copies back, so what they wrote is visible once it
+// is seen.
+func (b *Backend) pollDone(r launched) bool {
+	if b.noPoll {
+		return false
+	}
+	p := (*uint32)(hostPtr(r.flag))
+	if atomic.LoadUint32(p) == r.seq {
+		return true
+	}
+	if b.spin <= 0 {
+		return false
+	}
+	t0 := time.Now()
+	for i := 1; ; i++ {
+		if atomic.LoadUint32(p) == r.seq {
+			return true
+		}
+		if i%256 == 0 && time.Since(t0) > waitSpin {
+			return false
+		}
+	}
+}
+
+// WaitStats returns how many WaitDraw calls found their launch done by
+// polling its done word (fast) and how many fell back to the worker's
+// event synchronisation (slow).
+func (b *Backend) WaitStats() (fast, slow int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.fastWaits, b.slowWaits
 }

@@ -197,6 +197,13 @@ func TestLaunchDrawMatchesForwardDraw(t *testing.T) {
 				}
 				last := len(cases) - 1
 				sameResult(t, fmt.Sprintf("pipelined step %d", last), waitDraw(t, g, last%2, cases[last]), refs[last])
+				// The waits saw the device's done word (the fallback to the
+				// worker's event sync is for errors and very long steps).
+				if fast, slow := g.WaitStats(); fast == 0 || fast+slow != int64(2*len(cases)) {
+					t.Errorf("WaitStats: %d by the done word, %d by the event, want %d waits, most by the word", fast, slow, 2*len(cases))
+				} else {
+					t.Logf("WaitStats: %d by the done word, %d by the event", fast, slow)
+				}
 				// Back to the synchronous style.
 				sameResult(t, "ForwardDraw after the launches", syncDraw(t, g, cases[last]), refs[last])
 			})
@@ -210,16 +217,20 @@ func TestLaunchDrawMatchesForwardDraw(t *testing.T) {
 // a fork decoding on the copy — first synchronously, then on fresh
 // blocks with the fork launched before the prefill is waited for — gives
 // identical results.
+//
+// With noPoll, every WaitDraw takes the fallback (the worker's event
+// sync) instead of the done word; the results must not change.
 func TestLaunchDrawCopyBlocks(t *testing.T) {
 	gpuOrSkip(t)
-	for _, eager := range []bool{false, true} {
-		t.Run(fmt.Sprintf("eager=%v", eager), func(t *testing.T) {
+	for _, tc := range []struct{ eager, noPoll bool }{{false, false}, {true, false}, {false, true}} {
+		t.Run(fmt.Sprintf("eager=%v,noPoll=%v", tc.eager, tc.noPoll), func(t *testing.T) {
 			m := model.NewRandom(model.TestConfig(), 7)
-			g, err := New(m, Options{KVCacheBytes: 16 << 20, RowLogSumExp: true, EagerOnly: eager})
+			g, err := New(m, Options{KVCacheBytes: 16 << 20, RowLogSumExp: true, EagerOnly: tc.eager})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer g.Close()
+			g.noPoll = tc.noPoll
 			V, bs := m.Config.VocabSize, g.BlockSize()
 			if g.NumBlocks() < 8 {
 				t.Fatalf("%d blocks", g.NumBlocks())
@@ -273,6 +284,9 @@ func TestLaunchDrawCopyBlocks(t *testing.T) {
 			}
 			sameResult(t, "prefill", waitDraw(t, g, 0, pc), wantP)
 			sameResult(t, "fork on the copied block", waitDraw(t, g, 1, fc), wantF)
+			if fast, slow := g.WaitStats(); tc.noPoll && (fast != 0 || slow != 2) {
+				t.Errorf("noPoll: WaitStats %d fast, %d slow; want 0, 2", fast, slow)
+			}
 		})
 	}
 }
@@ -296,7 +310,11 @@ func TestLaunchDrawErrors(t *testing.T) {
 	mustFail("WaitDraw without a launch", g.WaitDraw(0, out, logits, lse))
 	mustFail("WaitDraw slot 2", g.WaitDraw(2, out, logits, lse))
 	mustFail("LaunchDraw slot -1", g.LaunchDraw(-1, bt, good, host))
-	mustFail("LaunchDraw bad draw", g.LaunchDraw(0, bt, []forward.Draw{{Row: 2, Force: -1, Mask: -1}}, nil))
+	// A launch's own errors come back from its WaitDraw, which ends it.
+	if err := g.LaunchDraw(0, bt, []forward.Draw{{Row: 2, Force: -1, Mask: -1}}, nil); err != nil {
+		t.Fatalf("LaunchDraw of a bad draw: %v (want the error at WaitDraw)", err)
+	}
+	mustFail("WaitDraw of a bad draw's launch", g.WaitDraw(0, out[:1], logits, lse))
 	mustFail("WaitDraw after a failed launch", g.WaitDraw(0, out, logits, lse))
 
 	if err := g.LaunchDraw(0, bt, good, host); err != nil {

@@ -176,8 +176,12 @@ type Backend struct {
 	nMasks, capDraws, capGather int
 	drawMeta                    []int32
 
-	// LaunchDraw/WaitDraw's slots (async.go).
-	slots [asyncSlots]asyncSlot
+	// LaunchDraw/WaitDraw's slots (async.go), and how WaitDraw saw its
+	// launches done: by the done word, or by the worker's event sync
+	// (caller side, under mu).
+	slots                [asyncSlots]asyncSlot
+	fastWaits, slowWaits int64
+	noPoll               bool // tests: never poll the done word (always the fallback)
 
 	// pinned is the caller's logits buffer, page-locked with
 	// cuMemHostRegister so the logits copy runs at full DMA speed; it is

@@ -74,18 +74,25 @@ func (b *Backend) next() (func(), bool) {
 func (b *Backend) do(f func() error) error {
 	done := make(chan error, 1)
 	b.cmd <- func() { done <- f() }
-	if b.spin > 0 {
+	return spinRecv(b.spin, done)
+}
+
+// spinRecv receives from ch, polling for up to spin before it parks (the
+// caller's side of the hand-off: a result that comes within spin costs no
+// thread wake-up).
+func spinRecv[T any](spin time.Duration, ch <-chan T) T {
+	if spin > 0 {
 		t0 := time.Now()
 		for {
 			select {
-			case err := <-done:
-				return err
+			case v := <-ch:
+				return v
 			default:
 			}
-			if time.Since(t0) > b.spin {
+			if time.Since(t0) > spin {
 				break
 			}
 		}
 	}
-	return <-done
+	return <-ch
 }

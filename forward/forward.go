@@ -132,13 +132,17 @@ type DrawBackend interface {
 type AsyncDrawBackend interface {
 	DrawBackend
 	// LaunchDraw starts ForwardDraw's work on slot (0 or 1) and returns
-	// without waiting for it; b, draws and hostRows may be reused as soon
-	// as it returns. A slot holds at most one launch until its WaitDraw.
-	// CopyBlocks and RegisterMask calls made between a launch and its wait
-	// run after the launched work.
+	// without waiting for it. The work may still read b, draws, hostRows
+	// and the block tables b.Seqs refer to after it returns: the caller
+	// leaves them unchanged until WaitDraw(slot) returns. A slot holds at
+	// most one launch until its WaitDraw. CopyBlocks and RegisterMask
+	// calls made between a launch and its wait run after the launched
+	// work. An error here means nothing was launched (a bad or busy slot);
+	// the launch's own errors may come back from WaitDraw instead.
 	LaunchDraw(slot int, b *Batch, draws []Draw, hostRows []int32) error
 	// WaitDraw waits for slot's launch and writes its results: out
 	// [len(draws)], logits [len(hostRows)·V] and lse [len(b.LogitRows)]
-	// (log-sum-exp per logits row, as LogSumExp).
+	// (log-sum-exp per logits row, as LogSumExp). After an error other
+	// than a wrong slice length the slot is free again.
 	WaitDraw(slot int, out []Drawn, logits []float32, lse []float32) error
 }

@@ -10,27 +10,55 @@ import (
 // its Forward for every row and then drawing on the host with
 // sampler.DrawRow, the definition the GPU's draws implement. It is the
 // reference for the device path: engine and couplet tests run the
-// engine's draw planning and its two steps in flight on it without a GPU
-// (LaunchDraw does the work at once, in launch order; WaitDraw hands the
-// slot's results over). It costs what the host path costs plus the
-// draws, so production CPU serving does not use it.
+// engine's draw planning and its two steps in flight on it without a GPU.
+// Like the GPU's, its launches are asynchronous: LaunchDraw runs the work
+// on a goroutine of its own, which reads the batch, the draws, the host
+// rows and the block tables while the caller goes on, so a caller that
+// changes them before WaitDraw is a data race the race detector reports.
+// Work stays in call order: every call but WaitDraw first waits for the
+// launch still running (settle). It costs what the host path costs plus
+// the draws, so production CPU serving does not use it.
 func HostDraws(b Backend) AsyncDrawBackend { return &hostDraws{Backend: b} }
 
+// hostDraws is used from one goroutine at a time (the engine's), plus the
+// goroutine of the one launch running, which owns all, lse, masks and
+// the wrapped Backend until settle.
 type hostDraws struct {
 	Backend
-	masks [][]uint64
-	all   []float32 // [R, V] every row of the last ForwardDraw
-	lse   []float32 // [R]
-	slots [2]hostSlot
+	masks   [][]uint64
+	all     []float32 // [R, V] every row of the last ForwardDraw
+	lse     []float32 // [R]
+	slots   [2]hostSlot
+	running chan struct{} // closed when the running launch is done; nil: none
 }
 
-// hostSlot is one LaunchDraw's results, kept until its WaitDraw.
+// hostSlot is one LaunchDraw's results, kept until its WaitDraw; the
+// launch's goroutine writes them before closing done.
 type hostSlot struct {
 	busy   bool
+	done   chan struct{}
 	err    error
 	out    []Drawn
 	logits []float32
 	lse    []float32
+}
+
+// settle waits for the running launch, if any.
+func (h *hostDraws) settle() {
+	if h.running != nil {
+		<-h.running
+		h.running = nil
+	}
+}
+
+func (h *hostDraws) CopyBlocks(src, dst []int32) error {
+	h.settle()
+	return h.Backend.CopyBlocks(src, dst)
+}
+
+func (h *hostDraws) Close() error {
+	h.settle()
+	return h.Backend.Close()
 }
 
 var _ AsyncDrawBackend = (*hostDraws)(nil)
@@ -38,6 +66,7 @@ var _ AsyncDrawBackend = (*hostDraws)(nil)
 func (h *hostDraws) DrawVocab() bool { return true }
 
 func (h *hostDraws) RegisterMask(allowed []uint64) (int32, error) {
+	h.settle()
 	if len(h.masks) >= 64 {
 		return -1, fmt.Errorf("forward: more than 64 draw masks")
 	}
@@ -47,6 +76,7 @@ func (h *hostDraws) RegisterMask(allowed []uint64) (int32, error) {
 
 // Forward keeps Forward's own contract (and LogSumExp's).
 func (h *hostDraws) Forward(b *Batch, logits []float32) error {
+	h.settle()
 	if err := h.Backend.Forward(b, logits); err != nil {
 		return err
 	}
@@ -62,9 +92,17 @@ func (h *hostDraws) setLSE(all []float32, R int) {
 	}
 }
 
-func (h *hostDraws) LogSumExp() []float32 { return h.lse }
+func (h *hostDraws) LogSumExp() []float32 {
+	h.settle()
+	return h.lse
+}
 
 func (h *hostDraws) ForwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []int32, logits []float32) error {
+	h.settle()
+	return h.forwardDraw(b, draws, out, hostRows, logits)
+}
+
+func (h *hostDraws) forwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []int32, logits []float32) error {
 	V, R := h.VocabSize(), len(b.LogitRows)
 	if len(out) != len(draws) || len(logits) < len(hostRows)*V {
 		return fmt.Errorf("forward: ForwardDraw with %d draws, %d results, %d host rows, %d logits", len(draws), len(out), len(hostRows), len(logits))
@@ -109,13 +147,19 @@ func (h *hostDraws) LaunchDraw(slot int, b *Batch, draws []Draw, hostRows []int3
 	if slot < 0 || slot > 1 || h.slots[slot].busy {
 		return fmt.Errorf("forward: LaunchDraw on slot %d (busy or out of range)", slot)
 	}
+	h.settle()
 	sl := &h.slots[slot]
-	V := h.VocabSize()
-	sl.out = append(sl.out[:0], make([]Drawn, len(draws))...)
-	sl.logits = append(sl.logits[:0], make([]float32, len(hostRows)*V)...)
-	sl.err = h.ForwardDraw(b, draws, sl.out, hostRows, sl.logits)
-	sl.lse = append(sl.lse[:0], h.lse...)
 	sl.busy = true
+	done := make(chan struct{})
+	sl.done, h.running = done, done
+	go func() {
+		defer close(done)
+		V := h.VocabSize()
+		sl.out = append(sl.out[:0], make([]Drawn, len(draws))...)
+		sl.logits = append(sl.logits[:0], make([]float32, len(hostRows)*V)...)
+		sl.err = h.forwardDraw(b, draws, sl.out, hostRows, sl.logits)
+		sl.lse = append(sl.lse[:0], h.lse...)
+	}()
 	return nil
 }
 
@@ -124,6 +168,7 @@ func (h *hostDraws) WaitDraw(slot int, out []Drawn, logits []float32, lse []floa
 		return fmt.Errorf("forward: WaitDraw on slot %d without a launch", slot)
 	}
 	sl := &h.slots[slot]
+	<-sl.done
 	sl.busy = false
 	if sl.err != nil {
 		return sl.err

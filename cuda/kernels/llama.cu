@@ -649,3 +649,13 @@ QKV_ENTRY(gemv_qkv_rope_bf16, unsigned short)
     }
 GU_ENTRY(gemv_gu_silu, float)
 GU_ENTRY(gemv_gu_silu_bf16, unsigned short)
+
+// mark_done: flag[0] = v (one thread). Enqueued after a LaunchDraw's copies
+// back (cuda/async.go): the stream runs it only when they are complete,
+// and the host polls the word (page-locked memory, reached through its
+// unified address) instead of a driver call on the CUDA thread. The fence
+// orders any earlier device writes before the flag.
+extern "C" __global__ void mark_done(volatile unsigned int* flag, unsigned int v) {
+    __threadfence_system();
+    flag[0] = v;
+}
