@@ -16,6 +16,9 @@
 #   bash cuda/h200.sh overlap # ≤ 230 s: as draws, but the A/B is two steps in flight vs
 #                             # --overlap-steps=false, at 1/300/1000/2000/3000 users
 #                             # when one was built (WIDE_LEVELS="300 1000" picks the levels)
+#   bash cuda/h200.sh async   # ≤ 330 s: the async-launch GPU tests and LaunchDraw benchmark,
+#                             # then this build and the BASE build alternately, twice each,
+#                             # at 1/300/1000/1300/1600/2000 users (WIDE_LEVELS overrides)
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -251,6 +254,30 @@ overlap)
 	# async benchmark, then the wide server with two steps in flight and,
 	# same binary, with --overlap-steps=false (both drawing on the GPU).
 	ab_run 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' 'ForwardDraw|LaunchDraw' "1 300 1000 2000 3000" overlap single --overlap-steps=false
+	;;
+async)
+	# This build (new) against the BASE build (base), alternating new, base,
+	# new, base so that neither always runs first; same wide-server flags.
+	cp .carry/cuda/BUILD.txt .carry/cuda/BASE.txt "$OUT/" 2>/dev/null
+	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
+	gunzip -c $BIN/chunlian-base.gz > /tmp/chunlian-base && chmod +x /tmp/chunlian-base
+	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
+	timeout 90 /tmp/cuda.test -test.run 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)|WaitStats" "$OUT/cuda_test.log" | head -40
+	timeout 40 /tmp/cuda.test -test.run XXX -test.bench 'LaunchDraw' -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
+	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
+	pack
+	LEVELS=${WIDE_LEVELS:-1 300 1000 1300 1600 2000}
+	for R in 1 2; do
+		for V in new base; do
+			B=/tmp/chunlian
+			[ $V = base ] && B=/tmp/chunlian-base
+			serve_wide $B "$OUT/serve_${V}_$R.log" --pprof
+			bench_levels $V$R
+			kill $SPID; wait $SPID 2>/dev/null
+			pack
+		done
+	done
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
