@@ -282,6 +282,13 @@ func (b *Backend) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse 
 		s.busy = false
 		return r.err
 	}
+	if err := b.deferredErr(); err != nil {
+		// An earlier CopyBlocks failed: report it, after the launch is
+		// done with the slot's staging.
+		s.busy = false
+		d := &b.l.drv
+		return errors.Join(err, b.do(func() error { return d.call("cuEventSynchronize", d.cuEventSynchronize, r.event) }))
+	}
 	V := b.cfg.VocabSize
 	var lenErr error
 	switch {

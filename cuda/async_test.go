@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -335,6 +336,17 @@ func TestLaunchDrawErrors(t *testing.T) {
 		t.Errorf("results %+v, lse %v", out, lse)
 	}
 	mustFail("second WaitDraw", g.WaitDraw(0, out, logits, lse))
+	// An error the worker kept (an earlier CopyBlocks' enqueueing) comes
+	// back once, from the next call that reports errors; a WaitDraw that
+	// reports it ends its launch.
+	if err := g.LaunchDraw(1, bt, good, host); err != nil {
+		t.Fatal(err)
+	}
+	g.deferErr(errors.New("injected"))
+	mustFail("WaitDraw with a kept error", g.WaitDraw(1, out, logits, lse))
+	mustFail("WaitDraw after it", g.WaitDraw(1, out, logits, lse))
+	g.deferErr(errors.New("injected"))
+	mustFail("Forward with a kept error", g.Forward(bt, make([]float32, 2*V)))
 	want := make([]forward.Drawn, 2)
 	wantLogits := make([]float32, V)
 	if err := g.ForwardDraw(bt, good, want, host, wantLogits); err != nil {

@@ -182,6 +182,10 @@ type Backend struct {
 	slots                [asyncSlots]asyncSlot
 	fastWaits, slowWaits int64
 	noPoll               bool // tests: never poll the done word (always the fallback)
+	// deferred: errors of CopyBlocks' enqueueing (written by the worker
+	// after CopyBlocks returned; errMu guards it).
+	errMu    sync.Mutex
+	deferred error
 
 	// pinned is the caller's logits buffer, page-locked with
 	// cuMemHostRegister so the logits copy runs at full DMA speed; it is
@@ -752,6 +756,9 @@ func (b *Backend) Forward(bt *forward.Batch, logits []float32) error {
 	if b.closed {
 		return errors.New("cuda: backend closed")
 	}
+	if err := b.deferredErr(); err != nil {
+		return err
+	}
 	return b.do(func() error { return b.forward(bt, logits) })
 }
 
@@ -1018,7 +1025,10 @@ func (b *Backend) unpin() {
 }
 
 // CopyBlocks implements forward.Backend: block src[i] → dst[i] in every
-// layer's K and V cache.
+// layer's K and V cache. Only the pairs' validation waits: the copy is
+// handed to the worker, which enqueues it in call order (after any
+// launched step, before the next), and an error in enqueueing it comes
+// back from the next call that reports errors (deferredErr).
 func (b *Backend) CopyBlocks(src, dst []int32) error {
 	if len(src) != len(dst) {
 		return fmt.Errorf("cuda: CopyBlocks with %d sources and %d destinations", len(src), len(dst))
@@ -1036,27 +1046,58 @@ func (b *Backend) CopyBlocks(src, dst []int32) error {
 	if b.closed {
 		return errors.New("cuda: backend closed")
 	}
-	return b.do(func() error {
-		n := len(src)
-		if err := b.ensureMeta(2 * n); err != nil {
-			return err
+	if err := b.deferredErr(); err != nil {
+		return err
+	}
+	// The worker owns h from here (the caller may reuse src and dst).
+	n := len(src)
+	h := make([]int32, 0, 2*n)
+	h = append(append(h, src...), dst...)
+	b.cmd <- func() {
+		if err := b.copyBlocks(h); err != nil {
+			b.deferErr(fmt.Errorf("cuda: CopyBlocks (enqueued earlier): %w", err))
 		}
-		h := make([]int32, 0, 2*n)
-		h = append(append(h, src...), dst...)
-		d := &b.l.drv
-		// No stream sync: the pageable pairs are staged by the driver before
-		// the copy returns (as run's metadata), and the kernel is ordered
-		// on the stream after any launched step and before the next one,
-		// so a CopyBlocks between LaunchDraw and WaitDraw does not wait
-		// for the launch. (ensureMeta syncs if it has to grow b.meta.)
-		err := d.call("cuMemcpyHtoDAsync(pairs)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&h[0])), uintptr(2*n*4), b.stream)
-		runtime.KeepAlive(h)
-		if err != nil {
-			return err
-		}
-		return b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
-			uint64(b.allocBlocks), i32(b.blockElems))
-	})
+	}
+	return nil
+}
+
+// copyBlocks is CopyBlocks on the worker: h is src then dst.
+func (b *Backend) copyBlocks(h []int32) error {
+	n := len(h) / 2
+	if err := b.ensureMeta(2 * n); err != nil {
+		return err
+	}
+	d := &b.l.drv
+	// No stream sync: the pageable pairs are staged by the driver before
+	// the copy returns (as run's metadata), and the kernel is ordered on
+	// the stream after any launched step and before the next one, so a
+	// CopyBlocks between LaunchDraw and WaitDraw does not wait for the
+	// launch. (ensureMeta syncs if it has to grow b.meta.)
+	err := d.call("cuMemcpyHtoDAsync(pairs)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&h[0])), uintptr(2*n*4), b.stream)
+	runtime.KeepAlive(h)
+	if err != nil {
+		return err
+	}
+	return b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
+		uint64(b.allocBlocks), i32(b.blockElems))
+}
+
+// deferErr keeps an error of work the worker did after its caller had
+// returned (CopyBlocks), for deferredErr.
+func (b *Backend) deferErr(err error) {
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	b.deferred = errors.Join(b.deferred, err)
+}
+
+// deferredErr returns and clears the kept errors: Forward, ForwardDraw,
+// CopyBlocks and WaitDraw report them before doing anything.
+func (b *Backend) deferredErr() error {
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	err := b.deferred
+	b.deferred = nil
+	return err
 }
 
 // Close implements forward.Backend: frees device memory and the context.

@@ -108,6 +108,9 @@ func (b *Backend) ForwardDraw(bt *forward.Batch, draws []forward.Draw, out []for
 	if b.closed {
 		return errors.New("cuda: backend closed")
 	}
+	if err := b.deferredErr(); err != nil {
+		return err
+	}
 	return b.do(func() error { return b.forwardDraw(bt, draws, out, hostRows, logits) })
 }
 
