@@ -50,10 +50,14 @@
 // the draws' tokens and logits, the log-sum-exps and those rows come back.
 // Allowed-token sets live on the device (RegisterMask, up to 64).
 // LaunchDraw/WaitDraw (async.go; forward.AsyncDrawBackend) split ForwardDraw
-// so that two steps can be in flight on slots 0 and 1: the launch returns
-// once everything is enqueued (metadata from and results into page-locked
-// per-slot staging), the wait syncs on the slot's event only. Forward and
-// ForwardDraw refuse to run while a launch is outstanding.
+// so that two steps can be in flight on slots 0 and 1: the launch hands
+// the step to the worker and returns at once (the worker packs the
+// metadata into page-locked per-slot staging and enqueues everything,
+// ending with mark_done, which sets the slot's page-locked done word);
+// the wait polls that word on the caller's goroutine and copies the
+// results out of the slot's staging, falling back to an event sync on the
+// worker only after 20 ms. CopyBlocks is handed over without waiting too.
+// Forward and ForwardDraw refuse to run while a launch is outstanding.
 //
 // Measured on an H200: docs/BENCHMARKS.md, section H200; bash cuda/h200.sh
 // reproduces it.
