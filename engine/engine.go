@@ -78,6 +78,11 @@ type Paged struct {
 	// queued counts requests submitted but not yet admitted for the first
 	// time (in the channel or in waiting); it bounds the queue at MaxQueue.
 	queued atomic.Int64
+	// aborts counts ended request contexts (context.AfterFunc, set up by
+	// Generate); the loop scans active for them only when it moved since
+	// abortsSeen (loop-owned).
+	aborts     atomic.Int64
+	abortsSeen int64
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -271,6 +276,11 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 		return nil, ErrQueueFull
 	}
 	r := &request{req: req, ctx: ctx, n: n, done: make(chan struct{}), arrival: time.Now()}
+	// The loop looks for ended contexts only after one has ended
+	// (reapAborted): with thousands of requests in flight, asking each
+	// one's ctx.Err() every step costs a lock per request per step.
+	stop := context.AfterFunc(ctx, func() { e.aborts.Add(1) })
+	defer stop()
 	select {
 	case e.submit <- r: // never blocks: at most MaxQueue requests are counted in queued
 	case <-e.quit:
@@ -397,6 +407,11 @@ func (e *Paged) add(r *request) {
 // reapAborted fails requests whose context ended, freeing their blocks, and
 // drops completed requests from active.
 func (e *Paged) reapAborted() {
+	if n := e.aborts.Load(); n != e.abortsSeen {
+		e.abortsSeen = n
+	} else {
+		return
+	}
 	for _, r := range e.active {
 		if !r.complete && r.ctx.Err() != nil {
 			e.fail(r, r.ctx.Err(), FinishAbort)
