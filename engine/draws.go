@@ -43,14 +43,21 @@ type drawPlan struct {
 	drawn    []forward.Drawn
 	tasks    []int32 // per sampling task: index into draws, taskHost or taskDead
 	hostRows []int32 // logits rows copied to the host, ascending
-	hostIdx  []int32 // [rows]: row → its host row (hostRows, then peekRows), -1 if none
+	hostIdx  []int32 // [rows]: row → its host row (peekRows, then hostRows), -1 if none
 	// Rows whose tasks read only a few logits (sampler.Peeker): those come
 	// back as Force draws (peeks[i]: draws[d0:d1] of row), and the host
-	// row is made from them (-Inf elsewhere) after index len(hostRows).
+	// row is made from them (-Inf elsewhere). They come first in the
+	// stepBuf's logits, the copied rows after them (hostLogits).
 	peekRows []int32
 	peeks    []peek
-	excl     []int32 // backing store of the draws' Exclude lists
-	mask     sampler.Mask
+	// peekClean: the stepBuf's logits rows [0, peekClean) are -Inf
+	// everywhere between steps, so a peeked row costs its few writes and
+	// their reset instead of a fill of V floats (the fills were 10 % of
+	// the engine goroutine at 2000 users on the H200). Reset to 0 when
+	// logits is reallocated; rows the copied rows overwrite leave it.
+	peekClean int
+	excl      []int32 // backing store of the draws' Exclude lists
+	mask      sampler.Mask
 
 	hostTasks []sampleTask // the host tasks of a step, rows renumbered to hostIdx, sorted by them; plan = index in rs.tasks
 	hostLSE   []float64
@@ -111,15 +118,15 @@ func (e *Paged) planDraws() {
 		}
 	}
 	for row, h := range p.hostIdx {
-		if h == markHost {
-			p.hostIdx[row] = int32(len(p.hostRows))
-			p.hostRows = append(p.hostRows, int32(row))
+		if h == markPeek {
+			p.hostIdx[row] = int32(len(p.peekRows))
+			p.peekRows = append(p.peekRows, int32(row))
 		}
 	}
 	for row, h := range p.hostIdx {
-		if h == markPeek {
-			p.hostIdx[row] = int32(len(p.hostRows) + len(p.peekRows))
-			p.peekRows = append(p.peekRows, int32(row))
+		if h == markHost {
+			p.hostIdx[row] = int32(len(p.peekRows) + len(p.hostRows))
+			p.hostRows = append(p.hostRows, int32(row))
 		}
 	}
 	e.peekedRows += int64(len(p.peekRows))
@@ -237,27 +244,53 @@ type preSample struct {
 	proc sampler.LogitsProcessor
 }
 
-// fillPeekRows makes the host rows of peekRows (in logits after the
-// copied rows): -Inf, then the peeked logits. Rows that are also copied
-// whole already hold them.
+// hostLogits is where the copied rows go in the stepBuf's logits: after
+// the peeked rows.
+func (e *Paged) hostLogits() []float32 {
+	P, V := len(e.dp.peekRows), e.vocab
+	return e.logits[P*V : (P+len(e.dp.hostRows))*V]
+}
+
+// fillPeekRows makes the host rows of peekRows (the first rows of
+// logits): -Inf, then the peeked logits (rows that are also copied whole
+// already hold them). Only rows past peekClean are filled; clearPeekRows
+// puts the peeked entries back to -Inf after sampling.
 func (e *Paged) fillPeekRows(logits []float32) {
 	p, V := &e.dp, e.vocab
-	nh := len(p.hostRows)
-	for k := range p.peekRows {
-		row := logits[(nh+k)*V : (nh+k+1)*V]
+	P := len(p.peekRows)
+	if len(p.hostRows) > 0 {
+		p.peekClean = min(p.peekClean, P) // the copied rows overwrote what follows
+	}
+	for k := p.peekClean; k < P; k++ {
+		row := logits[k*V : (k+1)*V]
 		row[0] = negInf32
 		for n := 1; n < len(row); n *= 2 {
 			copy(row[n:], row[:n])
 		}
 	}
+	p.peekClean = max(p.peekClean, P)
+	e.setPeeks(logits, false)
+}
+
+// clearPeekRows undoes fillPeekRows' writes of peeked logits, so that the
+// peeked rows are -Inf everywhere again (the samplers only read them).
+func (e *Paged) clearPeekRows(logits []float32) { e.setPeeks(logits, true) }
+
+func (e *Paged) setPeeks(logits []float32, clear bool) {
+	p, V := &e.dp, e.vocab
+	P := len(p.peekRows)
 	for _, pk := range p.peeks {
 		h := int(p.hostIdx[pk.row])
-		if h < nh {
-			continue
+		if h >= P {
+			continue // copied whole
 		}
 		row := logits[h*V : (h+1)*V]
 		for d := pk.d0; d < pk.d1; d++ {
-			row[p.draws[d].Force] = p.drawn[d].Logit
+			v := p.drawn[d].Logit
+			if clear {
+				v = negInf32
+			}
+			row[p.draws[d].Force] = v
 		}
 	}
 }
@@ -292,23 +325,24 @@ func (e *Paged) resolveDraws(logits []float32, lse []float64, rows int) {
 	}
 	e.fillPeekRows(logits)
 	// rowSampler wants its tasks in row order; peeked rows are numbered
-	// after the copied ones, so renumbering broke it.
+	// before the copied ones, so renumbering broke it.
 	slices.SortStableFunc(p.hostTasks, func(a, b sampleTask) int { return cmp.Compare(a.row, b.row) })
-	nh, H := len(p.hostRows), len(p.hostRows)+len(p.peekRows)
+	P, H := len(p.peekRows), len(p.hostRows)+len(p.peekRows)
 	if cap(p.hostLSE) < H {
 		p.hostLSE = make([]float64, H)
 	}
 	hl := p.hostLSE[:H]
-	for k, row := range p.hostRows {
+	for k, row := range p.peekRows {
 		hl[k] = lse[row]
 	}
-	for k, row := range p.peekRows {
-		hl[nh+k] = lse[row]
+	for k, row := range p.hostRows {
+		hl[P+k] = lse[row]
 	}
 	all := rs.tasks
 	rs.tasks = p.hostTasks
 	rs.run(logits, e.vocab, H, hl, e.samplingWorkers(len(p.hostTasks)))
 	rs.tasks = all
+	e.clearPeekRows(logits)
 	for k := range p.hostTasks {
 		ht := &p.hostTasks[k]
 		t := &all[ht.plan]

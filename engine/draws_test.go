@@ -222,6 +222,16 @@ func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*R
 	if dev.peekedRows == 0 { // the loop has exited: read after Close
 		t.Error("no row was made from peeked logits")
 	}
+	// Between steps the reused peeked rows are -Inf everywhere (the
+	// peeked entries were put back after sampling).
+	for i := range dev.bufs {
+		b := &dev.bufs[i]
+		for k, v := range b.logits[:b.dp.peekClean*vocab] {
+			if v != negInf32 {
+				t.Fatalf("stepBuf %d: logits[%d] (row %d of %d clean) = %v after the run", i, k, k/vocab, b.dp.peekClean, v)
+			}
+		}
+	}
 }
 
 // TestDeviceDrawsSampled: sampled draws on the device path obey every

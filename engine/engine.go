@@ -136,7 +136,7 @@ type stepBuf struct {
 	sched  []entry
 	batch  forward.Batch
 	dp     drawPlan  // device draws (draws.go)
-	logits []float32 // [host rows, vocab]: every row, or dp.hostRows with device draws
+	logits []float32 // [host rows, vocab]: every row, or with device draws dp.peekRows then dp.hostRows
 	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row (NaN = not needed/known)
 	lse32  []float32 // the backend's, with an AsyncDrawBackend
 	t0     time.Time // scheduling began
@@ -561,7 +561,7 @@ func (e *Paged) step() {
 	rows := len(e.batch.LogitRows)
 	var err error
 	if e.db != nil {
-		err = e.db.ForwardDraw(&e.batch, e.dp.draws, e.dp.drawn, e.dp.hostRows, e.logits[:len(e.dp.hostRows)*e.vocab])
+		err = e.db.ForwardDraw(&e.batch, e.dp.draws, e.dp.drawn, e.dp.hostRows, e.hostLogits())
 	} else {
 		err = e.b.Forward(&e.batch, e.logits)
 	}
@@ -630,7 +630,7 @@ func (e *Paged) landStep() {
 		e.lse32 = make([]float32, rows)
 	}
 	lse32 := e.lse32[:rows]
-	err := e.ab.WaitDraw(e.slot, e.dp.drawn, e.logits[:len(e.dp.hostRows)*e.vocab], lse32)
+	err := e.ab.WaitDraw(e.slot, e.dp.drawn, e.hostLogits(), lse32)
 	for k := range e.sched {
 		e.sched[k].s.inflight = false
 	}
@@ -770,6 +770,7 @@ running:
 	}
 	if cap(e.logits) < hostRows*e.vocab {
 		e.logits = make([]float32, hostRows*e.vocab)
+		e.dp.peekClean = 0
 	}
 	e.logits = e.logits[:hostRows*e.vocab]
 	return true
