@@ -193,7 +193,7 @@ s3)
 	# A server of our own (known port, --pprof) so that a CPU profile can be
 	# taken under load.
 	serve_wide $X/chunlian "$OUT/serve_wide.log" --pprof
-	timeout 50 $X/chunlian bench --url http://127.0.0.1:18080 --concurrency 300,1000,2000,3000 --duration 5s \
+	timeout 60 $X/chunlian bench --url http://127.0.0.1:18080 --concurrency ${S3_WIDE:-300,1000,2000,3000} --duration 5s \
 		--warmup 1s --quiet --json "$OUT/http_wide.json" --out "$OUT/http_wide.md" > "$OUT/http_wide.log" 2>&1
 	echo "http wide rc=$?"; grep -E "^\| " "$OUT/http_wide.md" | grep -E "users"
 	pack
