@@ -4,10 +4,8 @@ import (
 	"cmp"
 	"math"
 	"slices"
-	"sync"
 
 	"chunlian/forward"
-	"chunlian/kvcache"
 	"chunlian/sampler"
 )
 
@@ -58,12 +56,8 @@ type drawPlan struct {
 	// the engine goroutine at 2000 users on the H200). Reset to 0 when
 	// logits is reallocated; rows the copied rows overwrite leave it.
 	peekClean int
-	// planners hold the parts of the plan made in parallel (planDraws);
-	// their excl arrays back the draws' Exclude lists, so they live as
-	// long as the step (its stepBuf). off[w]: planner w's first draw and
-	// first task in draws and tasks.
-	planners []planner
-	off      [][2]int
+	excl      []int32 // backing store of the draws' Exclude lists
+	mask      sampler.Mask
 
 	hostTasks []sampleTask // the host tasks of a step, rows renumbered to hostIdx, sorted by them; plan = index in rs.tasks
 	hostLSE   []float64
@@ -87,49 +81,12 @@ const maxPeek = 64
 // deviceDraws reports whether this engine plans device draws.
 func (e *Paged) deviceDraws() bool { return e.db != nil }
 
-// planner is one planning goroutine's share of a step's draw plan: the
-// draws, task codes (indices into its own draws), Exclude lists and peeks
-// of the entries it planned, in schedule order. masks caches the
-// engine's mask indices (drawMasks, under maskMu).
-type planner struct {
-	draws []forward.Draw
-	tasks []int32
-	excl  []int32
-	peeks []peek
-	mask  sampler.Mask
-	masks map[*sampler.IDSet]int32
-}
-
-// minEntriesPerPlanner: a planning goroutine is started only for every
-// this many scheduled entries (an entry's plan costs ~0.15 µs; starting a
-// goroutine and waiting for it a few µs). Tests lower it (Paged.planChunk).
-const minEntriesPerPlanner = 128
-
-// maxPlanners caps the planning goroutines (the join is serial).
-const maxPlanners = 4
-
-// planWorkers is the number of planners for n entries.
-func (e *Paged) planWorkers(n int) int {
-	chunk := e.planChunk
-	if chunk == 0 {
-		chunk = minEntriesPerPlanner
-	}
-	return max(1, min(e.samplingWorkers(2*n), maxPlanners, n/chunk))
-}
-
-// planDraws plans the step laid out by buildBatch (see drawPlan). Under
-// load the entries are planned by up to maxPlanners goroutines, each
-// taking whole requests (the N samples of a request may share processor
-// state, so they stay on one goroutine; different requests share none);
-// the parts are then joined: draws concatenated in planner order, each
-// planner's task codes, peeks and entry offsets shifted by its offsets.
-// Only the order of draws depends on the number of planners, and nothing
-// reads that order: every task, prompt row and peek finds its draws by
-// index.
+// planDraws plans the step laid out by buildBatch (see drawPlan).
 func (e *Paged) planDraws() {
 	p := &e.dp
 	rows := len(e.batch.LogitRows)
-	p.hostRows, p.peekRows = p.hostRows[:0], p.peekRows[:0]
+	p.draws, p.tasks, p.excl, p.hostRows = p.draws[:0], p.tasks[:0], p.excl[:0], p.hostRows[:0]
+	p.peekRows, p.peeks = p.peekRows[:0], p.peeks[:0]
 	if cap(p.hostIdx) < rows {
 		p.hostIdx = make([]int32, rows)
 	}
@@ -137,49 +94,27 @@ func (e *Paged) planDraws() {
 	for i := range p.hostIdx {
 		p.hostIdx[i] = -1
 	}
-	W := e.planWorkers(len(e.sched))
-	for len(p.planners) < W {
-		p.planners = append(p.planners, planner{masks: map[*sampler.IDSet]int32{}})
-		p.off = append(p.off, [2]int{})
-	}
-	if W == 1 {
-		e.planEntries(&p.planners[0], 0, 1)
-	} else {
-		e.parallelPlans++
-		var wg sync.WaitGroup
-		for w := 1; w < W; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				e.planEntries(&p.planners[w], w, W)
-			}()
+	for k := range e.sched {
+		en := &e.sched[k]
+		s, r := en.s, en.s.r
+		en.plpDraw = len(p.draws)
+		for q := en.plpFrom; q < en.plpTo; q++ {
+			p.draws = append(p.draws, forward.Draw{Row: int32(en.rowStart + q - en.plpFrom), Force: r.req.Prompt[q+1], Mask: -1})
 		}
-		e.planEntries(&p.planners[0], 0, W)
-		wg.Wait()
-	}
-	p.draws, p.tasks, p.peeks = p.draws[:0], p.tasks[:0], p.peeks[:0]
-	for w := range W {
-		pl := &p.planners[w]
-		d0, t0 := len(p.draws), len(p.tasks)
-		p.off[w] = [2]int{d0, t0}
-		p.draws = append(p.draws, pl.draws...)
-		for _, c := range pl.tasks {
-			if c >= 0 {
-				c += int32(d0)
+		en.planLo = len(p.tasks)
+		if !en.sample {
+			continue
+		}
+		row := int32(en.rowStart + en.plpTo - en.plpFrom)
+		switch {
+		case r.forked:
+			e.planTask(row, s.samp, s.proc, s.generated())
+		case r.req.Params.MaxTokens == 0: // score-only: fork draws nothing
+		default: // the step the request forks: all N samples draw from row
+			for i := range r.n {
+				samp, proc := e.sampleState(r, i)
+				e.planTask(row, samp, proc, s.generated())
 			}
-			p.tasks = append(p.tasks, c)
-		}
-		for _, pk := range pl.peeks {
-			pk.d0, pk.d1 = pk.d0+d0, pk.d1+d0
-			p.peeks = append(p.peeks, pk)
-		}
-	}
-	if W > 1 {
-		for k := range e.sched {
-			en := &e.sched[k]
-			o := p.off[en.planner]
-			en.plpDraw += o[0]
-			en.planLo += o[1]
 		}
 	}
 	for row, h := range p.hostIdx {
@@ -201,45 +136,10 @@ func (e *Paged) planDraws() {
 	p.drawn = p.drawn[:len(p.draws)]
 }
 
-// planEntries plans planner w's entries of the step (of W planners: the
-// requests whose prompt sequence id is w mod W). It writes its planner,
-// its entries and their rows' hostIdx marks, which no other planner
-// touches.
-func (e *Paged) planEntries(pl *planner, w, W int) {
-	pl.draws, pl.tasks, pl.excl, pl.peeks = pl.draws[:0], pl.tasks[:0], pl.excl[:0], pl.peeks[:0]
-	for k := range e.sched {
-		en := &e.sched[k]
-		s, r := en.s, en.s.r
-		if W > 1 && int(r.seqs[0].id%kvcache.SeqID(W)) != w {
-			continue
-		}
-		en.planner = w
-		en.plpDraw = len(pl.draws)
-		for q := en.plpFrom; q < en.plpTo; q++ {
-			pl.draws = append(pl.draws, forward.Draw{Row: int32(en.rowStart + q - en.plpFrom), Force: r.req.Prompt[q+1], Mask: -1})
-		}
-		en.planLo = len(pl.tasks)
-		if !en.sample {
-			continue
-		}
-		row := int32(en.rowStart + en.plpTo - en.plpFrom)
-		switch {
-		case r.forked:
-			e.planTask(pl, row, s.samp, s.proc, s.generated())
-		case r.req.Params.MaxTokens == 0: // score-only: fork draws nothing
-		default: // the step the request forks: all N samples draw from row
-			for i := range r.n {
-				samp, proc := e.sampleState(r, i)
-				e.planTask(pl, row, samp, proc, s.generated())
-			}
-		}
-	}
-}
-
 // planTask plans one sampling task on row: a draw when its processor can
 // say what it does without the row, else the host way (row copied).
-func (e *Paged) planTask(p *planner, row int32, samp *sampler.Sampler, proc sampler.LogitsProcessor, gen []int32) {
-	hostIdx := e.dp.hostIdx
+func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsProcessor, gen []int32) {
+	p := &e.dp
 	par := samp.Params()
 	m := &p.mask
 	m.Reset()
@@ -262,11 +162,11 @@ func (e *Paged) planTask(p *planner, row int32, samp *sampler.Sampler, proc samp
 	}
 	mi := int32(-1)
 	if ok && !m.Forced && m.Allowed != nil {
-		mi, ok = e.maskIndex(p, m.Allowed)
+		mi, ok = e.maskIndex(m.Allowed)
 	}
 	if !ok {
 		p.tasks = append(p.tasks, taskHost)
-		if pk, isPeeker := proc.(sampler.Peeker); isPeeker && hostIdx[row] != markHost {
+		if pk, isPeeker := proc.(sampler.Peeker); isPeeker && p.hostIdx[row] != markHost {
 			if ids, ok := pk.Peek(gen); ok && len(ids) <= maxPeek {
 				d0 := len(p.draws)
 				for _, id := range ids {
@@ -275,11 +175,11 @@ func (e *Paged) planTask(p *planner, row int32, samp *sampler.Sampler, proc samp
 					}
 				}
 				p.peeks = append(p.peeks, peek{row: row, d0: d0, d1: len(p.draws)})
-				hostIdx[row] = markPeek
+				p.hostIdx[row] = markPeek
 				return
 			}
 		}
-		hostIdx[row] = markHost // planDraws numbers the marked rows
+		p.hostIdx[row] = markHost // planDraws numbers the marked rows
 		return
 	}
 	if m.Forced && (m.Force < 0 || int(m.Force) >= e.vocab) {
@@ -303,25 +203,18 @@ func (e *Paged) planTask(p *planner, row int32, samp *sampler.Sampler, proc samp
 
 // maskIndex returns set's index on the backend, registering it the first
 // time; false if the backend refuses it (the task then goes the host way).
-// The planner's cache answers without the lock after the first time.
-func (e *Paged) maskIndex(p *planner, set *sampler.IDSet) (int32, bool) {
-	if i, ok := p.masks[set]; ok {
+func (e *Paged) maskIndex(set *sampler.IDSet) (int32, bool) {
+	if i, ok := e.drawMasks[set]; ok {
 		return i, i >= 0
 	}
-	e.maskMu.Lock()
-	defer e.maskMu.Unlock()
-	i, ok := e.drawMasks[set]
-	if !ok {
-		if e.drawMasks == nil {
-			e.drawMasks = map[*sampler.IDSet]int32{}
-		}
-		var err error
-		if i, err = e.db.RegisterMask(set.Bits()); err != nil {
-			i = -1 // refused: remembered, never asked again
-		}
-		e.drawMasks[set] = i
+	if e.drawMasks == nil {
+		e.drawMasks = map[*sampler.IDSet]int32{}
 	}
-	p.masks[set] = i
+	i, err := e.db.RegisterMask(set.Bits())
+	if err != nil {
+		i = -1 // refused: remembered, never asked again
+	}
+	e.drawMasks[set] = i
 	return i, i >= 0
 }
 

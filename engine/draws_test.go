@@ -168,21 +168,15 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 				t.Fatal("HostSampling engine plans device draws")
 			}
 			want := runConcurrent(t, host, reqs)
-			for _, v := range []struct {
-				overlap   bool
-				planChunk int // 1: parallel planners from 2 entries
-			}{{false, 0}, {true, 0}, {true, 1}} {
+			for _, overlap := range []bool{false, true} {
 				cfg := tc.cfg
 				if cfg == (Config{}) {
 					cfg = DefaultConfig()
 				}
 				// Overlap from 2 sequences: the tests' loads are small.
-				cfg.NoOverlap, cfg.OverlapMinSeqs = !v.overlap, 2
-				if v.planChunk > 0 {
-					cfg.SamplingWorkers = 4
-				}
-				t.Run(fmt.Sprintf("overlap %v planChunk %d", v.overlap, v.planChunk), func(t *testing.T) {
-					checkDeviceDraws(t, tc.blocks, tc.bs, vocab, cfg, reqs, want, v.overlap, v.planChunk)
+				cfg.NoOverlap, cfg.OverlapMinSeqs = !overlap, 2
+				t.Run(fmt.Sprintf("overlap %v", overlap), func(t *testing.T) {
+					checkDeviceDraws(t, tc.blocks, tc.bs, vocab, cfg, reqs, want, overlap)
 				})
 			}
 			checkDrained(t, host)
@@ -192,13 +186,12 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 
 // checkDeviceDraws runs reqs on a device-draw engine and compares the
 // results with the host path's (want).
-func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*Request, want []*Result, overlap bool, planChunk int) {
+func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*Request, want []*Result, overlap bool) {
 	cd := &countDraws{AsyncDrawBackend: forward.HostDraws(newFake(blocks, bs, vocab))}
 	dev, err := New(cd, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev.planChunk = planChunk // before any request: the loop reads it
 	if !dev.deviceDraws() || (dev.ab != nil) != overlap {
 		t.Fatalf("device draws %v, overlap %v", dev.deviceDraws(), dev.ab != nil)
 	}
@@ -228,9 +221,6 @@ func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*R
 	checkDrained(t, dev)
 	if dev.peekedRows == 0 { // the loop has exited: read after Close
 		t.Error("no row was made from peeked logits")
-	}
-	if planChunk > 0 && dev.parallelPlans == 0 && cfg.MaxNumSeqs != 1 {
-		t.Error("planChunk set, but no step was planned in parallel")
 	}
 	// Between steps the reused peeked rows are -Inf everywhere (the
 	// peeked entries were put back after sampling).

@@ -114,13 +114,9 @@ type Paged struct {
 	db        forward.DrawBackend
 	ab        forward.AsyncDrawBackend
 	drawMasks map[*sampler.IDSet]int32
-	maskMu    sync.Mutex // guards drawMasks while planners run (draws.go)
-	planChunk int        // tests: entries per planner (0: minEntriesPerPlanner)
 	// peekedRows counts rows made from peeked logits instead of copied
 	// (draws.go; read by tests after Close).
 	peekedRows int64
-	// parallelPlans counts steps planned by more than one planner.
-	parallelPlans int64
 	// usage is the last kvcache Usage, taken at usageAt (publish).
 	usage   kvcache.Usage
 	usageAt time.Time
@@ -211,7 +207,6 @@ type entry struct {
 	// Device draws (draws.go): its prompt rows' draws start at plpDraw,
 	// its sampling tasks' plans at planLo.
 	plpDraw, planLo int
-	planner         int // the planner that planned it (draws.go)
 	// Set by consume: its sampling tasks are rs.tasks[taskLo:taskHi] (N of
 	// them the step a request forks); scoreOnly marks a MaxTokens == 0
 	// request whose prompt just finished.
