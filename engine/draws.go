@@ -168,6 +168,14 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 		p.tasks = append(p.tasks, taskHost)
 		if pk, isPeeker := proc.(sampler.Peeker); isPeeker && p.hostIdx[row] != markHost {
 			if ids, ok := pk.Peek(gen); ok && len(ids) <= maxPeek {
+				// The samples of a request that forks plan one after
+				// another on the same row and often peek the same ids
+				// (couplet's forced 横批 samples share one pool): the
+				// first one's draws serve them all.
+				if n := len(p.peeks); n > 0 && p.peeks[n-1].row == row && e.samePeek(p.peeks[n-1], ids) {
+					e.peekShared++
+					return
+				}
 				d0 := len(p.draws)
 				for _, id := range ids {
 					if id >= 0 && int(id) < e.vocab {
@@ -199,6 +207,22 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 	}
 	p.tasks = append(p.tasks, int32(len(p.draws)))
 	p.draws = append(p.draws, d)
+}
+
+// samePeek reports whether pk's draws gather exactly ids (those inside the
+// vocabulary, in order).
+func (e *Paged) samePeek(pk peek, ids []int32) bool {
+	d := pk.d0
+	for _, id := range ids {
+		if id < 0 || int(id) >= e.vocab {
+			continue
+		}
+		if d >= pk.d1 || e.dp.draws[d].Force != id {
+			return false
+		}
+		d++
+	}
+	return d == pk.d1
 }
 
 // maskIndex returns set's index on the backend, registering it the first

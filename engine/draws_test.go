@@ -44,11 +44,13 @@ func (p maskerProc) Mask(gen []int32, m *sampler.Mask) bool { p.describe(gen, m)
 
 // peekProc forces, at every step, the id with the highest logit among a
 // few step-dependent ids, reading the row only there: a sampler.Peeker
-// (like couplet's forced 横批 samples on their first step).
-type peekProc struct{ vocab int }
+// (like couplet's forced 横批 samples on their first step). Samples with
+// the same shift peek the same ids at the same step (as the 横批 samples
+// do), others different ones.
+type peekProc struct{ vocab, shift int }
 
 func (p peekProc) Peek(gen []int32) ([]int32, bool) {
-	k := len(gen)
+	k := len(gen) + p.shift
 	return []int32{int32(k % p.vocab), int32((k*5 + 3) % p.vocab), int32((k*11 + 7) % p.vocab)}, true
 }
 
@@ -132,7 +134,8 @@ func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 		}
 		switch {
 		case peek && i%4 == 3:
-			r.NewProcessor = func(int) sampler.LogitsProcessor { return peekProc{vocab} }
+			// Samples 0 and 1 peek the same ids, 2 and 3 others, …
+			r.NewProcessor = func(i int) sampler.LogitsProcessor { return peekProc{vocab, i / 2} }
 		case i%3 == 0:
 			r.NewProcessor = func(int) sampler.LogitsProcessor { return maskerProc{mp} }
 		case i%3 == 1:
@@ -221,6 +224,9 @@ func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*R
 	checkDrained(t, dev)
 	if dev.peekedRows == 0 { // the loop has exited: read after Close
 		t.Error("no row was made from peeked logits")
+	}
+	if dev.peekShared == 0 {
+		t.Error("no sample shared the peeked draws of the sample before it (n > 1 forks)")
 	}
 	// Between steps the reused peeked rows are -Inf everywhere (the
 	// peeked entries were put back after sampling).

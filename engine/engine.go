@@ -117,6 +117,9 @@ type Paged struct {
 	// peekedRows counts rows made from peeked logits instead of copied
 	// (draws.go; read by tests after Close).
 	peekedRows int64
+	// peekShared counts Peeker tasks served by the peeked draws of the
+	// task before them on the same row (draws.go; read by tests).
+	peekShared int64
 	// usage is the last kvcache Usage, taken at usageAt (publish).
 	usage   kvcache.Usage
 	usageAt time.Time
