@@ -165,20 +165,30 @@ func checkSlot(slot int) error {
 	return nil
 }
 
+// lockSlot returns slot's state with mu held (the caller unlocks it), or
+// an error for a bad slot or a closed backend (mu not held).
+func (b *Backend) lockSlot(slot int) (*asyncSlot, error) {
+	if err := checkSlot(slot); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, errors.New("cuda: backend closed")
+	}
+	return &b.slots[slot], nil
+}
+
 // LaunchDraw implements forward.AsyncDrawBackend: ForwardDraw's work on
 // slot, handed to the worker without waiting (see the file comment).
 // Only a bad or busy slot and a closed backend are reported here; the
 // launch's own errors come back from WaitDraw.
 func (b *Backend) LaunchDraw(slot int, bt *forward.Batch, draws []forward.Draw, hostRows []int32) error {
-	if err := checkSlot(slot); err != nil {
+	s, err := b.lockSlot(slot)
+	if err != nil {
 		return err
 	}
-	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed {
-		return errors.New("cuda: backend closed")
-	}
-	s := &b.slots[slot]
 	if s.busy {
 		return fmt.Errorf("cuda: LaunchDraw on slot %d, which holds a launch not waited for", slot)
 	}
@@ -265,15 +275,11 @@ func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, 
 // leaves the launch outstanding; any other error (the launch's, or the
 // device's seen at the wait) ends it.
 func (b *Backend) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {
-	if err := checkSlot(slot); err != nil {
+	s, err := b.lockSlot(slot)
+	if err != nil {
 		return err
 	}
-	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed {
-		return errors.New("cuda: backend closed")
-	}
-	s := &b.slots[slot]
 	if !s.busy {
 		return fmt.Errorf("cuda: WaitDraw on slot %d, which holds no launch", slot)
 	}

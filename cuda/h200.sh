@@ -76,20 +76,25 @@ bench_levels() {
 	done
 }
 
+# tests_bench TESTS BENCH: unpack the gzipped binaries into /tmp, then run
+# the GPU tests matching TESTS and the benchmarks matching BENCH.
+tests_bench() {
+	cp .carry/cuda/BUILD.txt .carry/cuda/BASE.txt "$OUT/" 2>/dev/null
+	for f in $BIN/*.gz; do gunzip -c "$f" > "/tmp/$(basename "$f" .gz)" && chmod +x "/tmp/$(basename "$f" .gz)"; done
+	timeout 90 /tmp/cuda.test -test.run "$1" -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
+	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)|WaitStats" "$OUT/cuda_test.log" | head -40
+	timeout 40 /tmp/cuda.test -test.run XXX -test.bench "$2" -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
+	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
+	pack
+}
+
 # ab_run TESTS BENCH LEVELS A B BFLAG: the GPU tests matching TESTS, the
 # benchmarks matching BENCH, then the wide server (this build) at $LEVELS
 # (WIDE_LEVELS overrides) as A, and the same binary with BFLAG as B.
 ab_run() {
-	local tests=$1 bench=$2 V F
+	local V F
 	LEVELS=${WIDE_LEVELS:-$3}
-	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
-	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
-	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
-	timeout 90 /tmp/cuda.test -test.run "$tests" -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
-	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)" "$OUT/cuda_test.log" | head -40
-	timeout 40 /tmp/cuda.test -test.run XXX -test.bench "$bench" -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
-	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
-	pack
+	tests_bench "$1" "$2"
 	for V in $4 $5; do
 		F=; [ $V = $5 ] && F=$6
 		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
@@ -258,15 +263,7 @@ overlap)
 async)
 	# This build (new) against the BASE build (base), alternating new, base,
 	# new, base so that neither always runs first; same wide-server flags.
-	cp .carry/cuda/BUILD.txt .carry/cuda/BASE.txt "$OUT/" 2>/dev/null
-	gunzip -c $BIN/chunlian.gz > /tmp/chunlian && chmod +x /tmp/chunlian
-	gunzip -c $BIN/chunlian-base.gz > /tmp/chunlian-base && chmod +x /tmp/chunlian-base
-	gunzip -c $BIN/cuda.test.gz > /tmp/cuda.test && chmod +x /tmp/cuda.test
-	timeout 90 /tmp/cuda.test -test.run 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
-	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)|WaitStats" "$OUT/cuda_test.log" | head -40
-	timeout 40 /tmp/cuda.test -test.run XXX -test.bench 'LaunchDraw' -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
-	grep -E "^Benchmark" "$OUT/draw_bench.log" | cut -c1-160
-	pack
+	tests_bench 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' 'LaunchDraw'
 	LEVELS=${WIDE_LEVELS:-1 300 1000 1300 1600 2000}
 	for R in 1 2; do
 		for V in new base; do

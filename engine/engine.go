@@ -78,11 +78,6 @@ type Paged struct {
 	// queued counts requests submitted but not yet admitted for the first
 	// time (in the channel or in waiting); it bounds the queue at MaxQueue.
 	queued atomic.Int64
-	// aborts counts ended request contexts (context.AfterFunc, set up by
-	// Generate); the loop scans active for them only when it moved since
-	// abortsSeen (loop-owned).
-	aborts     atomic.Int64
-	abortsSeen int64
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -178,6 +173,7 @@ func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
 type request struct {
 	req      *Request
 	ctx      context.Context
+	ctxDone  <-chan struct{} // ctx.Done(), taken once by Generate
 	n        int
 	done     chan struct{}
 	res      *Result
@@ -278,12 +274,10 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 		e.queued.Add(-1)
 		return nil, ErrQueueFull
 	}
-	r := &request{req: req, ctx: ctx, n: n, done: make(chan struct{}), arrival: time.Now()}
-	// The loop looks for ended contexts only after one has ended
-	// (reapAborted): with thousands of requests in flight, asking each
-	// one's ctx.Err() every step costs a lock per request per step.
-	stop := context.AfterFunc(ctx, func() { e.aborts.Add(1) })
-	defer stop()
+	// ctxDone is taken once here: the loop polls it every step
+	// (reapAborted), and a receive that finds an open channel empty takes
+	// no lock, where ctx.Err() takes the context's mutex.
+	r := &request{req: req, ctx: ctx, ctxDone: ctx.Done(), n: n, done: make(chan struct{}), arrival: time.Now()}
 	select {
 	case e.submit <- r: // never blocks: at most MaxQueue requests are counted in queued
 	case <-e.quit:
@@ -408,19 +402,24 @@ func (e *Paged) add(r *request) {
 }
 
 // reapAborted fails requests whose context ended, freeing their blocks, and
-// drops completed requests from active.
+// drops them from active. It runs every loop iteration, so an abort lands
+// at the next step.
 func (e *Paged) reapAborted() {
-	if n := e.aborts.Load(); n != e.abortsSeen {
-		e.abortsSeen = n
-	} else {
-		return
-	}
+	failed := false
 	for _, r := range e.active {
-		if !r.complete && r.ctx.Err() != nil {
+		if r.complete {
+			continue
+		}
+		select {
+		case <-r.ctxDone: // nil (never ready) for a context that cannot end
 			e.fail(r, r.ctx.Err(), FinishAbort)
+			failed = true
+		default:
 		}
 	}
-	e.compact()
+	if failed {
+		e.compact()
+	}
 }
 
 // compact drops done sequences from the queues and completed requests.
