@@ -171,10 +171,8 @@ func (b *Backend) lockSlot(slot int) (*asyncSlot, error) {
 	if err := checkSlot(slot); err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		return nil, errors.New("cuda: backend closed")
+	if err := b.lockOpen(); err != nil {
+		return nil, err
 	}
 	return &b.slots[slot], nil
 }

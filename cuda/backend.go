@@ -751,15 +751,7 @@ func (b *Backend) VocabSize() int { return b.cfg.VocabSize }
 
 // Forward implements forward.Backend.
 func (b *Backend) Forward(bt *forward.Batch, logits []float32) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return errors.New("cuda: backend closed")
-	}
-	if err := b.deferredErr(); err != nil {
-		return err
-	}
-	return b.do(func() error { return b.forward(bt, logits) })
+	return b.syncCall(func() error { return b.forward(bt, logits) })
 }
 
 // prepare validates bt and packs its metadata into hostMeta:
@@ -1041,14 +1033,10 @@ func (b *Backend) CopyBlocks(src, dst []int32) error {
 			return fmt.Errorf("cuda: CopyBlocks pair %d→%d out of [0,%d)", src[i], dst[i], b.numBlocks)
 		}
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return errors.New("cuda: backend closed")
-	}
-	if err := b.deferredErr(); err != nil {
+	if err := b.lockCall(); err != nil {
 		return err
 	}
+	defer b.mu.Unlock()
 	// The worker owns h from here (the caller may reuse src and dst).
 	n := len(src)
 	h := make([]int32, 0, 2*n)

@@ -62,11 +62,10 @@ func (b *Backend) maskWords() int { return (b.cfg.VocabSize + 63) / 64 }
 // past the vocabulary ignored, missing words = not allowed) into the next
 // of maxMasks device slots and returns its index.
 func (b *Backend) RegisterMask(allowed []uint64) (int32, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return -1, errors.New("cuda: backend closed")
+	if err := b.lockOpen(); err != nil {
+		return -1, err
 	}
+	defer b.mu.Unlock()
 	idx := int32(-1)
 	err := b.do(func() error {
 		if b.nMasks >= maxMasks {
@@ -103,15 +102,7 @@ func (b *Backend) ForwardDraw(bt *forward.Batch, draws []forward.Draw, out []for
 	if len(out) != len(draws) {
 		return fmt.Errorf("cuda: ForwardDraw with %d draws and %d results", len(draws), len(out))
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return errors.New("cuda: backend closed")
-	}
-	if err := b.deferredErr(); err != nil {
-		return err
-	}
-	return b.do(func() error { return b.forwardDraw(bt, draws, out, hostRows, logits) })
+	return b.syncCall(func() error { return b.forwardDraw(bt, draws, out, hostRows, logits) })
 }
 
 // packDraws validates draws and hostRows for a step of R logits rows and

@@ -152,11 +152,10 @@ type GraphStats struct {
 // GraphStats returns the counters (read on the worker).
 func (b *Backend) GraphStats() GraphStats {
 	var s GraphStats
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	if b.lockOpen() != nil {
 		return s
 	}
+	defer b.mu.Unlock()
 	_ = b.do(func() error {
 		s = GraphStats{b.graphLaunches, b.captures, b.eagerSteps, b.graphErr}
 		return nil

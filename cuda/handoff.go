@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"runtime"
 	"time"
 )
@@ -68,6 +69,44 @@ func (b *Backend) next() (func(), bool) {
 	}
 	f, ok := <-b.cmd
 	return f, ok
+}
+
+// errClosed is what every call on a closed Backend returns.
+var errClosed = errors.New("cuda: backend closed")
+
+// lockOpen takes mu for a call on an open backend. On error (closed) mu
+// is not held; otherwise the caller unlocks it.
+func (b *Backend) lockOpen() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return errClosed
+	}
+	return nil
+}
+
+// lockCall is lockOpen for the calls that report errors kept from the
+// worker (deferredErr) before doing anything: on either error mu is not
+// held.
+func (b *Backend) lockCall() error {
+	if err := b.lockOpen(); err != nil {
+		return err
+	}
+	if err := b.deferredErr(); err != nil {
+		b.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// syncCall runs f on the worker for a synchronous call (Forward,
+// ForwardDraw): lockCall, then do.
+func (b *Backend) syncCall(f func() error) error {
+	if err := b.lockCall(); err != nil {
+		return err
+	}
+	defer b.mu.Unlock()
+	return b.do(f)
 }
 
 // do runs f on the worker and returns its error.
