@@ -640,15 +640,8 @@ func (e *Paged) landStep() {
 		e.failAll(fmt.Errorf("engine: forward: %w", err))
 		return
 	}
-	if cap(e.lse) < rows {
-		e.lse = make([]float64, rows)
-	}
-	lse := e.lse[:rows]
-	for i, v := range lse32 {
-		lse[i] = float64(v)
-	}
 	t2 := time.Now()
-	e.consumeStep(lse)
+	e.consumeStep(e.widenLSE(lse32, rows))
 	e.phases.Forward += t2.Sub(t1).Seconds()
 	e.phases.Consume += time.Since(t2).Seconds()
 }
@@ -924,17 +917,25 @@ func (e *Paged) consume(logits []float32, rows int, lse []float64) {
 // backend when it computed them (forward.RowLSEBackend), otherwise NaN
 // entries that the sampling phase fills for the rows that need them.
 func (e *Paged) rowLSE(rows int) []float64 {
+	var got []float32
+	if lb, ok := e.b.(forward.RowLSEBackend); ok {
+		got = lb.LogSumExp()
+	}
+	return e.widenLSE(got, rows)
+}
+
+// widenLSE returns the step's log-sum-exps ([rows], in e.lse): got's when
+// it holds one per row, else NaN (unknown: the host computes them).
+func (e *Paged) widenLSE(got []float32, rows int) []float64 {
 	if cap(e.lse) < rows {
 		e.lse = make([]float64, rows)
 	}
 	lse := e.lse[:rows]
-	if lb, ok := e.b.(forward.RowLSEBackend); ok {
-		if got := lb.LogSumExp(); len(got) == rows {
-			for i, v := range got {
-				lse[i] = float64(v)
-			}
-			return lse
+	if len(got) == rows {
+		for i, v := range got {
+			lse[i] = float64(v)
 		}
+		return lse
 	}
 	for i := range lse {
 		lse[i] = math.NaN()
