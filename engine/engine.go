@@ -780,11 +780,11 @@ func (e *Paged) buildBatch() {
 		en := &e.sched[k]
 		s, r := en.s, en.s.r
 		start := len(b.Tokens)
-		bt, bs := e.mgr.BlockTable(s.id), int32(e.cfg.BlockSize) // one lookup per sequence (kvcache.Manager.Slot's rule)
+		bt := e.mgr.BlockTable(s.id) // one lookup per sequence
 		for p := s.numComputed; p < s.numComputed+en.n; p++ {
 			b.Tokens = append(b.Tokens, s.tokens[p])
 			b.Positions = append(b.Positions, int32(p))
-			b.SlotMapping = append(b.SlotMapping, bt[int32(p)/bs]*bs+int32(p)%bs)
+			b.SlotMapping = append(b.SlotMapping, kvcache.SlotIn(bt, e.cfg.BlockSize, p))
 		}
 		b.Seqs = append(b.Seqs, forward.SeqSpan{Start: start, Len: en.n, CtxLen: s.numComputed + en.n, BlockTable: bt})
 		en.rowStart = len(b.LogitRows)

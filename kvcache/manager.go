@@ -73,7 +73,15 @@ func (m *Manager) Slots(seq SeqID) int {
 // seq; pos must be below Slots(seq).
 func (m *Manager) Slot(seq SeqID, pos int) int32 {
 	s := m.seqs[seq]
-	return s.blocks[pos/m.blockSize]*int32(m.blockSize) + int32(pos%m.blockSize)
+	return SlotIn(s.blocks, m.blockSize, pos)
+}
+
+// SlotIn is the cache slot of position pos of a sequence whose block table
+// is table: block table[pos/blockSize], offset pos%blockSize. Callers
+// that lay out many positions of one sequence take its BlockTable once
+// and use this (the engine's buildBatch).
+func SlotIn(table []int32, blockSize, pos int) int32 {
+	return table[pos/blockSize]*int32(blockSize) + int32(pos%blockSize)
 }
 
 // Computed is the result of a prefix-cache lookup: the cached full blocks
