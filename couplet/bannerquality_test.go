@@ -177,7 +177,7 @@ func bqScore(b *testing.B, g *Generator, it bqItem, seed uint64) *bqScored {
 				if len(gen) >= len(seqs[i]) {
 					return sampler.ErrDeadEnd
 				}
-				return force(l, seqs[i][len(gen)])
+				return sampler.Force(l, seqs[i][len(gen)])
 			})
 		},
 	}

@@ -105,7 +105,7 @@ type forcedBanner struct {
 
 func (f forcedBanner) Process(gen []int32, logits []float32) error {
 	id, _ := f.Forced(gen, logits)
-	return force(logits, id)
+	return sampler.Force(logits, id)
 }
 
 // Mask implements sampler.Masker once the slots are assigned (the first

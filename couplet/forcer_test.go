@@ -234,7 +234,7 @@ func TestForcedBannerForced(t *testing.T) {
 			l := slices.Clone(clean)
 			err := p.Process(gen, l)
 			f2 := slices.Clone(clean)
-			if err2 := force(f2, id); err2 != err || sameRow(f2, l) >= 0 {
+			if err2 := sampler.Force(f2, id); err2 != err || sameRow(f2, l) >= 0 {
 				t.Fatalf("slot %d step %d: Forced %d (err %v), Process err %v", slot, step, id, err2, err)
 			}
 			if err != nil {

@@ -181,38 +181,6 @@ func alive(logits []float32, s *idSet) error {
 	return sampler.ErrDeadEnd
 }
 
-// force leaves only id allowed: ErrDeadEnd (row untouched) if id is outside
-// the row or its entry is -Inf or NaN, else every other entry becomes -Inf.
-// It is what the sampler.Forcer contract calls "force id": the processors
-// report every step they force through Forced, and the sampler then skips
-// Process (and the row) altogether. Process still fills the row, for
-// callers that run it directly: fillNegInf does it with memmove-sized
-// copies instead of a store per entry.
-func force(logits []float32, id int32) error {
-	if id < 0 || int(id) >= len(logits) {
-		return sampler.ErrDeadEnd
-	}
-	v := logits[id]
-	if !(v > negInf) { // -Inf or NaN
-		return sampler.ErrDeadEnd
-	}
-	fillNegInf(logits)
-	logits[id] = v
-	return nil
-}
-
-// fillNegInf sets every entry of s to -Inf: one store, then copies of the
-// filled prefix doubling in size (copy is a vectorised memmove).
-func fillNegInf(s []float32) {
-	if len(s) == 0 {
-		return
-	}
-	s[0] = negInf
-	for n := 1; n < len(s); n *= 2 {
-		copy(s[n:], s[:n])
-	}
-}
-
 // part is where in a sample's sequence the next token goes.
 type part int
 
@@ -299,7 +267,7 @@ type rule struct {
 // apply does r (and excl) to logits, as Process.
 func (r rule) apply(logits []float32, excl []int32) error {
 	if r.forced {
-		return force(logits, r.id)
+		return sampler.Force(logits, r.id)
 	}
 	restrict(logits, r.set)
 	for _, id := range excl {

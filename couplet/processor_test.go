@@ -220,14 +220,14 @@ func TestProcessorEquivalence(t *testing.T) {
 						t.Fatalf("%s gen=%v width %d kind %d: row[%d] = %v, want %v", what, gen, len(row), v.kind, i, got[i], want[i])
 					}
 					// Forced must name exactly the steps the old code
-					// forces: force(its id) leaves the old row and error;
+					// forces: sampler.Force(its id) leaves the old row and error;
 					// where it says nothing, a normal row keeps more than
 					// one token (on these vocabularies no restriction
 					// leaves a single one).
 					id, forced := newP.(sampler.Forcer).Forced(gen, row)
 					if forced {
 						f := append([]float32(nil), row...)
-						if err := force(f, id); err != wantErr || sameRow(f, want) >= 0 {
+						if err := sampler.Force(f, id); err != wantErr || sameRow(f, want) >= 0 {
 							t.Fatalf("%s gen=%v width %d kind %d: Forced says %d, but force gives err %v (want %v), row differs at %d", what, gen, len(row), v.kind, id, err, wantErr, sameRow(f, want))
 						}
 						forcedSteps++
@@ -329,12 +329,12 @@ func TestForce(t *testing.T) {
 	} {
 		got := append([]float32(nil), tc.row...)
 		want := append([]float32(nil), tc.row...)
-		err, wantErr := force(got, tc.id), refForce(want, tc.id)
+		err, wantErr := sampler.Force(got, tc.id), refForce(want, tc.id)
 		if (err != nil) != tc.dead || err != wantErr {
-			t.Errorf("force(%v, %d) = %v, want dead end %v (old: %v)", tc.row, tc.id, err, tc.dead, wantErr)
+			t.Errorf("sampler.Force(%v, %d) = %v, want dead end %v (old: %v)", tc.row, tc.id, err, tc.dead, wantErr)
 		}
 		if i := sameRow(got, want); i >= 0 {
-			t.Errorf("force(%v, %d): row[%d] = %v, want %v", tc.row, tc.id, i, got[i], want[i])
+			t.Errorf("sampler.Force(%v, %d): row[%d] = %v, want %v", tc.row, tc.id, i, got[i], want[i])
 		}
 	}
 }

@@ -286,11 +286,7 @@ func (e *Paged) fillPeekRows(logits []float32) {
 		p.peekClean = min(p.peekClean, P) // the copied rows overwrote what follows
 	}
 	for k := p.peekClean; k < P; k++ {
-		row := logits[k*V : (k+1)*V]
-		row[0] = negInf32
-		for n := 1; n < len(row); n *= 2 {
-			copy(row[n:], row[:n])
-		}
+		sampler.FillNegInf(logits[k*V : (k+1)*V])
 	}
 	p.peekClean = max(p.peekClean, P)
 	e.setPeeks(logits, false)
