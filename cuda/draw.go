@@ -187,39 +187,40 @@ func isPrefix(rows []int32) bool {
 }
 
 // growDraws makes room for nDraws results and, when gather, nHost
-// gathered rows. It syncs the stream before freeing a buffer it replaces:
-// an asynchronous launch (LaunchDraw) may still be using it.
+// gathered rows (regrow: it syncs before replacing a buffer that an
+// asynchronous launch may still be using).
 func (b *Backend) growDraws(nDraws, nHost int, gather bool) error {
-	if nDraws > b.capDraws {
-		if b.capDraws > 0 {
-			if err := b.sync(); err != nil {
-				return err
-			}
-		}
-		b.free(b.drawOut)
-		c := max(nDraws, 2*b.capDraws, 256)
-		p, err := b.alloc(int64(c) * 8)
-		if err != nil {
-			b.drawOut, b.capDraws = 0, 0
+	if err := b.regrow(&b.drawOut, &b.capDraws, nDraws, 256, 8); err != nil {
+		return err
+	}
+	if gather {
+		return b.regrow(&b.gatherBuf, &b.capGather, nHost, 8, int64(b.cfg.VocabSize)*4)
+	}
+	return nil
+}
+
+// regrow replaces the device buffer *p of *capN units (unit bytes each)
+// by one of at least need units — doubling, at least floor — when need
+// does not fit; the contents are not kept. A buffer being replaced is
+// freed only after a stream sync (work in flight may still use it); on
+// an allocation error *p and *capN are left 0.
+func (b *Backend) regrow(p *uintptr, capN *int, need, floor int, unit int64) error {
+	if need <= *capN {
+		return nil
+	}
+	if *capN > 0 {
+		if err := b.sync(); err != nil {
 			return err
 		}
-		b.drawOut, b.capDraws = p, c
 	}
-	if gather && nHost > b.capGather {
-		if b.capGather > 0 {
-			if err := b.sync(); err != nil {
-				return err
-			}
-		}
-		b.free(b.gatherBuf)
-		c := max(nHost, 2*b.capGather, 8)
-		p, err := b.alloc(int64(c) * int64(b.cfg.VocabSize) * 4)
-		if err != nil {
-			b.gatherBuf, b.capGather = 0, 0
-			return err
-		}
-		b.gatherBuf, b.capGather = p, c
+	b.free(*p)
+	c := max(need, 2**capN, floor)
+	np, err := b.alloc(int64(c) * unit)
+	if err != nil {
+		*p, *capN = 0, 0
+		return err
 	}
+	*p, *capN = np, c
 	return nil
 }
 
