@@ -160,6 +160,32 @@ def cfg_from_hf(c):
     }
 
 
+def grow_ffn(m, ffn, std=0.02, gen=None):
+    """Widen every SwiGLU block of m to ffn hidden units without changing
+    what m computes: the new gate/up rows are drawn normal(0, std) and the
+    new down_proj columns are zero, so each new unit adds exactly 0 to the
+    residual until training moves its down_proj column (which gets a
+    gradient from the first step, since its input silu(g)*u is not 0).
+    Run 10b used it to test whether capacity, rather than data, limits
+    BLEU (training/REPORT.md)."""
+    old = m.cfg["intermediate_size"]
+    assert ffn > old, (ffn, old)
+    for layer in m.model.layers:
+        mlp = layer.mlp
+        d = mlp.gate_proj.in_features
+        new = MLP(d, ffn).to(mlp.gate_proj.weight.device, mlp.gate_proj.weight.dtype)
+        with torch.no_grad():
+            for name in ("gate_proj", "up_proj"):
+                w = getattr(new, name).weight  # [ffn, d]
+                w.normal_(0.0, std, generator=gen)
+                w[:old] = getattr(mlp, name).weight
+            new.down_proj.weight.zero_()  # [d, ffn]
+            new.down_proj.weight[:, :old] = mlp.down_proj.weight
+        layer.mlp = new
+    m.cfg["intermediate_size"] = ffn
+    return m
+
+
 def load_dir(model_dir, dropout=0.0):
     """A Llama with the weights of an exported model directory (float32)."""
     from safetensors.torch import load_file

@@ -343,6 +343,10 @@ def train(args):
         assert model.cfg["vocab_size"] == len(v), (model.cfg["vocab_size"], len(v))
         assert (model.cfg["hidden_size"], model.cfg["num_hidden_layers"]) == (args.d, args.layers)
         log(f"initialised from {args.init}")
+        if args.ffn != model.cfg["intermediate_size"]:
+            # --ffn wider than --init's: grow it (function-preserving, see llama.grow_ffn).
+            L.grow_ffn(model, args.ffn)
+            log(f"grew the SwiGLU blocks to ffn {args.ffn} (new units start at zero output)")
     else:
         model = L.Llama(dict(L.cfg_from_hf(make_config(len(v), args)), dropout=args.dropout))
         model.init_weights()
