@@ -19,6 +19,9 @@
 #   bash cuda/h200.sh async   # ≤ 330 s: the async-launch GPU tests and LaunchDraw benchmark,
 #                             # then this build and the BASE build alternately, twice each,
 #                             # at 1/300/1000/1300/1600/2000 users (WIDE_LEVELS overrides)
+#   bash cuda/h200.sh spin    # ≤ 330 s: every GPU test, then the wide server at 1/10/100/1000
+#                             # users, default hand-off spin against --gpu-handoff-spin=2ms
+#                             # (alternating, twice), then --block-size 1 against 16
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -76,11 +79,12 @@ bench_levels() {
 	done
 }
 
-# tests_bench TESTS BENCH: unpack the gzipped binaries into /tmp, then run
+# tests_bench TESTS BENCH: copy the binaries (gunzipped if need be) into /tmp, then run
 # the GPU tests matching TESTS and the benchmarks matching BENCH.
 tests_bench() {
 	cp .carry/cuda/BUILD.txt .carry/cuda/BASE.txt "$OUT/" 2>/dev/null
-	for f in $BIN/*.gz; do gunzip -c "$f" > "/tmp/$(basename "$f" .gz)" && chmod +x "/tmp/$(basename "$f" .gz)"; done
+	for f in $BIN/*.gz; do [ -e "$f" ] && gunzip -c "$f" > "/tmp/$(basename "$f" .gz)" && chmod +x "/tmp/$(basename "$f" .gz)"; done
+	for f in chunlian cuda.test; do [ -e "$BIN/$f" ] && cp "$BIN/$f" /tmp/; done  # built without BASE: not gzipped
 	timeout 90 /tmp/cuda.test -test.run "$1" -test.v -test.count 1 > "$OUT/cuda_test.log" 2>&1
 	echo "tests rc=$?"; grep -E "^(--- |ok|FAIL|PASS|panic)|WaitStats" "$OUT/cuda_test.log" | head -40
 	timeout 40 /tmp/cuda.test -test.run XXX -test.bench "$2" -test.benchtime 200x > "$OUT/draw_bench.log" 2>&1
@@ -170,7 +174,8 @@ s3)
 	cp .carry/cuda/BUILD.txt "$OUT/" 2>/dev/null
 	# Binaries travel gzipped (two chunlian builds + cuda.test + the tree's
 	# 33 MB of weights must fit the device tool's 64 MiB).
-	for f in $BIN/*.gz; do gunzip -c "$f" > "/tmp/$(basename "$f" .gz)" && chmod +x "/tmp/$(basename "$f" .gz)"; done
+	for f in $BIN/*.gz; do [ -e "$f" ] && gunzip -c "$f" > "/tmp/$(basename "$f" .gz)" && chmod +x "/tmp/$(basename "$f" .gz)"; done
+	for f in chunlian cuda.test; do [ -e "$BIN/$f" ] && cp "$BIN/$f" /tmp/; done  # built without BASE: not gzipped
 	X=/tmp
 	timeout 60 $X/cuda.test -test.v -test.count 1 -test.run "${S3_TESTS:-.}" > "$OUT/cuda_test.log" 2>&1
 	echo "tests rc=$?"
@@ -274,6 +279,33 @@ async)
 			kill $SPID; wait $SPID 2>/dev/null
 			pack
 		done
+	done
+	;;
+spin)
+	# Session 7: every GPU test (session 6's cuda refactors had not run on
+	# the GPU), then whether the CUDA thread parking after its 300 µs poll
+	# costs the low-load levels (s3 of session 6: 836 against 916 couplets/s
+	# at 10 users): the same binary with --gpu-handoff-spin=2ms, alternating
+	# dflt, spin2, dflt, spin2. Last, KV block size 1 against the default 16
+	# (issue 2's live-slot goal is met at 1; is 1 slower on the GPU?).
+	tests_bench '.' 'LaunchDraw'
+	LEVELS=${WIDE_LEVELS:-1 10 100 1000}
+	for R in 1 2; do
+		for V in dflt spin2; do
+			F=; [ $V = spin2 ] && F=--gpu-handoff-spin=2ms
+			serve_wide /tmp/chunlian "$OUT/serve_${V}_$R.log" $F
+			bench_levels $V$R
+			kill $SPID; wait $SPID 2>/dev/null
+			pack
+		done
+	done
+	LEVELS="10 1000"
+	for V in b16 b1; do
+		F=; [ $V = b1 ] && F="--block-size 1"
+		serve_wide /tmp/chunlian "$OUT/serve_$V.log" $F
+		bench_levels $V
+		kill $SPID; wait $SPID 2>/dev/null
+		pack
 	done
 	;;
 host)
