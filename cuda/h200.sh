@@ -301,7 +301,7 @@ spin)
 	done
 	LEVELS="10 1000"
 	for V in b16 b1; do
-		F=; [ $V = b1 ] && F="--block-size 1"
+		F=; [ $V = b1 ] && F="--block-size 1 --gpu-max-blocks 1048576"  # as many tokens as 16 × the default cap
 		serve_wide /tmp/chunlian "$OUT/serve_$V.log" $F
 		bench_levels $V
 		kill $SPID; wait $SPID 2>/dev/null
