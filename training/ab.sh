@@ -11,6 +11,7 @@
 # $OUT gets log-a, log-b and ab.tar.part-*: join and unpack with
 #   cat ab.tar.part-* | tar xf -     # → ab-a/, ab-b/ as pipeline.py ships them
 # (the device tool returns at most 8 files; two shipped runs are 10).
+# Run 10/10b lost run b's results.tar.gz this way before the order below.
 set -u
 O=${OUT:?OUT must name the folder that comes back}
 run() {
@@ -27,6 +28,10 @@ run b "$2" &
 wait
 cp /tmp/ab-a/log "$O/log-a"
 cp /tmp/ab-b/log "$O/log-b"
-tar cf - -C /tmp ab-a ab-b | split -b 15M -d - "$O/ab.tar.part-"
+# Small files first, run a's model before run b's: the device tool brings
+# back about 64 MiB in all, and two models (33 + 39 MB in run 10/10b) are
+# more, so the tail of run b's model is what gets left out.
+(cd /tmp && tar cf - ab-a/log ab-b/log ab-a/results.tar.gz ab-b/results.tar.gz ab-a/model.safetensors.part-* \
+	ab-b/model.safetensors.part-*) | split -b 15M -d - "$O/ab.tar.part-"
 ls -la "$O"
 tail -n 3 "$O/log-a" "$O/log-b"
