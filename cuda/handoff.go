@@ -24,8 +24,19 @@ import (
 
 // DefaultHandoffSpin is Options.HandoffSpin's default: long enough to
 // cover a small decode step and the engine's work between steps, short
-// enough that an idle backend stops burning a core at once.
-const DefaultHandoffSpin = 300 * time.Microsecond
+// enough that an idle backend stops burning a core within milliseconds.
+//
+// It was 300 µs until session 7. Since LaunchDraw returns before the GPU
+// work is done (async.go), the worker finishes its part of a step early
+// and, at low load, waited longer than 300 µs for the next closure, so it
+// parked and paid a thread wake-up on every step. On the H200 (same
+// binary, --gpu-handoff-spin=2ms against the default, alternating twice,
+// docs/BENCHMARKS.md "session 7") 2 ms gave +8 % couplets/s at 1 user
+// (p50 6.0 → 5.5 ms), +29 % at 10 users and +12 % at 100. At 1000
+// users it was −2 % in round 1 and −15 % in round 2, when the machine
+// was slowing down: the default's own 1000-user figure fell 27 % over
+// the rest of that call.
+const DefaultHandoffSpin = 2 * time.Millisecond
 
 func handoffSpin(o time.Duration) time.Duration {
 	switch {

@@ -44,7 +44,7 @@ func (c *cudaConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.RowLSE, "gpu-row-lse", c.RowLSE, "CUDA: compute each logits row's log-sum-exp on the GPU for the engine")
 	fs.BoolVar(&c.FusedGEMV, "gpu-fused-gemv", c.FusedGEMV, "CUDA: run steps of ≤ 8 tokens on the fused GEMV kernels")
 	fs.BoolVar(&c.PDL, "gpu-pdl", c.PDL, "CUDA: programmatic dependent launches between the small-batch kernels (Hopper+)")
-	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default 300µs, negative = never; a launched step's wait polls its done word up to 20ms unless negative)")
+	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default 2ms, negative = never; a launched step's wait polls its done word up to 20ms unless negative)")
 }
 
 // newCUDABackend builds the CUDA backend from the stack config.
