@@ -31,8 +31,9 @@ import (
 // and, at low load, waited longer than 300 µs for the next closure, so it
 // parked and paid a thread wake-up on every step. On the H200 (same
 // binary, --gpu-handoff-spin=2ms against the default, alternating twice,
-// docs/BENCHMARKS.md "session 7") 2 ms gave +8 % couplets/s at 1 user
-// (p50 6.0 → 5.5 ms), +29 % at 10 users and +12 % at 100. At 1000
+// docs/BENCHMARKS.md "session 7") 2 ms gave +8 / +12 % couplets/s at
+// 1 user (p50 6.0 → 5.5 ms), +28 / +32 % at 10 users and +11 / +14 % at
+// 100 (rounds 1 / 2). At 1000
 // users it was −2 % in round 1 and −15 % in round 2, when the machine
 // was slowing down: the default's own 1000-user figure fell 27 % over
 // the rest of that call.
