@@ -26,7 +26,7 @@ type stackConfig struct {
 	Engine              string                            // paged | naive
 	Backend             string                            // auto | cpu | cuda
 	KVCacheBytes        byteSize                          // 0 = the backend's default
-	BlockSize           int                               // tokens per KV block
+	BlockSize           int                               // tokens per KV block; 0 = the backend's (blockSizeFor)
 	MaxNumSeqs          int                               // sequences per engine step
 	MaxNumBatchedTokens int                               // tokens per engine step
 	MaxQueue            int                               // waiting requests before ErrQueueFull
@@ -48,7 +48,7 @@ func defaultStackConfig() stackConfig {
 	return stackConfig{
 		Engine:              "paged",
 		Backend:             "auto",
-		BlockSize:           16,
+		BlockSize:           0, // per backend: blockSizeFor
 		MaxNumSeqs:          256,
 		MaxNumBatchedTokens: 2048,
 		MaxQueue:            1024,
@@ -96,7 +96,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Engine, "engine", c.Engine, "engine: paged (continuous batching, paged KV cache) or naive (one request at a time, no cache reuse) [CHUNLIAN_ENGINE]")
 	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda [CHUNLIAN_BACKEND]")
 	fs.Var(&c.KVCacheBytes, "kv-cache-memory", "KV cache size in bytes, suffixes KiB MiB GiB (or K M G) accepted, e.g. 64MiB; 0 = backend default [CHUNLIAN_KV_CACHE_MEMORY]")
-	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV cache block [CHUNLIAN_BLOCK_SIZE]")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV cache block; 0 = the backend's default: 1 on the CPU (no slot of the cache left empty), 16 with CUDA [CHUNLIAN_BLOCK_SIZE]")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "max sequences per engine step [CHUNLIAN_MAX_NUM_SEQS]")
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step [CHUNLIAN_MAX_NUM_BATCHED_TOKENS]")
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503) [CHUNLIAN_MAX_QUEUE]")
@@ -167,8 +167,8 @@ func (c *stackConfig) Validate() error {
 	if c.KVCacheBytes < 0 {
 		errs = append(errs, fmt.Errorf("--kv-cache-memory %d: must be ≥ 0", c.KVCacheBytes))
 	}
-	if c.BlockSize < 1 || c.BlockSize > 1024 {
-		errs = append(errs, fmt.Errorf("--block-size %d: want 1..1024", c.BlockSize))
+	if c.BlockSize < 0 || c.BlockSize > 1024 {
+		errs = append(errs, fmt.Errorf("--block-size %d: want 1..1024, or 0 for the backend's default", c.BlockSize))
 	}
 	if c.MaxNumSeqs < 1 {
 		errs = append(errs, fmt.Errorf("--max-num-seqs %d: must be ≥ 1", c.MaxNumSeqs))
@@ -240,6 +240,8 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 			backend = "cuda"
 		}
 	}
+	cfg.BlockSize = blockSizeFor(backend, cfg.BlockSize)
+	s.Config = cfg
 	switch backend {
 	case "cpu":
 		s.Backend, err = forward.NewCPU(m, forward.CPUOptions{
@@ -283,6 +285,33 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 		return nil, fmt.Errorf("couplet generator: %w", err)
 	}
 	return s, nil
+}
+
+// The default KV block size of each backend (--block-size 0).
+//
+// The engine issue specifies 16 tokens, vLLM's default; the CUDA backend
+// keeps it. On the CPU, 16-token blocks left ~40 % of the allocated slots
+// empty under a couplet load (a couplet's sequences are 21–26 tokens, so
+// each wastes most of a block), against the issue's goal of ≥ 96 % live;
+// 1-token blocks hold only live tokens (100 %) and were as fast or faster
+// on the 2-core machine, since more of each prompt is found in cached
+// full blocks. On the H200, block size 1 was 8 % faster at 10 users but
+// 20 % slower at 1000, where the engine goroutine's per-block host work
+// is the limit. Figures: docs/BENCHMARKS.md, session 7.
+const (
+	cpuDefaultBlockSize  = 1
+	cudaDefaultBlockSize = 16
+)
+
+// blockSizeFor resolves --block-size for backend ("cpu" or "cuda").
+func blockSizeFor(backend string, flag int) int {
+	switch {
+	case flag > 0:
+		return flag
+	case backend == "cuda":
+		return cudaDefaultBlockSize
+	}
+	return cpuDefaultBlockSize
 }
 
 // Close stops the engine (requests still running get engine.ErrClosed) and

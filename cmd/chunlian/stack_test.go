@@ -91,7 +91,8 @@ func TestStackConfigValidate(t *testing.T) {
 	}{
 		{args: []string{"--engine", "turbo"}, want: "--engine"},
 		{args: []string{"--backend", "tpu"}, want: "--backend"},
-		{args: []string{"--block-size", "0"}, want: "--block-size"},
+		{args: []string{"--block-size", "-1"}, want: "--block-size"},
+		{args: []string{"--block-size", "1025"}, want: "--block-size"},
 		{args: []string{"--max-num-seqs", "0"}, want: "--max-num-seqs"},
 		{args: []string{"--max-num-batched-tokens", "-3"}, want: "--max-num-batched-tokens"},
 		{args: []string{"--max-queue", "-1"}, want: "--max-queue"},
@@ -166,5 +167,45 @@ func TestBuildStackRandomModel(t *testing.T) {
 				t.Errorf("malformed couplet %+v", cs[0])
 			}
 		})
+	}
+}
+
+// --block-size 0 (the default) resolves per backend: 1-token blocks on the
+// CPU, 16 with CUDA; a positive flag wins on either.
+func TestBlockSizeFor(t *testing.T) {
+	for _, tc := range []struct {
+		backend string
+		flag    int
+		want    int
+	}{
+		{"cpu", 0, 1},
+		{"cuda", 0, 16},
+		{"cpu", 16, 16},
+		{"cuda", 4, 4},
+	} {
+		if got := blockSizeFor(tc.backend, tc.flag); got != tc.want {
+			t.Errorf("blockSizeFor(%q, %d) = %d, want %d", tc.backend, tc.flag, got, tc.want)
+		}
+	}
+	// The stack passes the resolved size to the backend and the engine.
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{nil, cpuDefaultBlockSize},
+		{[]string{"--block-size", "16"}, 16},
+	} {
+		c := parseStack(t, append(tc.args, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")...)
+		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.Backend.BlockSize(); got != tc.want || st.Config.BlockSize != tc.want {
+			t.Errorf("%v: backend block size %d, config %d, want %d", tc.args, got, st.Config.BlockSize, tc.want)
+		}
+		if _, err := st.Gen.Generate(context.Background(), couplet.Request{Text: "平安", Seed: 5}); err != nil {
+			t.Errorf("%v: generate: %v", tc.args, err)
+		}
+		st.Close()
 	}
 }
