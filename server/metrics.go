@@ -80,6 +80,7 @@ var (
 	descWaiting   = prometheus.NewDesc("chunlian:num_requests_waiting", "Requests waiting to be scheduled.", nil, nil)
 	descKVUsage   = prometheus.NewDesc("chunlian:kv_cache_usage_perc", "KV cache usage, 0..1 (used blocks / total blocks).", nil, nil)
 	descKVBlocks  = prometheus.NewDesc("chunlian:kv_cache_blocks", "KV cache blocks by state.", []string{"state"}, nil)
+	descKVLive    = prometheus.NewDesc("chunlian:kv_cache_live_slots_perc", "Share of the allocated KV slots (used blocks × block size) that hold a live token, 0..1 (a shared slot counted once; 0 when none is allocated). PagedAttention's memory-efficiency figure.", nil, nil)
 	descPrefixQ   = prometheus.NewDesc("chunlian:prefix_cache_queries_total", "Prefix cache queries, in tokens.", nil, nil)
 	descPrefixH   = prometheus.NewDesc("chunlian:prefix_cache_hits_total", "Prefix cache hits, in tokens.", nil, nil)
 	descPreempt   = prometheus.NewDesc("chunlian:num_preemptions_total", "Sequences preempted (recompute) for lack of KV blocks.", nil, nil)
@@ -95,7 +96,7 @@ var (
 )
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descKVUsage, descKVBlocks, descPrefixQ, descPrefixH,
+	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descKVUsage, descKVBlocks, descKVLive, descPrefixQ, descPrefixH,
 		descPreempt, descPromptTok, descGenTok, descSteps, descComputed, descStepSec, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
 		ch <- d
 	}
@@ -122,6 +123,11 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	g(descKVUsage, usage)
 	g(descKVBlocks, float64(st.KVBlocksUsed), "used")
 	g(descKVBlocks, float64(st.KVBlocksTotal-st.KVBlocksUsed), "free")
+	live := 0.0
+	if st.KVSlotsAllocated > 0 {
+		live = float64(st.KVSlotsLive) / float64(st.KVSlotsAllocated)
+	}
+	g(descKVLive, live)
 	cn(descPrefixQ, float64(st.PrefixQueries))
 	cn(descPrefixH, float64(st.PrefixHits))
 	cn(descPreempt, float64(st.Preemptions))

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"chunlian/engine"
 )
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
@@ -170,6 +172,28 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	if strings.Contains(text, "chunlian:gpu_utilization_perc") {
 		t.Error("GPU metrics without a GPU hook")
+	}
+}
+
+// The live-slot share is the engine's KVSlotsLive / KVSlotsAllocated.
+func TestKVLiveSlotsMetric(t *testing.T) {
+	for _, tc := range []struct {
+		live, alloc int
+		want        string
+	}{
+		{30, 40, "chunlian:kv_cache_live_slots_perc 0.75"},
+		{0, 0, "chunlian:kv_cache_live_slots_perc 0\n"},
+	} {
+		srv, base := newFakeServer(t, Config{}, nil)
+		b := *srv.backend.Load()
+		b.Stats = func() engine.Stats {
+			return engine.Stats{KVBlocksUsed: 10, KVBlocksTotal: 20, KVSlotsLive: tc.live, KVSlotsAllocated: tc.alloc}
+		}
+		srv.Attach(b)
+		_, _, body := get(t, base+"/metrics")
+		if !strings.Contains(string(body), tc.want) {
+			t.Errorf("live %d of %d: /metrics lacks %q", tc.live, tc.alloc, tc.want)
+		}
 	}
 }
 
