@@ -85,8 +85,9 @@ type Stats struct {
 	Running, Waiting            int
 	KVBlocksUsed, KVBlocksTotal int
 	// KVSlotsLive counts KV slots holding a live token (a shared slot once);
-	// KVSlotsAllocated = KVBlocksUsed × block size. Their ratio is the
-	// memory-efficiency figure (vLLM: ≥ 96%).
+	// KVSlotsAllocated = used blocks × block size, from the same count
+	// (under load refreshed every 20 ms, so it may lag KVBlocksUsed, which
+	// is exact). Their ratio is the memory-efficiency figure (vLLM: ≥ 96%).
 	KVSlotsLive, KVSlotsAllocated int
 	PrefixQueries, PrefixHits     int64 // in tokens, like vLLM
 	Preemptions                   int64

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -154,5 +155,50 @@ func TestModelContextLimit(t *testing.T) {
 		if err := checkLength(&Request{Prompt: make([]int32, 4), Params: sampler.Params{MaxTokens: max - 4}}, 4096, max); err != nil {
 			t.Errorf("request of exactly the model's length rejected: %v", err)
 		}
+	}
+}
+
+// Every Stats snapshot pairs a live-slot count with the allocation it was
+// counted against: live ≤ allocated at any moment under load (the ratio is
+// the /metrics memory-efficiency figure).
+func TestStatsLiveWithinAllocated(t *testing.T) {
+	for _, bs := range []int{1, 4, 16} {
+		b, m := newRandomCPU(t, bs, 4096)
+		e, err := New(b, Config{MaxNumBatchedTokens: 64, EnablePrefixCaching: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reqs []*Request
+		for i, p := range randomPrompts(uint64(bs), 48, m.Config.VocabSize, 24) {
+			reqs = append(reqs, &Request{Prompt: p, Params: sampler.Params{MaxTokens: 4 + i%24, N: 1 + i%3}})
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runConcurrent(t, e, reqs)
+		}()
+		seen, bad := 0, ""
+		for polling := true; polling; {
+			select {
+			case <-done:
+				polling = false
+			default:
+			}
+			st := e.Stats()
+			if st.KVSlotsLive > st.KVSlotsAllocated && bad == "" {
+				bad = fmt.Sprintf("block %d: %d live slots of %d allocated", bs, st.KVSlotsLive, st.KVSlotsAllocated)
+			}
+			if st.KVSlotsAllocated > 0 {
+				seen++
+			}
+		}
+		if bad != "" {
+			t.Error(bad)
+		}
+		if seen == 0 {
+			t.Errorf("block %d: no snapshot under load", bs)
+		}
+		checkDrained(t, e)
+		e.Close()
 	}
 }
