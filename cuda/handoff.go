@@ -35,8 +35,11 @@ import (
 // 1 user (p50 6.0 → 5.5 ms), +28 / +32 % at 10 users and +11 / +14 % at
 // 100 (rounds 1 / 2). At 1000
 // users it was −2 % in round 1 and −15 % in round 2, when the machine
-// was slowing down: the default's own 1000-user figure fell 27 % over
-// the rest of that call.
+// was slowing down (the default's own 1000-user figure fell 27 % over
+// the rest of that call); a second call against the old build measured
+// ×1.30 at 10 users, ×0.97 / ×1.04 at 1000 and ×0.94 / ×0.94 at 1600.
+// So a server run for peak throughput (1,500+ concurrent users) should
+// pass --gpu-handoff-spin=300us.
 const DefaultHandoffSpin = 2 * time.Millisecond
 
 func handoffSpin(o time.Duration) time.Duration {
