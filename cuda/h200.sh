@@ -22,6 +22,8 @@
 #   bash cuda/h200.sh spin    # ≤ 330 s: every GPU test, then the wide server at 1/10/100/1000
 #                             # users, default hand-off spin against --gpu-handoff-spin=2ms
 #                             # (alternating, twice), then --block-size 1 against 16
+#   bash cuda/h200.sh bisect  # the cuda.test binaries of cuda/bisect_device.sh, oldest first:
+#                             # which commit first fails $BISECT_BENCH
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -305,6 +307,21 @@ spin)
 		serve_wide /tmp/chunlian "$OUT/serve_$V.log" $F
 		bench_levels $V
 		kill $SPID; wait $SPID 2>/dev/null
+		pack
+	done
+	;;
+bisect)
+	# The binaries of cuda/bisect_device.sh, oldest first: each runs
+	# $BISECT_BENCH (default: the benchmark that failed in session 7) and
+	# prints ok or FAIL with its first error line.
+	for f in $(awk '{print $1}' $BIN/bisect/ORDER.txt); do
+		gunzip -c "$BIN/bisect/$f.test.gz" > /tmp/bisect.test && chmod +x /tmp/bisect.test
+		timeout 60 /tmp/bisect.test -test.run XXX -test.bench "${BISECT_BENCH:-LaunchDraw/seqs=64}" -test.benchtime 5x > "$OUT/bisect_$f.log" 2>&1
+		if grep -q "^--- FAIL" "$OUT/bisect_$f.log"; then
+			echo "$f FAIL: $(grep -m1 -A1 '^--- FAIL' "$OUT/bisect_$f.log" | tail -1)"
+		else
+			echo "$f ok: $(grep -m1 '^Benchmark' "$OUT/bisect_$f.log" | cut -c1-100)"
+		fi
 		pack
 	done
 	;;
