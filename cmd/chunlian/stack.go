@@ -43,7 +43,9 @@ type stackConfig struct {
 }
 
 // defaultStackConfig holds the built-in defaults (they match engine's and
-// forward's own defaults so that "unset" and "default" mean the same).
+// forward's own defaults so that "unset" and "default" mean the same,
+// except BlockSize: 0 is resolved per backend by blockSizeFor, where
+// forward.NewCPU alone would take 16).
 func defaultStackConfig() stackConfig {
 	return stackConfig{
 		Engine:              "paged",
