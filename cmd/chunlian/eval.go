@@ -169,14 +169,15 @@ func runEval(args []string, stdout io.Writer) error {
 	seed := fs.Uint64("seed", 1, "base seed (request i uses seed+i)")
 	samples := fs.Int("samples", 8, "sample couplets to print")
 	bleuLimit := fs.Int("bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
+	pplLimit := fs.Int("ppl-limit", 0, "teacher-forced 下联 perplexity (docs/EVAL.md's definition) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set, as the Python side)")
 	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
 	var sc stackConfig
 	sc.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *words < 1 || *words > len(evalWords) || *limit < 0 {
-		return errors.New("--words must be 1..len(built-in list) and --limit ≥ 0")
+	if *words < 1 || *words > len(evalWords) || *limit < 0 || *pplLimit < 0 {
+		return errors.New("--words must be 1..len(built-in list), and --limit and --ppl-limit ≥ 0")
 	}
 	st, err := openStack(sc, *randomModel)
 	if err != nil {
@@ -237,8 +238,9 @@ func runEval(args []string, stdout io.Writer) error {
 	}
 
 	// Lower mode on test.tsv 上联s.
-	uppers, lowers, terr := readTestPairs(*testPath, max(*limit, *bleuLimit))
+	uppers, lowers, terr := readTestPairs(*testPath, max(*limit, *bleuLimit, *pplLimit))
 	bleuU, bleuL := uppers[:min(len(uppers), *bleuLimit)], lowers[:min(len(lowers), *bleuLimit)]
+	pplU, pplL := uppers[:min(len(uppers), *pplLimit)], lowers[:min(len(lowers), *pplLimit)]
 	uppers = uppers[:min(len(uppers), *limit)]
 	testNote := ""
 	if terr != nil {
@@ -307,6 +309,21 @@ func runEval(args []string, stdout io.Writer) error {
 		}
 	}
 
+	// Teacher-forced 下联 perplexity, the Go forward pass's own check of
+	// the Python side's figure.
+	var pplNLL float64
+	var pplTokens int
+	if terr == nil && len(pplU) > 0 {
+		pr := newEvalProgress("teacher-forced perplexity", len(pplU))
+		t0 := time.Now()
+		var err error
+		if pplNLL, pplTokens, err = lowerNLL(st.Model, pplU, pplL, pr.tick); err != nil {
+			return fmt.Errorf("perplexity: %w", err)
+		}
+		pr.done()
+		fmt.Fprintf(os.Stderr, "chunlian eval: perplexity over %d tokens in %.1fs\n", pplTokens, time.Since(t0).Seconds())
+	}
+
 	w := stdout
 	fmt.Fprintln(w, "## Constrained decoding (Go engine)")
 	fmt.Fprintln(w)
@@ -336,6 +353,10 @@ func runEval(args []string, stdout io.Writer) error {
 			fmt.Fprintf(w, "| %s | %d | %.4f | %.4f | %s |\n", b.name, b.n, b.b4, b.b2, ms(b.meanLatent))
 		}
 		fmt.Fprintln(w)
+	}
+	if pplTokens > 0 {
+		fmt.Fprintf(w, "Teacher-forced 下联 perplexity (docs/EVAL.md's definition: the 下联 characters + `<eos>` of `<bos> <low> <len_N> <up> 上联 <sep> 下联 <eos>`, unknown characters as `<unk>`) on the first %d test.tsv pairs, computed by the Go CPU forward pass: **%.3f** (NLL %.4f nats per token over %d tokens).\n\n",
+			len(pplU), math.Exp(pplNLL/float64(pplTokens)), pplNLL/float64(pplTokens), pplTokens)
 	}
 	fmt.Fprintln(w, "Rule definitions (`couplet.Check`): rule 1 = same length, punctuation at the same positions, only Chinese characters elsewhere; rule 2 = 上联 ends on 仄 and 下联 on 平 (modern tones, primary reading via go-pinyin) — in lower mode only the 下联's 平 ending is counted, since the 上联 is given; rule 3 = no identical character at the same position and mirrored repetition; rule 4 = 横批 of exactly four Chinese characters. \"failed\" counts requests that returned an error (constrained: every attempt dead-ended).")
 	for _, s := range rows {

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"math"
+
+	"chunlian/forward"
+	"chunlian/model"
+)
+
+// lowerSequence is the lower-mode training sequence of docs/EVAL.md's
+// perplexity (training/common.py full_ids without a banner):
+//
+//	<bos> <low> <len_N> <up> {upper} <sep> {lower} <eos>
+//
+// with N = the 上联's length in characters. Characters outside the
+// vocabulary become <unk>, as on the Python side. It returns the ids and
+// the index of the first scored token (the 下联's first character; the
+// 下联 and <eos> are scored).
+func lowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
+	up, lo := []rune(upper), []rune(lower)
+	n, ok := m.LengthToken(len(up))
+	if !ok {
+		return nil, 0, fmt.Errorf("上联 of %d characters: no length token", len(up))
+	}
+	unk := m.Special("unk")
+	chars := func(ids []int32, rs []rune) []int32 {
+		for _, r := range rs {
+			id, ok := m.Tok.ID(string(r))
+			if !ok {
+				id = unk
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	ids := []int32{m.Special("bos"), m.Special("lower"), n, m.Special("up")}
+	ids = append(chars(ids, up), m.Special("sep"))
+	start := len(ids)
+	ids = append(chars(ids, lo), m.Special("eos"))
+	return ids, start, nil
+}
+
+// lowerNLL is the teacher-forced negative log-likelihood of every pair's
+// 下联 + <eos> (summed, in nats) and the number of tokens scored: the
+// perplexity of docs/EVAL.md is exp(nll / tokens). It runs the model's
+// forward pass on a CPU backend of its own (not the engine's, whose
+// backend belongs to the engine goroutine), several sequences per step,
+// each sequence's prefill in one chunk with logits only where a 下联
+// token or <eos> is predicted. progress, if not nil, gets the number of
+// pairs done after each step.
+func lowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll float64, tokens int, err error) {
+	const bs, budget = 16, 2048 // block size; tokens per step (and KV cache)
+	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: budget * forward.KVBytesPerToken(m.Config)})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer be.Close()
+	V := m.Config.VocabSize
+	var (
+		bt      forward.Batch
+		targets []int32 // the token each logits row predicts
+		logits  []float32
+		block   int32
+	)
+	flush := func() error {
+		if len(bt.Tokens) == 0 {
+			return nil
+		}
+		if n := len(bt.LogitRows) * V; cap(logits) < n {
+			logits = make([]float32, n)
+		} else {
+			logits = logits[:n]
+		}
+		if err := be.Forward(&bt, logits); err != nil {
+			return err
+		}
+		for i, t := range targets {
+			row := logits[i*V : (i+1)*V]
+			mx := row[0]
+			for _, v := range row {
+				mx = max(mx, v)
+			}
+			var z float64
+			for _, v := range row {
+				z += math.Exp(float64(v - mx))
+			}
+			nll += math.Log(z) - float64(row[t]-mx)
+		}
+		tokens += len(targets)
+		bt, targets, block = forward.Batch{}, targets[:0], 0
+		return nil
+	}
+	for i := range uppers {
+		ids, start, err := lowerSequence(m, uppers[i], lowers[i])
+		if err != nil {
+			return 0, 0, fmt.Errorf("pair %d: %w", i+1, err)
+		}
+		L := len(ids)
+		if L > m.Config.MaxPositions || L > budget {
+			return 0, 0, fmt.Errorf("pair %d: %d tokens, more than the model's %d positions", i+1, L, m.Config.MaxPositions)
+		}
+		nb := (L + bs - 1) / bs
+		if len(bt.Tokens)+L > budget || int(block)+nb > be.NumBlocks() {
+			if err := flush(); err != nil {
+				return 0, 0, err
+			}
+			if progress != nil {
+				progress(i)
+			}
+		}
+		table := make([]int32, nb)
+		for k := range table {
+			table[k] = block + int32(k)
+		}
+		base := len(bt.Tokens)
+		for p, id := range ids {
+			bt.Tokens = append(bt.Tokens, id)
+			bt.Positions = append(bt.Positions, int32(p))
+			bt.SlotMapping = append(bt.SlotMapping, table[p/bs]*bs+int32(p%bs))
+		}
+		// Row p predicts token p+1: rows start-1 .. L-2 score the 下联 and <eos>.
+		for p := start - 1; p < L-1; p++ {
+			bt.LogitRows = append(bt.LogitRows, base+p)
+			targets = append(targets, ids[p+1])
+		}
+		bt.Seqs = append(bt.Seqs, forward.SeqSpan{Start: base, Len: L, CtxLen: L, BlockTable: table})
+		block += int32(nb)
+	}
+	if err := flush(); err != nil {
+		return 0, 0, err
+	}
+	if progress != nil {
+		progress(len(uppers))
+	}
+	return nll, tokens, nil
+}
