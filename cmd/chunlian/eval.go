@@ -169,6 +169,7 @@ func runEval(args []string, stdout io.Writer) error {
 	seed := fs.Uint64("seed", 1, "base seed (request i uses seed+i)")
 	samples := fs.Int("samples", 8, "sample couplets to print")
 	bleuLimit := fs.Int("bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
+	forcedLimit := fs.Int("bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set)")
 	pplLimit := fs.Int("ppl-limit", 0, "teacher-forced 下联 perplexity (docs/EVAL.md's definition) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set, as the Python side)")
 	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
 	var sc stackConfig
@@ -176,8 +177,8 @@ func runEval(args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *words < 1 || *words > len(evalWords) || *limit < 0 || *pplLimit < 0 {
-		return errors.New("--words must be 1..len(built-in list), and --limit and --ppl-limit ≥ 0")
+	if *words < 1 || *words > len(evalWords) || *limit < 0 || *pplLimit < 0 || *forcedLimit < 0 {
+		return errors.New("--words must be 1..len(built-in list), and --limit, --bleu-forced and --ppl-limit ≥ 0")
 	}
 	st, err := openStack(sc, *randomModel)
 	if err != nil {
@@ -238,9 +239,10 @@ func runEval(args []string, stdout io.Writer) error {
 	}
 
 	// Lower mode on test.tsv 上联s.
-	uppers, lowers, terr := readTestPairs(*testPath, max(*limit, *bleuLimit, *pplLimit))
+	uppers, lowers, terr := readTestPairs(*testPath, max(*limit, *bleuLimit, *pplLimit, *forcedLimit))
 	bleuU, bleuL := uppers[:min(len(uppers), *bleuLimit)], lowers[:min(len(lowers), *bleuLimit)]
 	pplU, pplL := uppers[:min(len(uppers), *pplLimit)], lowers[:min(len(lowers), *pplLimit)]
+	forcedU, forcedL := uppers[:min(len(uppers), *forcedLimit)], lowers[:min(len(lowers), *forcedLimit)]
 	uppers = uppers[:min(len(uppers), *limit)]
 	testNote := ""
 	if terr != nil {
@@ -309,6 +311,17 @@ func runEval(args []string, stdout io.Writer) error {
 		}
 	}
 
+	// docs/EVAL.md's BLEU (length forced), the same check for BLEU.
+	var forcedHyps []string
+	if terr == nil && len(forcedU) > 0 {
+		pr := newEvalProgress("greedy BLEU, length forced", len(forcedU))
+		var err error
+		if forcedHyps, err = lowerGreedy(st.Model, forcedU, pr.tick); err != nil {
+			return fmt.Errorf("forced-length BLEU: %w", err)
+		}
+		pr.done()
+	}
+
 	// Teacher-forced 下联 perplexity, the Go forward pass's own check of
 	// the Python side's figure.
 	var pplNLL float64
@@ -353,6 +366,10 @@ func runEval(args []string, stdout io.Writer) error {
 			fmt.Fprintf(w, "| %s | %d | %.4f | %.4f | %s |\n", b.name, b.n, b.b4, b.b2, ms(b.meanLatent))
 		}
 		fmt.Fprintln(w)
+	}
+	if len(forcedHyps) > 0 {
+		fmt.Fprintf(w, "BLEU as docs/EVAL.md defines it (greedy 下联 of exactly the 上联's length, special tokens forbidden, corpus BLEU over characters) on the first %d test.tsv pairs, computed by the Go CPU forward pass: BLEU-4 **%.6f**, BLEU-2 %.6f.\n\n",
+			len(forcedHyps), bleu(forcedHyps, forcedL, 4), bleu(forcedHyps, forcedL, 2))
 	}
 	if pplTokens > 0 {
 		fmt.Fprintf(w, "Teacher-forced 下联 perplexity (docs/EVAL.md's definition: the 下联 characters + `<eos>` of `<bos> <low> <len_N> <up> 上联 <sep> 下联 <eos>`, unknown characters as `<unk>`) on the first %d test.tsv pairs, computed by the Go CPU forward pass: **%.3f** (NLL %.4f nats per token over %d tokens).\n\n",

@@ -135,3 +135,102 @@ func lowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll 
 	}
 	return nll, tokens, nil
 }
+
+// lowerGreedy is docs/EVAL.md's BLEU decoding: for each 上联, greedy
+// decoding of exactly len(上联) tokens after `<bos> <low> <len_N> <up>
+// 上联 <sep>`, every special token forbidden (so each token is a
+// character), ties to the lowest id as torch.argmax. It runs on a CPU
+// backend of its own, up to 64 sequences per step with their KV cache
+// blocks laid out up front. progress, if not nil, gets the number of
+// 上联s done after each group.
+func lowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string, error) {
+	const bs, group = 16, 64
+	maxLen := 0
+	for _, u := range uppers {
+		maxLen = max(maxLen, 4+2*len([]rune(u))+1)
+	}
+	if maxLen > m.Config.MaxPositions {
+		return nil, fmt.Errorf("a 上联 needs %d positions, more than the model's %d", maxLen, m.Config.MaxPositions)
+	}
+	perSeq := (maxLen + bs - 1) / bs
+	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(group*perSeq*bs) * forward.KVBytesPerToken(m.Config)})
+	if err != nil {
+		return nil, err
+	}
+	defer be.Close()
+	V := m.Config.VocabSize
+	special := make([]bool, V)
+	for id := range V {
+		special[id] = m.Tok.IsSpecial(int32(id))
+	}
+	argmax := func(row []float32) int32 {
+		best := int32(-1)
+		for id, v := range row {
+			if !special[id] && (best < 0 || v > row[best]) {
+				best = int32(id)
+			}
+		}
+		return best
+	}
+	out := make([]string, len(uppers))
+	logits := make([]float32, group*V)
+	for g0 := 0; g0 < len(uppers); g0 += group {
+		g := uppers[g0:min(g0+group, len(uppers))]
+		tables := make([][]int32, len(g))
+		ctx := make([]int, len(g))    // tokens in the cache after the last step
+		need := make([]int, len(g))   // characters still to generate
+		gen := make([][]rune, len(g)) // generated characters
+		var bt forward.Batch
+		var cur []int // the sequence of each of bt.Seqs
+		for i, u := range g {
+			ids, start, err := lowerSequence(m, u, "")
+			if err != nil {
+				return nil, fmt.Errorf("上联 %d: %w", g0+i+1, err)
+			}
+			ids = ids[:start] // the prompt: up to and including <sep>
+			tables[i] = make([]int32, perSeq)
+			for k := range tables[i] {
+				tables[i][k] = int32(i*perSeq + k)
+			}
+			base := len(bt.Tokens)
+			for p, id := range ids {
+				bt.Tokens = append(bt.Tokens, id)
+				bt.Positions = append(bt.Positions, int32(p))
+				bt.SlotMapping = append(bt.SlotMapping, tables[i][p/bs]*bs+int32(p%bs))
+			}
+			bt.LogitRows = append(bt.LogitRows, base+len(ids)-1)
+			bt.Seqs = append(bt.Seqs, forward.SeqSpan{Start: base, Len: len(ids), CtxLen: len(ids), BlockTable: tables[i]})
+			ctx[i], need[i] = len(ids), len([]rune(u))
+			cur = append(cur, i)
+		}
+		for len(bt.Seqs) > 0 {
+			if err := be.Forward(&bt, logits[:len(bt.LogitRows)*V]); err != nil {
+				return nil, err
+			}
+			next, nextCur := forward.Batch{}, cur[:0:0]
+			for r, i := range cur {
+				tok := argmax(logits[r*V : (r+1)*V])
+				gen[i] = append(gen[i], []rune(m.Tok.Token(tok))...)
+				if need[i]--; need[i] == 0 {
+					continue
+				}
+				p := ctx[i]
+				next.Tokens = append(next.Tokens, tok)
+				next.Positions = append(next.Positions, int32(p))
+				next.SlotMapping = append(next.SlotMapping, tables[i][p/bs]*bs+int32(p%bs))
+				next.LogitRows = append(next.LogitRows, len(next.Tokens)-1)
+				next.Seqs = append(next.Seqs, forward.SeqSpan{Start: len(next.Tokens) - 1, Len: 1, CtxLen: p + 1, BlockTable: tables[i]})
+				ctx[i] = p + 1
+				nextCur = append(nextCur, i)
+			}
+			bt, cur = next, nextCur
+		}
+		for i := range g {
+			out[g0+i] = string(gen[i])
+		}
+		if progress != nil {
+			progress(g0 + len(g))
+		}
+	}
+	return out, nil
+}

@@ -117,3 +117,67 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 		t.Errorf("progress calls %v: want several, increasing, ending at %d", calls, len(ups))
 	}
 }
+
+// lowerGreedy (groups of 64, KV cache, one decode token per sequence per
+// step) must pick what plain greedy decoding picks: the whole prefix
+// recomputed for every token, one sequence at a time, argmax over the
+// non-special ids (lowest id on ties).
+func TestLowerGreedyMatchesPlain(t *testing.T) {
+	m := model.NewRandom(model.TestConfig(), 5)
+	var vocab []string
+	for id := int32(0); id < int32(m.Config.VocabSize); id++ {
+		if !m.Tok.IsSpecial(id) {
+			vocab = append(vocab, m.Tok.Token(id))
+		}
+	}
+	var ups []string
+	for i := range 70 { // two groups, the second partial
+		s := ""
+		for k := range 3 + i%6 {
+			s += vocab[(i*5+k*11)%len(vocab)]
+		}
+		ups = append(ups, s)
+	}
+	got, err := lowerGreedy(m, ups, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 64, KVCacheBytes: 64 * forward.KVBytesPerToken(m.Config)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	V := m.Config.VocabSize
+	logits := make([]float32, V)
+	for i, u := range ups {
+		ids, start, err := lowerSequence(m, u, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = ids[:start]
+		want := ""
+		for range len([]rune(u)) {
+			L := len(ids)
+			bt := forward.Batch{Tokens: ids, LogitRows: []int{L - 1},
+				Seqs: []forward.SeqSpan{{Start: 0, Len: L, CtxLen: L, BlockTable: []int32{0}}}}
+			for p := range L {
+				bt.Positions = append(bt.Positions, int32(p))
+				bt.SlotMapping = append(bt.SlotMapping, int32(p))
+			}
+			if err := be.Forward(&bt, logits); err != nil {
+				t.Fatal(err)
+			}
+			best := int32(-1)
+			for id, v := range logits {
+				if !m.Tok.IsSpecial(int32(id)) && (best < 0 || v > logits[best]) {
+					best = int32(id)
+				}
+			}
+			want += m.Tok.Token(best)
+			ids = append(slices.Clone(ids), best)
+		}
+		if got[i] != want {
+			t.Errorf("上联 %d %q: %q, plain greedy %q", i, u, got[i], want)
+		}
+	}
+}
