@@ -9,17 +9,23 @@ import (
 	"chunlian/model"
 )
 
+// chars lists the test model's non-special tokens (its characters).
+func chars(m *model.Model) []string {
+	var cs []string
+	for id := int32(0); id < int32(m.Config.VocabSize); id++ {
+		if !m.Tok.IsSpecial(id) {
+			cs = append(cs, m.Tok.Token(id))
+		}
+	}
+	return cs
+}
+
 // The sequence is training/common.py's full_ids in lower mode, without a
 // banner: specials, length token, 上联, <sep>, 下联, <eos>; unknown
 // characters become <unk>; the scored part starts at the 下联.
 func TestLowerSequence(t *testing.T) {
 	m := model.NewRandom(model.TestConfig(), 3)
-	var chars []string // three characters of the test vocabulary
-	for id := int32(0); len(chars) < 3; id++ {
-		if !m.Tok.IsSpecial(id) {
-			chars = append(chars, m.Tok.Token(id))
-		}
-	}
+	chars := chars(m)[:3]
 	id := func(s string) int32 { v, _ := m.Tok.ID(s); return v }
 	len3, _ := m.LengthToken(3)
 	up := chars[0] + chars[1] + chars[2]
@@ -45,12 +51,7 @@ func TestLowerSequence(t *testing.T) {
 // position, float64 log-softmax.
 func TestLowerNLLMatchesPlain(t *testing.T) {
 	m := model.NewRandom(model.TestConfig(), 3)
-	var vocab []string
-	for id := int32(0); id < int32(m.Config.VocabSize); id++ {
-		if !m.Tok.IsSpecial(id) {
-			vocab = append(vocab, m.Tok.Token(id))
-		}
-	}
+	vocab := chars(m)
 	line := func(i, n int) string {
 		s := ""
 		for k := range n {
@@ -124,12 +125,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 // non-special ids (lowest id on ties).
 func TestLowerGreedyMatchesPlain(t *testing.T) {
 	m := model.NewRandom(model.TestConfig(), 5)
-	var vocab []string
-	for id := int32(0); id < int32(m.Config.VocabSize); id++ {
-		if !m.Tok.IsSpecial(id) {
-			vocab = append(vocab, m.Tok.Token(id))
-		}
-	}
+	vocab := chars(m)
 	var ups []string
 	for i := range 70 { // two groups, the second partial
 		s := ""
