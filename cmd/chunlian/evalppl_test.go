@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"math"
+	"os"
 	"slices"
 	"testing"
 
@@ -175,5 +177,60 @@ func TestLowerGreedyMatchesPlain(t *testing.T) {
 		if got[i] != want {
 			t.Errorf("上联 %d %q: %q, plain greedy %q", i, u, got[i], want)
 		}
+	}
+}
+
+// The shipped model's BLEU-4 and perplexity on the whole test set, computed
+// by the Go forward pass, equal what PyTorch reported when the weights were
+// trained (training/results/eval.json): a drift in the forward pass, the
+// tokenizer or the prompt layout shows here. It needs the held-out pairs
+// from ../shared (not in the repo) and ~40 s of CPU.
+func TestShippedModelMatchesEvalJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping the whole-test-set evaluation")
+	}
+	const testPath = "../../../shared/data/couplets/test.tsv"
+	ups, los, err := readTestPairs(testPath, 1<<30)
+	if err != nil {
+		t.Skipf("%s not present (it is not in the repo): %v", testPath, err)
+	}
+	m, err := model.Default()
+	if err != nil {
+		t.Skipf("no embedded model: %v", err)
+	}
+	raw, err := os.ReadFile("../../training/results/eval.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev struct {
+		TestPairs int     `json:"test_pairs"`
+		PPL       float64 `json:"lower_ppl"`
+		Tokens    int     `json:"lower_ppl_tokens"`
+		BLEU      struct {
+			B4 float64 `json:"bleu4"`
+			B2 float64 `json:"bleu2"`
+		} `json:"bleu_forced_length"`
+	}
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if len(ups) != ev.TestPairs {
+		t.Fatalf("%d test pairs, eval.json has %d", len(ups), ev.TestPairs)
+	}
+	nll, tokens, err := lowerNLL(m, ups, los, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ppl := math.Exp(nll / float64(tokens)); tokens != ev.Tokens || math.Abs(ppl-ev.PPL) > 1e-3*ev.PPL {
+		t.Errorf("perplexity %.4f over %d tokens; PyTorch %.4f over %d", ppl, tokens, ev.PPL, ev.Tokens)
+	}
+	hyps, err := lowerGreedy(m, ups, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Greedy choices may flip where two logits tie within float rounding;
+	// on run 10's weights every digit matched.
+	if b4, b2 := bleu(hyps, los, 4), bleu(hyps, los, 2); math.Abs(b4-ev.BLEU.B4) > 5e-4 || math.Abs(b2-ev.BLEU.B2) > 5e-4 {
+		t.Errorf("BLEU-4 %.6f, BLEU-2 %.6f; PyTorch %.6f, %.6f", b4, b2, ev.BLEU.B4, ev.BLEU.B2)
 	}
 }
