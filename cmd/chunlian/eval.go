@@ -8,7 +8,6 @@ package main
 // (Go engine)" of docs/EVAL.md.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"chunlian/couplet"
+	"chunlian/quality"
 )
 
 func init() {
@@ -101,65 +101,6 @@ func mean(d []time.Duration) time.Duration {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
-// readTestPairs returns up to limit (上联, 下联) pairs of an upper<TAB>lower
-// file, in file order.
-func readTestPairs(path string, limit int) (uppers, lowers []string, err error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() && len(uppers) < limit {
-		u, l, ok := strings.Cut(sc.Text(), "\t")
-		if ok && u != "" {
-			uppers = append(uppers, u)
-			lowers = append(lowers, l)
-		}
-	}
-	return uppers, lowers, sc.Err()
-}
-
-// bleu is corpus BLEU over characters (as in docs/EVAL.md's Python side):
-// clipped n-gram precisions p_1..p_maxN summed over the corpus, uniform
-// weights, no smoothing, brevity penalty exp(1 − r/c) when c < r.
-func bleu(hyps, refs []string, maxN int) float64 {
-	match := make([]float64, maxN+1)
-	total := make([]float64, maxN+1)
-	var c, r float64
-	for i := range hyps {
-		h, ref := []rune(hyps[i]), []rune(refs[i])
-		c += float64(len(h))
-		r += float64(len(ref))
-		for n := 1; n <= maxN; n++ {
-			counts := map[string]int{}
-			for j := 0; j+n <= len(ref); j++ {
-				counts[string(ref[j:j+n])]++
-			}
-			for j := 0; j+n <= len(h); j++ {
-				total[n]++
-				if k := string(h[j : j+n]); counts[k] > 0 {
-					counts[k]--
-					match[n]++
-				}
-			}
-		}
-	}
-	logSum := 0.0
-	for n := 1; n <= maxN; n++ {
-		if match[n] == 0 || total[n] == 0 {
-			return 0
-		}
-		logSum += math.Log(match[n]/total[n]) / float64(maxN)
-	}
-	bp := 1.0
-	if c < r && c > 0 {
-		bp = math.Exp(1 - r/c)
-	}
-	return bp * math.Exp(logSum)
-}
-
 func runEval(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
 	testPath := fs.String("test", "../shared/data/couplets/test.tsv", "held-out upper<TAB>lower file for the lower-mode evaluation (skipped if absent)")
@@ -239,7 +180,7 @@ func runEval(args []string, stdout io.Writer) error {
 	}
 
 	// Lower mode on test.tsv 上联s.
-	uppers, lowers, terr := readTestPairs(*testPath, max(*limit, *bleuLimit, *pplLimit, *forcedLimit))
+	uppers, lowers, terr := quality.ReadPairs(*testPath, max(*limit, *bleuLimit, *pplLimit, *forcedLimit))
 	bleuU, bleuL := uppers[:min(len(uppers), *bleuLimit)], lowers[:min(len(lowers), *bleuLimit)]
 	pplU, pplL := uppers[:min(len(uppers), *pplLimit)], lowers[:min(len(lowers), *pplLimit)]
 	forcedU, forcedL := uppers[:min(len(uppers), *forcedLimit)], lowers[:min(len(lowers), *forcedLimit)]
@@ -307,7 +248,7 @@ func runEval(args []string, stdout io.Writer) error {
 				refs = append(refs, bleuL[i])
 			}
 			pr.done()
-			bleuRows = append(bleuRows, bleuRow{name, len(hyps), bleu(hyps, refs, 4), bleu(hyps, refs, 2), mean(lat)})
+			bleuRows = append(bleuRows, bleuRow{name, len(hyps), quality.BLEU(hyps, refs, 4), quality.BLEU(hyps, refs, 2), mean(lat)})
 		}
 	}
 
@@ -316,7 +257,7 @@ func runEval(args []string, stdout io.Writer) error {
 	if terr == nil && len(forcedU) > 0 {
 		pr := newEvalProgress("greedy BLEU, length forced", len(forcedU))
 		var err error
-		if forcedHyps, err = lowerGreedy(st.Model, forcedU, pr.tick); err != nil {
+		if forcedHyps, err = quality.LowerGreedy(st.Model, forcedU, pr.tick); err != nil {
 			return fmt.Errorf("forced-length BLEU: %w", err)
 		}
 		pr.done()
@@ -330,7 +271,7 @@ func runEval(args []string, stdout io.Writer) error {
 		pr := newEvalProgress("teacher-forced perplexity", len(pplU))
 		t0 := time.Now()
 		var err error
-		if pplNLL, pplTokens, err = lowerNLL(st.Model, pplU, pplL, pr.tick); err != nil {
+		if pplNLL, pplTokens, err = quality.LowerNLL(st.Model, pplU, pplL, pr.tick); err != nil {
 			return fmt.Errorf("perplexity: %w", err)
 		}
 		pr.done()
@@ -369,7 +310,7 @@ func runEval(args []string, stdout io.Writer) error {
 	}
 	if len(forcedHyps) > 0 {
 		fmt.Fprintf(w, "BLEU as docs/EVAL.md defines it (greedy 下联 of exactly the 上联's length, special tokens forbidden, corpus BLEU over characters) on the first %d test.tsv pairs, computed by the Go CPU forward pass: BLEU-4 **%.6f**, BLEU-2 %.6f.\n\n",
-			len(forcedHyps), bleu(forcedHyps, forcedL, 4), bleu(forcedHyps, forcedL, 2))
+			len(forcedHyps), quality.BLEU(forcedHyps, forcedL, 4), quality.BLEU(forcedHyps, forcedL, 2))
 	}
 	if pplTokens > 0 {
 		fmt.Fprintf(w, "Teacher-forced 下联 perplexity (docs/EVAL.md's definition: the 下联 characters + `<eos>` of `<bos> <low> <len_N> <up> 上联 <sep> 下联 <eos>`, unknown characters as `<unk>`) on the first %d test.tsv pairs, computed by the Go CPU forward pass: **%.3f** (NLL %.4f nats per token over %d tokens).\n\n",

@@ -3,30 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"math"
 	"strings"
 	"testing"
 
 	"chunlian/couplet"
 )
-
-func TestBLEU(t *testing.T) {
-	for _, c := range []struct {
-		hyps, refs []string
-		n          int
-		want       float64
-	}{
-		{[]string{"ab"}, []string{"ab"}, 2, 1},
-		{[]string{"ac"}, []string{"ab"}, 2, 0},                      // no bigram match, no smoothing
-		{[]string{"abc"}, []string{"abcd"}, 2, math.Exp(1 - 4.0/3)}, // brevity penalty only
-		{[]string{"aa"}, []string{"ab"}, 1, 0.5},                    // clipped counts
-		{[]string{"ab", "cd"}, []string{"ab", "ce"}, 1, 0.75},       // corpus-level sums
-	} {
-		if got := bleu(c.hyps, c.refs, c.n); math.Abs(got-c.want) > 1e-9 {
-			t.Errorf("bleu(%v, %v, %d) = %v, want %v", c.hyps, c.refs, c.n, got, c.want)
-		}
-	}
-}
 
 // TestGenerateCommand runs `chunlian generate --json` on the random test
 // model and checks each line is a well-formed couplet with the keyword.

@@ -1,4 +1,4 @@
-package main
+package quality
 
 import (
 	"encoding/json"
@@ -32,7 +32,7 @@ func TestLowerSequence(t *testing.T) {
 	len3, _ := m.LengthToken(3)
 	up := chars[0] + chars[1] + chars[2]
 	lo := chars[2] + "\U0001F600" + chars[0] // an emoji: not in any vocabulary
-	ids, start, err := lowerSequence(m, up, lo)
+	ids, start, err := LowerSequence(m, up, lo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,12 +42,12 @@ func TestLowerSequence(t *testing.T) {
 	if !slices.Equal(ids, want) || start != 8 {
 		t.Errorf("ids %v start %d, want %v start 8", ids, start, want)
 	}
-	if _, _, err := lowerSequence(m, "", lo); err == nil {
+	if _, _, err := LowerSequence(m, "", lo); err == nil {
 		t.Error("an empty 上联 (no length token) was accepted")
 	}
 }
 
-// lowerNLL, which packs many sequences into each step and asks for logits
+// LowerNLL, which packs many sequences into each step and asks for logits
 // only at the scored rows, must equal a plain computation: one sequence per
 // forward pass on a backend of another block size, logits at every
 // position, float64 log-softmax.
@@ -68,7 +68,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 		ups, los = append(ups, line(i, n)), append(los, line(i+1, n))
 	}
 	var calls []int
-	nll, tokens, err := lowerNLL(m, ups, los, func(done int) { calls = append(calls, done) })
+	nll, tokens, err := LowerNLL(m, ups, los, func(done int) { calls = append(calls, done) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 	var want float64
 	wantTokens := 0
 	for i := range ups {
-		ids, start, err := lowerSequence(m, ups[i], los[i])
+		ids, start, err := LowerSequence(m, ups[i], los[i])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +121,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 	}
 }
 
-// lowerGreedy (groups of 64, KV cache, one decode token per sequence per
+// LowerGreedy (groups of 64, KV cache, one decode token per sequence per
 // step) must pick what plain greedy decoding picks: the whole prefix
 // recomputed for every token, one sequence at a time, argmax over the
 // non-special ids (lowest id on ties).
@@ -136,7 +136,7 @@ func TestLowerGreedyMatchesPlain(t *testing.T) {
 		}
 		ups = append(ups, s)
 	}
-	got, err := lowerGreedy(m, ups, nil)
+	got, err := LowerGreedy(m, ups, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestLowerGreedyMatchesPlain(t *testing.T) {
 	V := m.Config.VocabSize
 	logits := make([]float32, V)
 	for i, u := range ups {
-		ids, start, err := lowerSequence(m, u, "")
+		ids, start, err := LowerSequence(m, u, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,8 +189,8 @@ func TestShippedModelMatchesEvalJSON(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: skipping the whole-test-set evaluation")
 	}
-	const testPath = "../../../shared/data/couplets/test.tsv"
-	ups, los, err := readTestPairs(testPath, 1<<30)
+	const testPath = "../../shared/data/couplets/test.tsv"
+	ups, los, err := ReadPairs(testPath, 1<<30)
 	if err != nil {
 		t.Skipf("%s not present (it is not in the repo): %v", testPath, err)
 	}
@@ -198,7 +198,7 @@ func TestShippedModelMatchesEvalJSON(t *testing.T) {
 	if err != nil {
 		t.Skipf("no embedded model: %v", err)
 	}
-	raw, err := os.ReadFile("../../training/results/eval.json")
+	raw, err := os.ReadFile("../training/results/eval.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,20 +217,20 @@ func TestShippedModelMatchesEvalJSON(t *testing.T) {
 	if len(ups) != ev.TestPairs {
 		t.Fatalf("%d test pairs, eval.json has %d", len(ups), ev.TestPairs)
 	}
-	nll, tokens, err := lowerNLL(m, ups, los, nil)
+	nll, tokens, err := LowerNLL(m, ups, los, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ppl := math.Exp(nll / float64(tokens)); tokens != ev.Tokens || math.Abs(ppl-ev.PPL) > 1e-3*ev.PPL {
 		t.Errorf("perplexity %.4f over %d tokens; PyTorch %.4f over %d", ppl, tokens, ev.PPL, ev.Tokens)
 	}
-	hyps, err := lowerGreedy(m, ups, nil)
+	hyps, err := LowerGreedy(m, ups, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Greedy choices may flip where two logits tie within float rounding;
 	// on run 10's weights every digit matched.
-	if b4, b2 := bleu(hyps, los, 4), bleu(hyps, los, 2); math.Abs(b4-ev.BLEU.B4) > 5e-4 || math.Abs(b2-ev.BLEU.B2) > 5e-4 {
+	if b4, b2 := BLEU(hyps, los, 4), BLEU(hyps, los, 2); math.Abs(b4-ev.BLEU.B4) > 5e-4 || math.Abs(b2-ev.BLEU.B2) > 5e-4 {
 		t.Errorf("BLEU-4 %.6f, BLEU-2 %.6f; PyTorch %.6f, %.6f", b4, b2, ev.BLEU.B4, ev.BLEU.B2)
 	}
 }

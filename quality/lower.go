@@ -1,4 +1,4 @@
-package main
+package quality
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 	"chunlian/model"
 )
 
-// lowerSequence is the lower-mode training sequence of docs/EVAL.md's
+// LowerSequence is the lower-mode training sequence of docs/EVAL.md's
 // perplexity (training/common.py full_ids without a banner):
 //
 //	<bos> <low> <len_N> <up> {upper} <sep> {lower} <eos>
@@ -17,7 +17,7 @@ import (
 // vocabulary become <unk>, as on the Python side. It returns the ids and
 // the index of the first scored token (the 下联's first character; the
 // 下联 and <eos> are scored).
-func lowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
+func LowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 	up, lo := []rune(upper), []rune(lower)
 	n, ok := m.LengthToken(len(up))
 	if !ok {
@@ -41,7 +41,7 @@ func lowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 	return ids, start, nil
 }
 
-// lowerNLL is the teacher-forced negative log-likelihood of every pair's
+// LowerNLL is the teacher-forced negative log-likelihood of every pair's
 // 下联 + <eos> (summed, in nats) and the number of tokens scored: the
 // perplexity of docs/EVAL.md is exp(nll / tokens). It runs the model's
 // forward pass on a CPU backend of its own (not the engine's, whose
@@ -49,7 +49,7 @@ func lowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 // each sequence's prefill in one chunk with logits only where a 下联
 // token or <eos> is predicted. progress, if not nil, gets the number of
 // pairs done after each step.
-func lowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll float64, tokens int, err error) {
+func LowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll float64, tokens int, err error) {
 	const bs, budget = 16, 2048 // block size; tokens per step (and KV cache)
 	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: budget * forward.KVBytesPerToken(m.Config)})
 	if err != nil {
@@ -92,7 +92,7 @@ func lowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll 
 		return nil
 	}
 	for i := range uppers {
-		ids, start, err := lowerSequence(m, uppers[i], lowers[i])
+		ids, start, err := LowerSequence(m, uppers[i], lowers[i])
 		if err != nil {
 			return 0, 0, fmt.Errorf("pair %d: %w", i+1, err)
 		}
@@ -136,14 +136,14 @@ func lowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll 
 	return nll, tokens, nil
 }
 
-// lowerGreedy is docs/EVAL.md's BLEU decoding: for each 上联, greedy
+// LowerGreedy is docs/EVAL.md's BLEU decoding: for each 上联, greedy
 // decoding of exactly len(上联) tokens after `<bos> <low> <len_N> <up>
 // 上联 <sep>`, every special token forbidden (so each token is a
 // character), ties to the lowest id as torch.argmax. It runs on a CPU
 // backend of its own, up to 64 sequences per step with their KV cache
 // blocks laid out up front. progress, if not nil, gets the number of
 // 上联s done after each group.
-func lowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string, error) {
+func LowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string, error) {
 	const bs, group = 16, 64
 	maxLen := 0
 	for _, u := range uppers {
@@ -183,7 +183,7 @@ func lowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string,
 		var bt forward.Batch
 		var cur []int // the sequence of each of bt.Seqs
 		for i, u := range g {
-			ids, start, err := lowerSequence(m, u, "")
+			ids, start, err := LowerSequence(m, u, "")
 			if err != nil {
 				return nil, fmt.Errorf("上联 %d: %w", g0+i+1, err)
 			}

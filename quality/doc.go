@@ -1,0 +1,10 @@
+// Package quality measures the couplet model as docs/EVAL.md defines it,
+// with the Go forward pass: corpus BLEU over characters (BLEU), greedy
+// lower-mode decoding with the 下联's length forced (LowerGreedy) and the
+// teacher-forced 下联 perplexity (LowerNLL), on held-out pairs read by
+// ReadPairs. The figures equal the PyTorch side's (training/evaluate.py)
+// on the shipped model; TestShippedModelMatchesEvalJSON keeps them so.
+//
+// Each function runs on a CPU backend of its own, never on an engine's
+// backend, which belongs to the engine goroutine.
+package quality
