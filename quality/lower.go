@@ -2,10 +2,11 @@ package quality
 
 import (
 	"fmt"
-	"math"
 
 	"chunlian/forward"
+	"chunlian/kvcache"
 	"chunlian/model"
+	"chunlian/sampler"
 )
 
 // LowerSequence is the lower-mode training sequence of docs/EVAL.md's
@@ -77,15 +78,7 @@ func LowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll 
 		}
 		for i, t := range targets {
 			row := logits[i*V : (i+1)*V]
-			mx := row[0]
-			for _, v := range row {
-				mx = max(mx, v)
-			}
-			var z float64
-			for _, v := range row {
-				z += math.Exp(float64(v - mx))
-			}
-			nll += math.Log(z) - float64(row[t]-mx)
+			nll += sampler.LogSumExp(row) - float64(row[t])
 		}
 		tokens += len(targets)
 		bt, targets, block = forward.Batch{}, targets[:0], 0
@@ -113,18 +106,12 @@ func LowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll 
 		for k := range table {
 			table[k] = block + int32(k)
 		}
-		base := len(bt.Tokens)
-		for p, id := range ids {
-			bt.Tokens = append(bt.Tokens, id)
-			bt.Positions = append(bt.Positions, int32(p))
-			bt.SlotMapping = append(bt.SlotMapping, table[p/bs]*bs+int32(p%bs))
-		}
+		base := appendSeq(&bt, ids, 0, table, bs)
 		// Row p predicts token p+1: rows start-1 .. L-2 score the 下联 and <eos>.
 		for p := start - 1; p < L-1; p++ {
 			bt.LogitRows = append(bt.LogitRows, base+p)
 			targets = append(targets, ids[p+1])
 		}
-		bt.Seqs = append(bt.Seqs, forward.SeqSpan{Start: base, Len: L, CtxLen: L, BlockTable: table})
 		block += int32(nb)
 	}
 	if err := flush(); err != nil {
@@ -192,14 +179,8 @@ func LowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string,
 			for k := range tables[i] {
 				tables[i][k] = int32(i*perSeq + k)
 			}
-			base := len(bt.Tokens)
-			for p, id := range ids {
-				bt.Tokens = append(bt.Tokens, id)
-				bt.Positions = append(bt.Positions, int32(p))
-				bt.SlotMapping = append(bt.SlotMapping, tables[i][p/bs]*bs+int32(p%bs))
-			}
+			base := appendSeq(&bt, ids, 0, tables[i], bs)
 			bt.LogitRows = append(bt.LogitRows, base+len(ids)-1)
-			bt.Seqs = append(bt.Seqs, forward.SeqSpan{Start: base, Len: len(ids), CtxLen: len(ids), BlockTable: tables[i]})
 			ctx[i], need[i] = len(ids), len([]rune(u))
 			cur = append(cur, i)
 		}
@@ -214,13 +195,8 @@ func LowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string,
 				if need[i]--; need[i] == 0 {
 					continue
 				}
-				p := ctx[i]
-				next.Tokens = append(next.Tokens, tok)
-				next.Positions = append(next.Positions, int32(p))
-				next.SlotMapping = append(next.SlotMapping, tables[i][p/bs]*bs+int32(p%bs))
-				next.LogitRows = append(next.LogitRows, len(next.Tokens)-1)
-				next.Seqs = append(next.Seqs, forward.SeqSpan{Start: len(next.Tokens) - 1, Len: 1, CtxLen: p + 1, BlockTable: tables[i]})
-				ctx[i] = p + 1
+				next.LogitRows = append(next.LogitRows, appendSeq(&next, []int32{tok}, ctx[i], tables[i], bs))
+				ctx[i]++
 				nextCur = append(nextCur, i)
 			}
 			bt, cur = next, nextCur
@@ -233,4 +209,19 @@ func LowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string,
 		}
 	}
 	return out, nil
+}
+
+// appendSeq adds one sequence's chunk to bt: the tokens ids at positions
+// pos0, pos0+1, … with their slots in the sequence's block table (blocks
+// of bs tokens), and its SeqSpan (the chunk is the sequence's last, so the
+// context ends with it). It returns the index of the chunk's first token.
+func appendSeq(bt *forward.Batch, ids []int32, pos0 int, table []int32, bs int) int {
+	base := len(bt.Tokens)
+	for k, id := range ids {
+		bt.Tokens = append(bt.Tokens, id)
+		bt.Positions = append(bt.Positions, int32(pos0+k))
+		bt.SlotMapping = append(bt.SlotMapping, kvcache.SlotIn(table, bs, pos0+k))
+	}
+	bt.Seqs = append(bt.Seqs, forward.SeqSpan{Start: base, Len: len(ids), CtxLen: pos0 + len(ids), BlockTable: table})
+	return base
 }
