@@ -67,15 +67,7 @@ func (p peekProc) Forced(gen []int32, row []float32) (int32, bool) {
 
 func (p peekProc) Process(gen []int32, row []float32) error {
 	id, _ := p.Forced(gen, row)
-	if id < 0 {
-		return sampler.ErrDeadEnd
-	}
-	v := row[id]
-	for i := range row {
-		row[i] = negInf32
-	}
-	row[id] = v
-	return nil
+	return sampler.Force(row, id) // ErrDeadEnd for id -1 (no peeked id above -Inf)
 }
 
 // countDraws counts what the engine asks of an AsyncDrawBackend, and how
