@@ -12,6 +12,7 @@ RoPE, RMSNorm in float32, SwiGLU, tied embeddings, no biases); train.py checks
 it against transformers after every export (max |Δlogit| in float32).
 """
 import json
+import math
 import os
 
 import torch
@@ -33,6 +34,21 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dt)
 
 
+def attend(q, k, v):
+    """Causal attention, q [B, H, T, hd], k and v [B, KVH, T, hd] -> [B, H, T, hd].
+    PyTorch's fused kernel where it has one (2.5+ for grouped KV heads); the
+    plain formula on older ones (Debian's python3-torch 1.13, which runs the
+    CPU-side tools: calibrate.py, the tests)."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    T = q.shape[2]
+    w = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, H, T, T]
+    w = w.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(w.float(), -1).to(v.dtype) @ v
+
+
 class Attention(nn.Module):
     def __init__(self, d, heads, kv_heads, head_dim):
         super().__init__()
@@ -50,7 +66,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.kvh, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kvh != self.h)
+        a = attend(q, k, v)
         return self.o_proj(a.transpose(1, 2).reshape(B, T, self.h * self.hd))
 
 

@@ -195,14 +195,15 @@ def make_config(vocab_size, args):
     )
 
 
-def loss_on(model, trunk, x, ft):
+def loss_on(model, trunk, x, ft, label_smoothing=0.0):
     """Mean cross-entropy of the tokens at positions >= ft (x: int64 [b, T])
     and the number of such tokens. trunk is model.model (its layers possibly
     compiled); the LM head runs on the target positions only."""
     h = trunk(x)[:, ft - 1:-1]  # [b, T-ft, d]
     tgt = x[:, ft:]
     lg = model.head(h).float()  # [b, T-ft, V]
-    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1)), tgt.numel()
+    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
+                           label_smoothing=label_smoothing), tgt.numel()
 
 
 @torch.no_grad()
@@ -321,6 +322,11 @@ def parse(argv=None):
                          "validation, the best checkpoint and the export then use the average")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="torch.compile the transformer trunk on the GPU")
+    ap.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="training loss only (validation is plain NLL); --calibrate then refits the temperature")
+    ap.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
+                    help="after the export, fit one logit scale on the validation pairs and bake it into "
+                         "model.norm.weight (training/calibrate.py)")
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
                     help="lower-mode loss from U1 (upper) or from L1 (lower; the upper line is the given prompt)")
     return ap.parse_args(argv)
@@ -438,7 +444,7 @@ def train(args):
                 g["lr"] = lr_at(step)
             try:
                 with amp(dev):
-                    loss, ntok = loss_on(model, trunk, x, ft)
+                    loss, ntok = loss_on(model, trunk, x, ft, args.label_smoothing)
                 loss.backward()
             except Exception as e:  # a torch.compile failure must not cost the device call
                 if not compiled:
@@ -449,7 +455,7 @@ def train(args):
                 compiled = False
                 opt.zero_grad(set_to_none=True)
                 with amp(dev):
-                    loss, ntok = loss_on(model, trunk, x, ft)
+                    loss, ntok = loss_on(model, trunk, x, ft, args.label_smoothing)
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -500,8 +506,12 @@ def train(args):
         model.load_state_dict(best[1])
     model = model.float()
     export(model, v, args.out, args)
+    calib = None
+    if args.calibrate:
+        import calibrate
+        calib = calibrate.calibrate(args.out, args.data, dev, log=log)
     info = {"compiled": compiled, "steps": step, "epochs_started": epoch, "tokens_seen": tokens, "train_seconds": round(wall, 1),
-            "params": n_params, "best_step": best[2], "val_lower_nll": best[0],
+            "params": n_params, "best_step": best[2], "val_lower_nll": best[0], "calibration": calib,
             "val_lower_ppl": math.exp(best[0]), "args": vars(args),
             "weights_bytes": os.path.getsize(os.path.join(args.out, "model.safetensors")),
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}
