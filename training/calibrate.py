@@ -137,10 +137,15 @@ def nll_by_scale(model, groups, dev, scales):
     return [moments(chunks, s)[0] for s in scales]
 
 
-def fit(model, groups, dev, tol=1e-5):
+def fit(model, groups, dev):
+    """The NLL-minimising logit scale of model on groups: fit_chunks of its
+    lower-line logits."""
+    return fit_chunks(collect(model, groups, dev))
+
+
+def fit_chunks(chunks, tol=1e-5):
     """The NLL-minimising logit scale, by Newton's method from s = 1 with
     step halving (the NLL is convex in s). Returns (s, nll at 1, nll at s)."""
-    chunks = collect(model, groups, dev)
     s = 1.0
     f, g, h = moments(chunks, s)
     at1 = f
@@ -175,6 +180,9 @@ def calibrate(model_dir, data_dir, dev=None, dry_run=False, log=print):
         scale_norm(model_dir, s)
         # The file now holds bf16(norm·s): measure what was written.
         out["val_lower_nll_written"] = nll_by_scale(load_model(model_dir), groups, dev, [1.0])[0]
+    # The figure training/soup.py ranks candidates by: docs/EVAL.md's BLEU-4
+    # on the validation pairs (test.tsv is only reported, never chosen on).
+    out["val_bleu4"] = train.val_bleu(load_model(model_dir).to(dev), groups, dev)["bleu4"]
     log("calibration:", json.dumps(out))
     return out
 

@@ -112,5 +112,23 @@ class TestCalibrate(unittest.TestCase):
             self.assertTrue(torch.equal(before.state_dict()[k], after.state_dict()[k]), k)
 
 
+    def test_val_bleu_matches_one_pair_at_a_time(self):
+        m = calibrate.load_model(self.dir)
+        hyps, refs = [], []
+        for length, g in sorted(self.groups.items()):
+            for i in range(g.U.shape[0]):
+                ids = C.prompt_ids(self.v, "lower", length) + list(g.U[i]) + [C.SEP]
+                for _ in range(length):
+                    with torch.no_grad():
+                        lg = m(torch.tensor([ids]))[0, -1]
+                    lg[:C.NUM_SPECIAL] = -float("inf")
+                    ids.append(int(lg.argmax()))
+                hyps.append(ids[-length:])
+                refs.append(list(g.L[i]))
+        self.assertGreater(len({t for h in hyps for t in h}), 3)  # not one token everywhere
+        self.assertEqual(train.val_greedy(m, self.groups, torch.device("cpu"), rows=7), (hyps, refs))
+        self.assertEqual(train.val_bleu(m, self.groups, torch.device("cpu")), C.corpus_bleu(hyps, refs))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -228,6 +228,49 @@ def validate(model, val, dev):
     return tot_all / n_all, tot_low / n_low
 
 
+def val_bleu(model, groups, dev, rows=1024):
+    """docs/EVAL.md's BLEU (greedy lower decoding, the 下联's length forced
+    to the 上联's, special tokens forbidden) on the validation pairs:
+    common.corpus_bleu's dict."""
+    return C.corpus_bleu(*val_greedy(model, groups, dev, rows))
+
+
+@torch.no_grad()
+def val_greedy(model, groups, dev, rows=1024):
+    """(hypotheses, references): token id lists of the greedy 下联 of every
+    pair in groups (by length, in group order) and of the real one.
+    Recomputes the whole prefix at every step (no KV cache): a 下联 is a few
+    dozen tokens at most."""
+    was = model.training
+    model.eval()
+    hyps, refs = [], []
+    for n, g in sorted(groups.items()):
+        ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
+        pre = torch.from_numpy(ids[:, :ft + n + 1]).long().to(dev)  # <bos> <low> <len_n> <up> U1..Un <sep>
+        for i in range(0, pre.shape[0], rows):
+            x = pre[i:i + rows]
+            for _ in range(n):
+                with amp(dev):
+                    lg = model(x)[:, -1].float()  # [b, V]
+                lg[:, :C.NUM_SPECIAL] = -float("inf")
+                x = torch.cat([x, lg.argmax(-1, keepdim=True)], 1)
+            hyps += x[:, -n:].tolist()
+        refs += g.L.tolist()
+    model.train(was)
+    return hyps, refs
+
+
+@torch.no_grad()
+def val_calibrated(model, groups, dev):
+    """(logit scale, lower-line NLL at that scale) on the validation pairs:
+    the NLL the exported model will have after calibrate.py."""
+    import calibrate
+    was = model.training
+    s, _, nll = calibrate.fit_chunks(calibrate.collect(model, groups, dev))
+    model.train(was)
+    return s, nll
+
+
 # ---------------------------------------------------------------- export
 
 def build_tokenizer(v):
@@ -327,6 +370,13 @@ def parse(argv=None):
     ap.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                     help="after the export, fit one logit scale on the validation pairs and bake it into "
                          "model.norm.weight (training/calibrate.py)")
+    ap.add_argument("--select", choices=["nll", "bleu"], default="nll",
+                    help="checkpoint kept for export: lowest validation lower-line NLL, or highest validation "
+                         "BLEU-4 among those whose calibrated NLL is at most --select-max-nll")
+    ap.add_argument("--select-max-nll", type=float, default=3.015,
+                    help="--select bleu: the calibrated validation NLL a checkpoint may have (test runs ~0.024 "
+                         "nats below validation, so 3.015 keeps the test perplexity under 20)")
+    ap.add_argument("--select-every", type=int, default=500, help="--select bleu: steps between BLEU checks")
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
                     help="lower-mode loss from U1 (upper) or from L1 (lower; the upper line is the given prompt)")
     return ap.parse_args(argv)
@@ -424,7 +474,25 @@ def train(args):
     t_start = time.time()
     t_mark = None
     run_loss, run_n = 0.0, 0
-    best = (float("inf"), None, -1)
+    best = (float("inf"), None, -1, float("nan"))  # (select_key, EMA state dict, step, val lower NLL)
+    chosen = []  # (step, val lower NLL, calibrated NLL, val BLEU-4) of every --select bleu check
+
+    def select_key(vlow, at):
+        """Smaller is better. nll: the validation lower-line NLL. bleu: minus
+        the validation BLEU-4 of the (EMA) weights; a checkpoint whose
+        calibrated NLL is over --select-max-nll ranks after all that are not."""
+        if args.select == "nll":
+            return vlow
+        swap()
+        try:
+            s, cal = val_calibrated(model, data.val, dev)
+            b = val_bleu(model, data.val, dev)["bleu4"]
+        finally:
+            swap()
+        chosen.append((at, vlow, cal, b))
+        log(f"select step {at}: val_lower {vlow:.4f}, calibrated {cal:.4f} (scale {s:.3f}), val BLEU-4 {b:.5f}")
+        return -b if cal <= args.select_max_nll else 1e3 + cal  # over the limit: only if nothing is under it
+
     done = False
     if args.init:
         # The starting point is a candidate too: if no later validation beats
@@ -432,7 +500,7 @@ def train(args):
         vl0, vlow0 = validate(model, data.val, dev)  # (EMA = weights at step 0)
         cw.writerow([0, 0, 0, "0.0", f"{lr_at(0):.3e}", "nan", f"{vl0:.4f}", f"{vlow0:.4f}"])
         log(f"step 0 (init) val {vl0:.4f} val_lower {vlow0:.4f} (ppl {math.exp(vlow0):.2f})")
-        best = (vlow0, {k: t.detach().clone() for k, t in model.state_dict().items()}, 0)
+        best = (select_key(vlow0, 0), {k: t.detach().clone() for k, t in model.state_dict().items()}, 0, vlow0)
     model.train()
     while not done:
         batches = data.epoch(rng)
@@ -492,8 +560,10 @@ def train(args):
                 log(f"step {step}/{total} ep {epoch} tok {tokens / 1e6:.1f}M lr {lr_at(step):.2e} "
                     f"train {tl:.4f} val {vl:.4f} val_lower {vlow:.4f} (ppl {math.exp(vlow):.2f}) "
                     f"{tokens / el / 1e6:.2f}M tok/s {el:.0f}s")
-                if vlow < best[0]:
-                    best = (vlow, snapshot(), step)
+                if args.select == "nll" or step % args.select_every == 0 or last:
+                    k = select_key(vlow, step)
+                    if k < best[0]:
+                        best = (k, snapshot(), step, vlow)
             if last:
                 done = True
                 break
@@ -502,7 +572,7 @@ def train(args):
     if ema is not None and best[1] is not None and best[2] == step:
         model.load_state_dict(best[1])  # the EMA weights, not the raw ones
     if best[1] is not None and best[2] != step:
-        log(f"restoring best validation checkpoint from step {best[2]} (val_lower {best[0]:.4f})")
+        log(f"restoring best validation checkpoint from step {best[2]} ({args.select} key {best[0]:.4f})")
         model.load_state_dict(best[1])
     model = model.float()
     export(model, v, args.out, args)
@@ -511,8 +581,9 @@ def train(args):
         import calibrate
         calib = calibrate.calibrate(args.out, args.data, dev, log=log)
     info = {"compiled": compiled, "steps": step, "epochs_started": epoch, "tokens_seen": tokens, "train_seconds": round(wall, 1),
-            "params": n_params, "best_step": best[2], "val_lower_nll": best[0], "calibration": calib,
-            "val_lower_ppl": math.exp(best[0]), "args": vars(args),
+            "params": n_params, "best_step": best[2], "select": args.select, "select_checks": chosen,
+            "val_lower_nll": best[3], "calibration": calib,
+            "val_lower_ppl": math.exp(best[3]), "args": vars(args),
             "weights_bytes": os.path.getsize(os.path.join(args.out, "model.safetensors")),
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}
     import transformers
