@@ -10,7 +10,7 @@
 #
 # Each run is training/pipeline.py with --smoke-train-only, its own work dir
 # (/tmp/work-a, -b, ...) and --deadline $AB_DEADLINE (default 480 s: the runs
-# share the GPU, and the soup needs ~60 s after them).
+# share the GPU, and the soup needs ~60 s after them). AB_SOUP=0 skips the soup.
 # $OUT gets summary.txt (the ranking and each log's end) and ab.tar.part-*:
 # join and unpack with
 #   cat ab.tar.part-* | tar xf -
@@ -48,7 +48,7 @@ wait
 have=()
 for m in "${models[@]}"; do [ -f "$m/model.safetensors" ] && have+=("$m"); done
 cands=("${have[@]}")
-if [ ${#have[@]} -ge 2 ]; then
+if [ ${#have[@]} -ge 2 ] && [ "${AB_SOUP:-1}" != 0 ]; then
 	PYTHONUNBUFFERED=1 timeout 90 python3 training/soup.py make --data .carry/chunlian --out /tmp/soup "${have[@]}" \
 		> /tmp/soup-log 2>&1
 	echo "soup rc=$?" >> /tmp/soup-log
