@@ -10,7 +10,8 @@
 #
 # Each run is training/pipeline.py with --smoke-train-only, its own work dir
 # (/tmp/work-a, -b, ...) and --deadline $AB_DEADLINE (default 480 s: the runs
-# share the GPU, and the soup needs ~60 s after them). AB_SOUP=0 skips the soup.
+# share the GPU, and the soup needs ~60 s after them). AB_SOUP=0 skips the soup,
+# AB_SMOKE=0 the smoke pass (for code that has already run on the device).
 # $OUT gets summary.txt (the ranking and each log's end) and ab.tar.part-*:
 # join and unpack with
 #   cat ab.tar.part-* | tar xf -
@@ -22,12 +23,14 @@ set -u
 O=${OUT:?OUT must name the folder that comes back}
 deadline=${AB_DEADLINE:-480}
 tags=(a b c d e f)
+smoke=--smoke-train-only
+[ "${AB_SMOKE:-1}" = 0 ] && smoke=--skip-smoke  # the trainer's smoke pass, ~60 s
 [ $# -ge 2 ] && [ $# -le ${#tags[@]} ] || { echo "usage: ab.sh FLAGS_A FLAGS_B [FLAGS_C ...] (2 to ${#tags[@]} runs)" >&2; exit 2; }
 run() {
 	local tag=$1 flags=$2
 	# shellcheck disable=SC2086  # flags are word-split on purpose
 	PYTHONUNBUFFERED=1 timeout $((deadline + 25)) python3 training/pipeline.py --out /tmp/ab-$tag --work /tmp/work-$tag \
-		--deadline "$deadline" --minutes 8 --post-reserve 45 --smoke-train-only -- $flags > /tmp/ab-$tag/log 2>&1
+		--deadline "$deadline" --minutes 8 --post-reserve 45 $smoke -- $flags > /tmp/ab-$tag/log 2>&1
 	echo "run $tag rc=$?" >> /tmp/ab-$tag/log
 }
 rm -rf /tmp/ab-* /tmp/work-* /tmp/soup /tmp/soup-log /tmp/soup-small /tmp/best /tmp/ranking
