@@ -6,9 +6,8 @@ import struct
 import tempfile
 import unittest
 
-import numpy as np
-
 try:
+    import numpy as np
     import torch
     import torch.nn.functional as F
 except ImportError:  # pragma: no cover - depends on the machine
@@ -44,7 +43,8 @@ def write_dir(d, model, cfg):
         f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
 
 
-@unittest.skipIf(torch is None, "PyTorch not installed: calibrate.py is tested on the GPU machine")
+@unittest.skipIf(torch is None, "PyTorch or numpy not installed: calibrate.py is tested on the GPU machine "
+                 "or with Debian's python3-torch")
 class TestCalibrate(unittest.TestCase):
     def setUp(self):
         torch.manual_seed(7)
