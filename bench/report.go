@@ -128,6 +128,11 @@ func (r *Report) Pair() (base, opt *TargetResult) {
 			}
 		}
 	}
+	if b < 0 {
+		// A single target named "engine": it is the only column. (The loop
+		// above found no other target to be the baseline.)
+		b, o = o, -1
+	}
 	if b >= 0 {
 		base = &r.Targets[b]
 	}
