@@ -20,18 +20,18 @@ read and patched with numpy), so it also runs on Debian's python3-torch.
 """
 import argparse
 import json
-import math
 import os
 import struct
 import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import llama as L  # noqa: E402
+import pairs  # noqa: E402
+import valid  # noqa: E402
 
 NORM = "model.norm.weight"
 
@@ -85,104 +85,24 @@ def scale_norm(model_dir, s):
     os.replace(path + ".tmp", path)
 
 
-@torch.no_grad()
-def lower_logits(model, groups, dev, rows=256):
-    """Yields (logits float32 [b, n+1, V], targets int64 [b, n+1]) of the lower
-    line + <eos> of every validation pair, in lower mode, rows at a time."""
-    import train  # the training's own sequence layout (lazy: train imports this module)
-    model = model.to(dev).eval()
-    for n, g in sorted(groups.items()):
-        ids, ft = train.sequences(g, n, "lower", np.random.default_rng(0))
-        first = ft + n + 1  # L1: after the upper line and <sep>
-        for i in range(0, ids.shape[0], rows):
-            x = torch.from_numpy(ids[i:i + rows]).long().to(dev)
-            with train.amp(dev):
-                lg = model(x)
-            yield lg[:, first - 1:-1].float(), x[:, first:]
-
-
-def collect(model, groups, dev):
-    """The lower-line logits of every validation pair, kept for the fit:
-    [(z float32 [t, V], z of the target float32 [t])] (5,000 pairs: ~1.4 GB)."""
-    out = []
-    for lg, tgt in lower_logits(model, groups, dev):
-        z = lg.reshape(-1, lg.shape[-1])
-        out.append((z, z.gather(-1, tgt.reshape(-1, 1))[:, 0]))
-    return out
-
-
-def moments(chunks, s):
-    """Mean NLL at logit scale s and its first two derivatives in s:
-    NLL(s) = logsumexp(s·z) − s·z_t, NLL' = E_p[z] − z_t, NLL'' = Var_p(z) ≥ 0
-    (p = softmax(s·z)), so NLL is convex in s and Newton's method finds its
-    minimum."""
-    f = g = h = 0.0
-    n = 0
-    for z, zt in chunks:
-        sz = z * s
-        lse = torch.logsumexp(sz, -1)
-        p = torch.exp(sz - lse[:, None])
-        ez = (p * z).sum(-1)
-        ez2 = (p * z * z).sum(-1)
-        f += (lse - s * zt).double().sum().item()
-        g += (ez - zt).double().sum().item()
-        h += (ez2 - ez * ez).double().sum().item()
-        n += zt.numel()
-    return f / n, g / n, h / n
-
-
-def nll_by_scale(model, groups, dev, scales):
-    """Mean NLL (nats per token) of the lower lines at each logit scale."""
-    chunks = collect(model, groups, dev)
-    return [moments(chunks, s)[0] for s in scales]
-
-
-def fit(model, groups, dev):
-    """The NLL-minimising logit scale of model on groups: fit_chunks of its
-    lower-line logits."""
-    return fit_chunks(collect(model, groups, dev))
-
-
-def fit_chunks(chunks, tol=1e-5):
-    """The NLL-minimising logit scale, by Newton's method from s = 1 with
-    step halving (the NLL is convex in s). Returns (s, nll at 1, nll at s)."""
-    s = 1.0
-    f, g, h = moments(chunks, s)
-    at1 = f
-    for _ in range(50):
-        step = -g / h if h > 0 else -0.1 * math.copysign(1.0, g)
-        while True:
-            t = max(s + step, 0.5 * s)  # stays positive
-            ft, gt, ht = moments(chunks, t)
-            if ft <= f or abs(step) < tol:
-                break
-            step /= 2
-        done = abs(t - s) < tol
-        s, f, g, h = t, ft, gt, ht
-        if done:
-            break
-    return round(s, 5), at1, f
-
-
 def calibrate(model_dir, data_dir, dev=None, dry_run=False, log=print):
     """Fit s on data_dir/pairs_val.tsv.gz and (unless dry_run) bake it into
     model_dir. Returns a dict for train.json / the report."""
-    import train
     dev = dev or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     chars = json.load(open(os.path.join(data_dir, "vocab.json"), encoding="utf-8"))["chars"]
     v = C.Vocab(chars)
-    groups = train.to_groups(v, train.read_rows(os.path.join(data_dir, "pairs_val.tsv.gz")), False)
+    groups = pairs.to_groups(v, pairs.read_rows(os.path.join(data_dir, "pairs_val.tsv.gz")), False)
     model = load_model(model_dir)
-    s, before, after = fit(model, groups, dev)
+    s, before, after = valid.fit(model, groups, dev)
     out = {"logit_scale": s, "val_lower_nll_before": before, "val_lower_nll_after": after,
            "val_pairs": sum(g.U.shape[0] for g in groups.values())}
     if not dry_run and s != 1.0:
         scale_norm(model_dir, s)
         # The file now holds bf16(norm·s): measure what was written.
-        out["val_lower_nll_written"] = nll_by_scale(load_model(model_dir), groups, dev, [1.0])[0]
+        out["val_lower_nll_written"] = valid.nll_by_scale(load_model(model_dir), groups, dev, [1.0])[0]
     # The figure training/soup.py ranks candidates by: docs/EVAL.md's BLEU-4
     # on the validation pairs (test.tsv is only reported, never chosen on).
-    out["val_bleu4"] = train.val_bleu(load_model(model_dir).to(dev), groups, dev)["bleu4"]
+    out["val_bleu4"] = valid.val_bleu(load_model(model_dir).to(dev), groups, dev)["bleu4"]
     log("calibration:", json.dumps(out))
     return out
 

@@ -1,4 +1,4 @@
-"""Tests for training/calibrate.py; need PyTorch (the GPU machine, or
+"""Tests for training/calibrate.py and valid.py; need PyTorch (the GPU machine, or
 Debian's python3-torch on a CPU machine): python3 training/test_calibrate.py"""
 import json
 import os
@@ -17,7 +17,8 @@ if torch is not None:
     import calibrate
     import common as C
     import llama as L
-    import train
+    import pairs
+    import valid
 
 CHARS = "天地春秋山水花月风雨"
 
@@ -62,7 +63,7 @@ class TestCalibrate(unittest.TestCase):
         for n in (3, 5):
             for _ in range(20):
                 rows.append(["".join(rng.choice(list(CHARS), n)), "".join(rng.choice(list(CHARS), n))])
-        self.groups = train.to_groups(self.v, rows, False)
+        self.groups = pairs.to_groups(self.v, rows, False)
 
     def direct_nll(self, model, s):
         """The lower lines' mean NLL at logit scale s, one pair at a time."""
@@ -79,16 +80,16 @@ class TestCalibrate(unittest.TestCase):
 
     def test_nll_by_scale_matches_direct(self):
         m = calibrate.load_model(self.dir)
-        got = calibrate.nll_by_scale(m, self.groups, torch.device("cpu"), [0.5, 1.0, 1.7])
+        got = valid.nll_by_scale(m, self.groups, torch.device("cpu"), [0.5, 1.0, 1.7])
         for s, g in zip([0.5, 1.0, 1.7], got):
             self.assertAlmostEqual(g, self.direct_nll(m, s), places=5, msg=f"scale {s}")
 
     def test_fit_is_a_minimum(self):
         m = calibrate.load_model(self.dir)
-        s, at1, best = calibrate.fit(m, self.groups, torch.device("cpu"))
+        s, at1, best = valid.fit(m, self.groups, torch.device("cpu"))
         self.assertNotEqual(s, 1.0)
         self.assertLess(best, at1)
-        near = calibrate.nll_by_scale(m, self.groups, torch.device("cpu"), [s - 0.002, s, s + 0.002])
+        near = valid.nll_by_scale(m, self.groups, torch.device("cpu"), [s - 0.002, s, s + 0.002])
         self.assertLess(near[1], near[0])
         self.assertLess(near[1], near[2])
         self.assertAlmostEqual(best, self.direct_nll(m, s), places=5)
@@ -126,8 +127,8 @@ class TestCalibrate(unittest.TestCase):
                 hyps.append(ids[-length:])
                 refs.append(list(g.L[i]))
         self.assertGreater(len({t for h in hyps for t in h}), 3)  # not one token everywhere
-        self.assertEqual(train.val_greedy(m, self.groups, torch.device("cpu"), rows=7), (hyps, refs))
-        self.assertEqual(train.val_bleu(m, self.groups, torch.device("cpu")), C.corpus_bleu(hyps, refs))
+        self.assertEqual(valid.val_greedy(m, self.groups, torch.device("cpu"), rows=7), (hyps, refs))
+        self.assertEqual(valid.val_bleu(m, self.groups, torch.device("cpu")), C.corpus_bleu(hyps, refs))
 
 
 if __name__ == "__main__":

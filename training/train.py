@@ -21,11 +21,8 @@ attention mask (plain causal attention). The loss covers every token after
 (<bos>, mode, keyword/heads, <len_N>, <up>) is not a target.
 """
 import argparse
-import contextlib
 import csv
-import gzip
 import json
-import lzma
 import math
 import os
 import random
@@ -40,86 +37,15 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import llama as L  # noqa: E402
+from pairs import amp, read_rows, sequences, subset, to_groups  # noqa: E402
+from valid import val_bleu, val_calibrated, validate  # noqa: E402
 
 
 def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
-def amp(dev):
-    """bf16 autocast on the GPU, nothing elsewhere."""
-    if dev.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 # ---------------------------------------------------------------- data
-
-class Group:
-    """All examples of one line length N from one source, as arrays.
-    U, L: int32 [n, N] character ids; K: int32 [n, 6, 2] keyword ids (first
-    kn[i] rows valid); kn: int32 [n]; B: int32 [n, 4] banner ids or None."""
-
-    def __init__(self, U, L, K, kn, B=None):
-        self.U, self.L, self.K, self.kn, self.B = U, L, K, kn, B
-
-
-def read_rows(path):
-    op = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else open
-    with op(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n").split("\t") for line in f]
-
-
-def to_groups(v, rows, with_banner):
-    """rows: [upper, lower, (banner,) kws] -> {N: Group}."""
-    by_n = {}
-    for r in rows:
-        by_n.setdefault(len(r[0]), []).append(r)
-    out = {}
-    for n, rs in by_n.items():
-        m = len(rs)
-        U = np.array([v.ids(r[0]) for r in rs], dtype=np.int32).reshape(m, n)
-        L = np.array([v.ids(r[1]) for r in rs], dtype=np.int32).reshape(m, n)
-        K = np.zeros((m, 6, 2), dtype=np.int32)
-        kn = np.zeros(m, dtype=np.int32)
-        B = np.zeros((m, 4), dtype=np.int32) if with_banner else None
-        for i, r in enumerate(rs):
-            kws = (r[3] if with_banner else r[2]).split() if len(r) > (3 if with_banner else 2) else []
-            kws = [w for w in kws if len(w) == 2][:6]
-            kn[i] = len(kws)
-            for j, w in enumerate(kws):
-                K[i, j] = v.ids(w)
-            if with_banner:
-                B[i] = v.ids(r[2])
-        out[n] = Group(U, L, K, kn, B)
-    return out
-
-
-def subset(g, idx):
-    return Group(g.U[idx], g.L[idx], g.K[idx], g.kn[idx], None if g.B is None else g.B[idx])
-
-
-def sequences(g, n, mode, rng):
-    """Token arrays [m, T] for group g in one mode ('lower', 'keyword',
-    'acrostic'); returns (ids, first target position)."""
-    m = g.U.shape[0]
-    col = lambda t: np.full((m, 1), t, dtype=np.int32)  # noqa: E731
-    parts = [col(C.BOS)]
-    if mode == "lower":
-        parts.append(col(C.LOW))
-    elif mode == "keyword":
-        pick = (rng.random(m) * np.maximum(g.kn, 1)).astype(np.int64)
-        parts += [col(C.KW), g.K[np.arange(m), pick]]
-    else:
-        parts += [col(C.ACR), g.U[:, :1], g.L[:, :1]]
-    parts += [col(C.len_id(n)), col(C.UP)]
-    first_target = sum(p.shape[1] for p in parts)  # position of U1
-    parts += [g.U, col(C.SEP), g.L]
-    if g.B is not None:
-        parts += [col(C.BAN), g.B]
-    parts.append(col(C.EOS))
-    return np.concatenate(parts, axis=1), first_target
-
 
 class Data:
     def __init__(self, folder, v, args, rng):
@@ -204,71 +130,6 @@ def loss_on(model, trunk, x, ft, label_smoothing=0.0):
     lg = model.head(h).float()  # [b, T-ft, V]
     return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
                            label_smoothing=label_smoothing), tgt.numel()
-
-
-@torch.no_grad()
-def validate(model, val, dev):
-    """Lower-mode validation: (mean NLL over U..eos, mean NLL over the lower
-    line + <eos> only)."""
-    model.eval()
-    tot_all = n_all = tot_low = n_low = 0.0
-    for n, g in sorted(val.items()):
-        ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
-        x = torch.from_numpy(ids).long().to(dev)
-        with amp(dev):
-            logits = model(x)
-        lp = F.log_softmax(logits[:, ft - 1:-1].float(), -1)
-        nll = -lp.gather(-1, x[:, ft:, None])[..., 0]  # [b, T-ft]
-        tot_all += nll.sum().item()
-        n_all += nll.numel()
-        low = nll[:, n + 1:]  # lower line + <eos> (skip U and <sep>)
-        tot_low += low.sum().item()
-        n_low += low.numel()
-    model.train()
-    return tot_all / n_all, tot_low / n_low
-
-
-def val_bleu(model, groups, dev, rows=1024):
-    """docs/EVAL.md's BLEU (greedy lower decoding, the 下联's length forced
-    to the 上联's, special tokens forbidden) on the validation pairs:
-    common.corpus_bleu's dict."""
-    return C.corpus_bleu(*val_greedy(model, groups, dev, rows))
-
-
-@torch.no_grad()
-def val_greedy(model, groups, dev, rows=1024):
-    """(hypotheses, references): token id lists of the greedy 下联 of every
-    pair in groups (by length, in group order) and of the real one.
-    Recomputes the whole prefix at every step (no KV cache): a 下联 is a few
-    dozen tokens at most."""
-    was = model.training
-    model.eval()
-    hyps, refs = [], []
-    for n, g in sorted(groups.items()):
-        ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
-        pre = torch.from_numpy(ids[:, :ft + n + 1]).long().to(dev)  # <bos> <low> <len_n> <up> U1..Un <sep>
-        for i in range(0, pre.shape[0], rows):
-            x = pre[i:i + rows]
-            for _ in range(n):
-                with amp(dev):
-                    lg = model(x)[:, -1].float()  # [b, V]
-                lg[:, :C.NUM_SPECIAL] = -float("inf")
-                x = torch.cat([x, lg.argmax(-1, keepdim=True)], 1)
-            hyps += x[:, -n:].tolist()
-        refs += g.L.tolist()
-    model.train(was)
-    return hyps, refs
-
-
-@torch.no_grad()
-def val_calibrated(model, groups, dev):
-    """(logit scale, lower-line NLL at that scale) on the validation pairs:
-    the NLL the exported model will have after calibrate.py."""
-    import calibrate
-    was = model.training
-    s, _, nll = calibrate.fit_chunks(calibrate.collect(model, groups, dev))
-    model.train(was)
-    return s, nll
 
 
 # ---------------------------------------------------------------- export
