@@ -59,7 +59,8 @@ class Data:
         self.n_pairs = len(rows)
         self.val = to_groups(v, read_rows(os.path.join(folder, "pairs_val.tsv.gz")), False)
         self.triples = to_groups(v, read_rows(os.path.join(folder, "triples_train.tsv")), True)
-        prow = read_rows(os.path.join(folder, "pseudo_train.tsv.gz"))
+        px = os.path.join(folder, "pseudo_train.tsv.xz")  # .gz before session 8
+        prow = read_rows(px if os.path.exists(px) else os.path.join(folder, "pseudo_train.tsv.gz"))
         self.pseudo = to_groups(v, prow, True)
         self.n_pseudo = len(prow)
         log(f"data: {self.n_pairs} pairs, {len(prow)} pseudo-triples, "
