@@ -1,12 +1,13 @@
 #!/bin/bash
-# Two or more training runs side by side in one device call: same data, same
+# One to six training runs side by side in one device call: same data, same
 # GPU, same start and the same time budget, so their figures compare within
 # one run (the device's speed varied 53-81 ms/step between calls, REPORT.md).
-# Then their average (training/soup.py: a soup of the runs, recalibrated and
-# evaluated) as one more candidate, and a ranking of all of them.
+# Then, with two or more, their average (training/soup.py: a soup of the
+# runs, recalibrated and evaluated) as one more candidate; and a ranking of
+# all of them. One run gets the whole GPU (~1.7x the steps of a two-way share).
 #
 #   # device tool: run(command=..., carry=[".carry/chunlian"], timeout_s=600)
-#   bash training/ab.sh "<train.py flags of run a>" "<train.py flags of run b>" ["<run c>" ...]
+#   bash training/ab.sh "<train.py flags of run a>" ["<run b>" ...]
 #
 # Each run is training/pipeline.py with --smoke-train-only, its own work dir
 # (/tmp/work-a, -b, ...) and --deadline $AB_DEADLINE (default 480 s: the runs
@@ -25,7 +26,7 @@ deadline=${AB_DEADLINE:-480}
 tags=(a b c d e f)
 smoke=--smoke-train-only
 [ "${AB_SMOKE:-1}" = 0 ] && smoke=--skip-smoke  # the trainer's smoke pass, ~60 s
-[ $# -ge 2 ] && [ $# -le ${#tags[@]} ] || { echo "usage: ab.sh FLAGS_A FLAGS_B [FLAGS_C ...] (2 to ${#tags[@]} runs)" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le ${#tags[@]} ] || { echo "usage: ab.sh FLAGS_A [FLAGS_B ...] (1 to ${#tags[@]} runs)" >&2; exit 2; }
 run() {
 	local tag=$1 flags=$2
 	# shellcheck disable=SC2086  # flags are word-split on purpose
