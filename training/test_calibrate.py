@@ -2,7 +2,6 @@
 Debian's python3-torch on a CPU machine): python3 training/test_calibrate.py"""
 import json
 import os
-import struct
 import tempfile
 import unittest
 
@@ -14,6 +13,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     torch = None
 
 if torch is not None:
+    import bf16st
     import calibrate
     import common as C
     import llama as L
@@ -35,13 +35,11 @@ def write_dir(d, model, cfg):
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
     head, blobs, off = {}, [], 0
     for k, t in model.hf_state_dict().items():
-        b = calibrate.f32_to_bf16(t.detach().float().numpy()).tobytes()
+        b = bf16st.to_bf16(t.detach().float().numpy()).tobytes()
         head[k] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
-    hb = json.dumps(head).encode()
-    with open(os.path.join(d, "model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+    bf16st.write(os.path.join(d, "model.safetensors"), head, b"".join(blobs))
 
 
 @unittest.skipIf(torch is None, "PyTorch or numpy not installed: calibrate.py is tested on the GPU machine "
@@ -83,6 +81,8 @@ class TestCalibrate(unittest.TestCase):
         got = valid.nll_by_scale(m, self.groups, torch.device("cpu"), [0.5, 1.0, 1.7])
         for s, g in zip([0.5, 1.0, 1.7], got):
             self.assertAlmostEqual(g, self.direct_nll(m, s), places=5, msg=f"scale {s}")
+        # validate's lower-line figure is the same quantity at scale 1.
+        self.assertAlmostEqual(valid.validate(m, self.groups, torch.device("cpu"))[1], got[1], places=5)
 
     def test_fit_is_a_minimum(self):
         m = calibrate.load_model(self.dir)
@@ -96,7 +96,7 @@ class TestCalibrate(unittest.TestCase):
 
     def test_scale_norm_scales_the_logits(self):
         before = calibrate.load_model(self.dir)
-        other = {k: v for k, v in calibrate.read_st(os.path.join(self.dir, "model.safetensors"))[0].items()
+        other = {k: v for k, v in bf16st.read(os.path.join(self.dir, "model.safetensors"))[0].items()
                  if k != calibrate.NORM}
         calibrate.scale_norm(self.dir, 0.8)
         after = calibrate.load_model(self.dir)
@@ -107,7 +107,7 @@ class TestCalibrate(unittest.TestCase):
         self.assertLess((b - 0.8 * a).abs().max().item(), 0.01 * a.abs().max().item())
         self.assertGreater((b - a).abs().max().item(), 0.05 * a.abs().max().item())
         # Every other tensor keeps its place and bytes.
-        h2, _ = calibrate.read_st(os.path.join(self.dir, "model.safetensors"))
+        h2, _, _ = bf16st.read(os.path.join(self.dir, "model.safetensors"))
         self.assertEqual(other, {k: v for k, v in h2.items() if k != calibrate.NORM})
         for k in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"):
             self.assertTrue(torch.equal(before.state_dict()[k], after.state_dict()[k]), k)

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import llama as L  # noqa: E402
-from pairs import amp, read_rows, sequences, subset, to_groups  # noqa: E402
-from valid import val_bleu, val_calibrated, validate  # noqa: E402
+from pairs import amp, read_packed, read_rows, sequences, subset, to_groups  # noqa: E402
+from valid import VAL_NLL_BOUND, val_bleu, val_calibrated, validate  # noqa: E402
 
 
 def log(*a):
@@ -51,16 +51,14 @@ class Data:
     def __init__(self, folder, v, args, rng):
         t0 = time.time()
         self.v, self.args = v, args
-        xz = os.path.join(folder, "pairs_train.tsv.xz")  # xz keeps the carried tree under 64 MiB
-        rows = read_rows(xz if os.path.exists(xz) else os.path.join(folder, "pairs_train.tsv.gz"))
+        rows = read_packed(folder, "pairs_train.tsv")
         if args.smoke:
             rows = rows[:20000]
         self.pairs = to_groups(v, rows, False)
         self.n_pairs = len(rows)
         self.val = to_groups(v, read_rows(os.path.join(folder, "pairs_val.tsv.gz")), False)
         self.triples = to_groups(v, read_rows(os.path.join(folder, "triples_train.tsv")), True)
-        px = os.path.join(folder, "pseudo_train.tsv.xz")  # .gz before session 8
-        prow = read_rows(px if os.path.exists(px) else os.path.join(folder, "pseudo_train.tsv.gz"))
+        prow = read_packed(folder, "pseudo_train.tsv")
         self.pseudo = to_groups(v, prow, True)
         self.n_pseudo = len(prow)
         log(f"data: {self.n_pairs} pairs, {len(prow)} pseudo-triples, "
@@ -235,9 +233,9 @@ def parse(argv=None):
     ap.add_argument("--select", choices=["nll", "bleu"], default="nll",
                     help="checkpoint kept for export: lowest validation lower-line NLL, or highest validation "
                          "BLEU-4 among those whose calibrated NLL is at most --select-max-nll")
-    ap.add_argument("--select-max-nll", type=float, default=3.015,
-                    help="--select bleu: the calibrated validation NLL a checkpoint may have (test runs ~0.024 "
-                         "nats below validation, so 3.015 keeps the test perplexity under 20)")
+    ap.add_argument("--select-max-nll", type=float, default=VAL_NLL_BOUND,
+                    help="--select bleu: the calibrated validation NLL a checkpoint may have (valid.VAL_NLL_BOUND: "
+                         "test runs ~0.024 nats below validation, so 3.015 keeps the test perplexity under 20)")
     ap.add_argument("--select-every", type=int, default=500, help="--select bleu: steps between BLEU checks")
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
                     help="lower-mode loss from U1 (upper) or from L1 (lower; the upper line is the given prompt)")
