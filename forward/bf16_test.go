@@ -87,6 +87,20 @@ func TestBF16MatchesDense(t *testing.T) {
 	}
 }
 
+// TestDefaultBF16Max: the bf16 (and int8) kernels take every GEMM where
+// the float32 one is plain Go, and up to DefaultBF16MaxRows rows beside a
+// fast float32 GEMM.
+func TestDefaultBF16Max(t *testing.T) {
+	for _, tc := range []struct {
+		path string
+		want int
+	}{{"openblas", DefaultBF16MaxRows}, {"simd", DefaultBF16MaxRows}, {"go", math.MaxInt}} {
+		if got := defaultBF16Max(tc.path); got != tc.want {
+			t.Errorf("defaultBF16Max(%q) = %d, want %d", tc.path, got, tc.want)
+		}
+	}
+}
+
 // TestBF16EnvOff checks the CHUNLIAN_BF16=0 switch and that a model without
 // bf16 copies never takes the bf16 path.
 func TestBF16EnvOff(t *testing.T) {

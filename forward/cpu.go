@@ -32,7 +32,8 @@ type CPUOptions struct {
 	// BF16MaxRows is the largest GEMM row count (tokens of the step, or
 	// logit rows for the LM head) that runs on the model's bf16 weight
 	// copies (model.Weights.BF16) instead of the float32 ones; 0 means
-	// DefaultBF16MaxRows, negative never. The bf16 path is used only where
+	// DefaultBF16MaxRows (every row count where the float32 GEMM is plain
+	// Go, see defaultBF16Max), negative never. The bf16 path is used only where
 	// the model has bf16 copies and cpu.HasFastBF16() is true, and not at
 	// all when the environment sets CHUNLIAN_BF16=0 (for A/B runs).
 	BF16MaxRows int
@@ -68,6 +69,18 @@ type CPUOptions struct {
 // (/work/notes/bench-kernels.md). Steps of more rows (long prefill
 // chunks) stay on float32, where OpenBLAS's blocking pays off.
 const DefaultBF16MaxRows = 256
+
+// defaultBF16Max is the bf16 row limit when CPUOptions.BF16MaxRows is 0,
+// given the float32 GEMM path (cpu.Path). Without a fast float32 GEMM
+// ("go": a default build on a machine without OpenBLAS) the bf16 assembly
+// beats the plain-Go float32 kernel at every row count (16× at 512 rows,
+// kernels/cpu BenchmarkGemmBF16, docs/BENCHMARKS.md), so every GEMM uses it.
+func defaultBF16Max(gemmPath string) int {
+	if gemmPath == "go" {
+		return math.MaxInt
+	}
+	return DefaultBF16MaxRows
+}
 
 // CPU is the float32 CPU backend. The KV cache of layer l is two slices,
 // kc[l] and vc[l], each laid out as
@@ -171,7 +184,7 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	c := &CPU{m: m, cfg: cfg, blockSize: o.BlockSize, numBlocks: numBlocks, attnInline: attnInlineMACs}
 	c.bf16Max = o.BF16MaxRows
 	if c.bf16Max == 0 {
-		c.bf16Max = DefaultBF16MaxRows
+		c.bf16Max = defaultBF16Max(cpu.Path())
 		// CHUNLIAN_BF16_MAX_ROWS replaces the default (A/B runs).
 		if v, err := strconv.Atoi(os.Getenv("CHUNLIAN_BF16_MAX_ROWS")); err == nil && v != 0 {
 			c.bf16Max = v

@@ -30,12 +30,13 @@ type bf16Impl struct {
 
 // HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: on
 // amd64 with AVX2 and FMA the assembly kernels (bf16_amd64.s, any build),
-// else with GOEXPERIMENT=simd the archsimd ones; never when CHUNLIAN_GEMM
-// forces the plain-Go path. When false, GemmBF16 still works (plain Go)
-// but is slower than Gemm on float32 weights, so callers should prefer
-// Gemm.
+// else with GOEXPERIMENT=simd the archsimd ones; never when CHUNLIAN_GEMM=go
+// forces plain Go everywhere. It does not depend on the float32 GEMM path:
+// a default build without OpenBLAS has Path() == "go" and still has the
+// assembly kernels. When false, GemmBF16 still works (plain Go) but is
+// slower than Gemm on float32 weights, so callers should prefer Gemm.
 func HasFastBF16() bool {
-	return (bf16AsmAvailable() || bf16SIMDAvailable()) && Path() != "go"
+	return (bf16AsmAvailable() || bf16SIMDAvailable()) && !goForced
 }
 
 func checkGemmBF16(m, n, k int, x []float32, w []uint16, y []float32) {

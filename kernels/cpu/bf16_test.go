@@ -187,7 +187,7 @@ func TestBF16Bits(t *testing.T) {
 // go test -run '^$' -bench GemmBF16 -benchtime=200ms ./kernels/cpu
 func BenchmarkGemmBF16(b *testing.B) {
 	for _, nk := range benchNK {
-		for _, m := range []int{1, 2, 4, 8, 16} {
+		for _, m := range []int{1, 2, 4, 8, 16, 64, 512} {
 			r := rand.New(rand.NewPCG(1, 2))
 			x := randSlice(r, m*nk.k)
 			w := randBF16(r, nk.n*nk.k)
@@ -260,5 +260,29 @@ func BenchmarkGemmBF16Stream(b *testing.B) {
 				report(b, 4*nk.n*nk.k)
 			})
 		}
+	}
+}
+
+// TestFastKernelsIndependentOfGemmPath: whether the bf16 and int8 GEMMs run
+// their vector kernels depends on the CPU and CHUNLIAN_GEMM=go only, not on
+// which float32 GEMM path was picked. A default build on a machine without
+// OpenBLAS picks "go" for float32 and must keep the assembly (session 9
+// found it ran every GEMM in plain Go there, ~5× slower per couplet).
+func TestFastKernelsIndependentOfGemmPath(t *testing.T) {
+	for _, p := range availablePaths() {
+		withPath(t, p, func() {
+			if got, want := HasFastBF16(), (bf16AsmAvailable() || bf16SIMDAvailable()) && !goForced; got != want {
+				t.Errorf("path %s: HasFastBF16() = %v, want %v", p, got, want)
+			}
+			if got, want := HasFastInt8(), int8AsmAvailable() && !goForced; got != want {
+				t.Errorf("path %s: HasFastInt8() = %v, want %v", p, got, want)
+			}
+		})
+	}
+	old := goForced
+	goForced = true // as CHUNLIAN_GEMM=go sets it at start
+	defer func() { goForced = old }()
+	if HasFastBF16() || HasFastInt8() {
+		t.Errorf("CHUNLIAN_GEMM=go: HasFastBF16() = %v, HasFastInt8() = %v, want false", HasFastBF16(), HasFastInt8())
 	}
 }

@@ -2,8 +2,6 @@
 
 package cpu
 
-import "os"
-
 // Dot and Axpy in assembly (elementwise_amd64.s; AVX2+FMA, checked at run
 // time) for the default build, which otherwise has only plain-Go loops:
 // attention calls them once per (query head, context position) on
@@ -36,7 +34,7 @@ func init() {
 		return
 	}
 	elemSets = append(elemSets, asmElem)
-	if os.Getenv("CHUNLIAN_GEMM") != "go" {
+	if !goForced {
 		elem = asmElem
 	}
 }

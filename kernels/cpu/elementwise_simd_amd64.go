@@ -2,10 +2,7 @@
 
 package cpu
 
-import (
-	"os"
-	"simd/archsimd"
-)
+import "simd/archsimd"
 
 // AVX2/FMA versions of the elementwise inner loops. Each ends with
 // ClearAVXUpperBits (VZEROUPPER) because the Go compiler's scalar float code
@@ -35,7 +32,7 @@ func init() {
 		return
 	}
 	elemSets = append(elemSets, simdElem)
-	if os.Getenv("CHUNLIAN_GEMM") != "go" {
+	if !goForced {
 		elem = simdElem
 	}
 }

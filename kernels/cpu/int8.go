@@ -51,8 +51,9 @@ func QuantizeInt8(n, k int, w []float32) (q []int8, scale []float32) {
 }
 
 // HasFastInt8 reports whether GemmInt8 runs a vectorised (assembly)
-// kernel here; when false it runs plain Go, slower than Gemm on float32.
-func HasFastInt8() bool { return int8AsmAvailable() && Path() != "go" }
+// kernel here (not when CHUNLIAN_GEMM=go; OpenBLAS or not, see
+// HasFastBF16); when false it runs plain Go, slower than Gemm on float32.
+func HasFastInt8() bool { return int8AsmAvailable() && !goForced }
 
 func checkGemmInt8(m, n, k int, x []float32, q []int8, s, y []float32) {
 	if m < 0 || n < 0 || k < 0 || len(x) < m*k || len(q) < n*k || len(s) < n || len(y) < m*n {
