@@ -23,7 +23,11 @@
 //     FMA at run time. A 2×4 dot-product microkernel on 8-lane vectors, or on
 //     16-lane vectors where the CPU has AVX-512F (about twice as fast per
 //     core).
-//   - "go": blocked plain Go (2×2 tiles); always available.
+//   - "go": blocked plain Go (2×2 tiles); always available. It is what a
+//     default build gets where OpenBLAS is missing; the bf16, int8,
+//     elementwise and sampling assembly stays on there (only
+//     CHUNLIAN_GEMM=go turns it off), and the forward pass then sends
+//     every GEMM to the bf16 kernels (forward.defaultBF16Max).
 //
 // The order of preference is openblas, simd, go. CHUNLIAN_GEMM=openblas|simd|go
 // forces a path; a forced path that is unavailable falls back to the next
