@@ -314,7 +314,7 @@ bisect)
 	# The binaries of cuda/bisect_device.sh, oldest first: each runs
 	# $BISECT_BENCH (default: the benchmark that failed in session 7) and
 	# prints ok or FAIL with its first error line.
-	for f in $(awk '{print $1}' $BIN/bisect/ORDER.txt); do
+	for f in $(awk '!/^#/ {print $1}' $BIN/bisect/ORDER.txt); do
 		gunzip -c "$BIN/bisect/$f.test.gz" > /tmp/bisect.test && chmod +x /tmp/bisect.test
 		timeout 60 /tmp/bisect.test -test.run XXX -test.bench "${BISECT_BENCH:-LaunchDraw/seqs=64}" -test.benchtime 5x > "$OUT/bisect_$f.log" 2>&1
 		if grep -q "^--- FAIL" "$OUT/bisect_$f.log"; then
