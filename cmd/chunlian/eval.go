@@ -108,6 +108,7 @@ func runEval(args []string, stdout io.Writer) error {
 	words := fs.Int("words", len(evalWords), fmt.Sprintf("use the first N of the %d built-in blessing words", len(evalWords)))
 	length := fs.Int("length", couplet.DefaultLength, "line length in keyword mode")
 	seed := fs.Uint64("seed", 1, "base seed (request i uses seed+i)")
+	temperature := fs.Float64("temperature", couplet.DefaultTemperature, "sampling temperature of the sampled keyword and lower-mode runs, in (0, 5] (the BLEU runs are greedy)")
 	samples := fs.Int("samples", 8, "sample couplets to print")
 	bleuLimit := fs.Int("bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
 	forcedLimit := fs.Int("bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set)")
@@ -120,6 +121,9 @@ func runEval(args []string, stdout io.Writer) error {
 	}
 	if *words < 1 || *words > len(evalWords) || *limit < 0 || *pplLimit < 0 || *forcedLimit < 0 {
 		return errors.New("--words must be 1..len(built-in list), and --limit, --bleu-forced and --ppl-limit ≥ 0")
+	}
+	if !(*temperature > 0 && *temperature <= 5) {
+		return fmt.Errorf("--temperature %v must be in (0, 5], as the service's", *temperature)
 	}
 	st, err := openStack(sc, *randomModel)
 	if err != nil {
@@ -156,7 +160,7 @@ func runEval(args []string, stdout io.Writer) error {
 		pr := newEvalProgress(s.name, *words)
 		for i, w := range evalWords[:*words] {
 			pr.tick(i)
-			req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: *length, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+			req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: *length, N: 1, Seed: *seed + uint64(i), Temperature: float32(*temperature), Unconstrained: v.raw}
 			if err := v.g.Validate(req); err != nil {
 				if vi == 0 {
 					skipped = append(skipped, w)
@@ -195,7 +199,7 @@ func runEval(args []string, stdout io.Writer) error {
 			pr := newEvalProgress(s.name, len(uppers))
 			for i, u := range uppers {
 				pr.tick(i)
-				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, Seed: *seed + uint64(i), Temperature: float32(*temperature), Unconstrained: v.raw}
 				if v.g.Validate(req) != nil {
 					continue // unknown characters or too long for the model
 				}
@@ -233,7 +237,7 @@ func runEval(args []string, stdout io.Writer) error {
 			pr := newEvalProgress("greedy BLEU · "+name, len(bleuU))
 			for i, u := range bleuU {
 				pr.tick(i)
-				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, TopK: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, TopK: 1, Seed: *seed + uint64(i), Temperature: float32(*temperature), Unconstrained: v.raw}
 				if v.g.Validate(req) != nil {
 					continue
 				}
@@ -281,8 +285,12 @@ func runEval(args []string, stdout io.Writer) error {
 	w := stdout
 	fmt.Fprintln(w, "## Constrained decoding (Go engine)")
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d --bleu-limit %d --samples-per-couplet %d` (one request at a time, N = 1, temperature %.1f, top-p %.2f; the constrained runs draw %d sample(s) per couplet and rank them; in keyword mode even samples let the model place the keyword, odd ones put it first).\n\n",
-		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, *bleuLimit, sc.SamplesPerCouplet, couplet.DefaultTemperature, couplet.DefaultTopP, sc.SamplesPerCouplet)
+	tflag := ""
+	if *temperature != couplet.DefaultTemperature {
+		tflag = fmt.Sprintf(" --temperature %g", *temperature)
+	}
+	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d --bleu-limit %d --samples-per-couplet %d%s` (one request at a time, N = 1, temperature %g, top-p %.2f; the constrained runs draw %d sample(s) per couplet and rank them; in keyword mode even samples let the model place the keyword, odd ones put it first).\n\n",
+		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, *bleuLimit, sc.SamplesPerCouplet, tflag, *temperature, couplet.DefaultTopP, sc.SamplesPerCouplet)
 	fmt.Fprintln(w, "| set · decoding | couplets | rule 1 form | rule 2 仄起平收 | rule 3 same-char/mirror | rule 4 横批 | all rules | keyword present | failed | latency mean / p50 / p90 (ms) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range rows {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 
@@ -52,6 +53,26 @@ func TestEvalCommand(t *testing.T) {
 	for _, want := range []string{"## Constrained decoding (Go engine)", "| keyword (3 words) · constrained + 横批 ranking | 3 | 100.0% | 100.0% | 100.0% | 100.0% | 100.0% | 100.0% |", "test set skipped"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("eval output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+// TestEvalTemperature: --temperature reaches the sampled runs (the report
+// names it and its reproduce command carries it) and is range-checked.
+func TestEvalTemperature(t *testing.T) {
+	base := []string{"--random-model", "--words", "2", "--limit", "0", "--bleu-limit", "0", "--test", "testdata-absent.tsv"}
+	var out bytes.Buffer
+	if err := runEval(append(base, "--temperature", "0.55"), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--samples-per-couplet 1 --temperature 0.55`", "temperature 0.55, top-p"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("eval output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, bad := range []string{"0", "-1", "5.5", "NaN"} {
+		if err := runEval(append(base, "--temperature", bad), io.Discard); err == nil {
+			t.Errorf("--temperature %s: no error", bad)
 		}
 	}
 }
