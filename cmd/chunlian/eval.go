@@ -108,7 +108,7 @@ func runEval(args []string, stdout io.Writer) error {
 	words := fs.Int("words", len(evalWords), fmt.Sprintf("use the first N of the %d built-in blessing words", len(evalWords)))
 	length := fs.Int("length", couplet.DefaultLength, "line length in keyword mode")
 	seed := fs.Uint64("seed", 1, "base seed (request i uses seed+i)")
-	temperature := fs.Float64("temperature", couplet.DefaultTemperature, "sampling temperature of the sampled keyword and lower-mode runs, in (0, 5] (the BLEU runs are greedy)")
+	temperature := fs.Float64("temperature", couplet.DefaultTemperature, "sampling temperature of the sampled keyword and lower-mode runs, in (0, 2] as in the HTTP API (the BLEU runs are greedy)")
 	samples := fs.Int("samples", 8, "sample couplets to print")
 	bleuLimit := fs.Int("bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
 	forcedLimit := fs.Int("bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set)")
@@ -122,8 +122,8 @@ func runEval(args []string, stdout io.Writer) error {
 	if *words < 1 || *words > len(evalWords) || *limit < 0 || *pplLimit < 0 || *forcedLimit < 0 {
 		return errors.New("--words must be 1..len(built-in list), and --limit, --bleu-forced and --ppl-limit ≥ 0")
 	}
-	if !(*temperature > 0 && *temperature <= 5) {
-		return fmt.Errorf("--temperature %v must be in (0, 5], as the service's", *temperature)
+	if !(*temperature > 0 && *temperature <= 2) {
+		return fmt.Errorf("--temperature %v must be in (0, 2], as in the HTTP API", *temperature)
 	}
 	st, err := openStack(sc, *randomModel)
 	if err != nil {
