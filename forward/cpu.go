@@ -222,6 +222,21 @@ func (c *CPU) UsesBF16() bool { return c.bf16 != nil }
 // weights (CPUOptions.Int8).
 func (c *CPU) UsesInt8() bool { return c.q8 != nil }
 
+// Kernels describes what this backend computes with, for the service's
+// start-up log: cpu.Kernels() and the weight copy its small GEMMs read
+// (int8, bf16 or fp32), e.g. "gemm=openblas bf16=asm-avx512 int8=asm-avx512
+// elementwise=asm weights=bf16".
+func (c *CPU) Kernels() string {
+	w := "fp32"
+	switch {
+	case c.UsesInt8():
+		w = "int8"
+	case c.UsesBF16():
+		w = "bf16"
+	}
+	return cpu.Kernels() + " weights=" + w
+}
+
 // q8Mat is an int8 weight matrix [n,k] with per-row scales [n] (see
 // cpu.QuantizeInt8); q8Layer holds one layer's, stacked like the float32
 // ones (wqkv, wgu).

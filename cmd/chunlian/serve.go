@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"chunlian/forward"
 	"chunlian/server"
 )
 
@@ -203,6 +204,9 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 				GPU: gpuHook(st)}) // gpuHook: stack_cuda.go
 			log.Info("model loaded", "model", name, "engine", stackCfg.Engine, "backend", stackCfg.Backend,
 				"kv_blocks", st.Backend.NumBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
+			if cb, ok := st.Backend.(*forward.CPU); ok {
+				log.Info("cpu kernels", "kernels", cb.Kernels()) // why a machine is slow, in one line
+			}
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			err = srv.Warmup(wctx)
 			cancel()

@@ -142,6 +142,10 @@ func TestCPUInt8Flag(t *testing.T) {
 		if got := cb.UsesInt8(); got != tc.want {
 			t.Errorf("%v: UsesInt8 = %v, want %v", tc.args, got, tc.want)
 		}
+		// The random model has no bf16 copies: fp32 unless --cpu-int8.
+		if k, w := cb.Kernels(), map[bool]string{true: " weights=int8", false: " weights=fp32"}[tc.want]; !strings.HasSuffix(k, w) {
+			t.Errorf("%v: Kernels() = %q, want suffix %q", tc.args, k, w)
+		}
 		st.Close()
 	}
 }

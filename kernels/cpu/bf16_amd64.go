@@ -56,6 +56,18 @@ func bf16x4x4AVX512(x *float32, ldx int, w *uint16, ldw int, k32 int, y *float32
 
 func bf16AsmAvailable() bool { return asmAVX2 }
 
+// asmName names the assembly variant the bf16 and int8 kernels run
+// ("avx512" or "avx2"), or "" without AVX2+FMA.
+func asmName() string {
+	switch {
+	case asmWide:
+		return "avx512"
+	case asmAVX2:
+		return "avx2"
+	}
+	return ""
+}
+
 // asmVariants lists the assembly kernel variants usable here (tests).
 func asmVariants() []string {
 	switch {

@@ -12,3 +12,6 @@ func setAsmVariant(string) (restore func()) { return func() {} }
 const permuteAsm = false
 
 func permuteAVX2(dst, src *float32, chunks int) { panic("unreachable") }
+
+// asmName: no assembly variant here.
+func asmName() string { return "" }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -284,5 +285,26 @@ func TestFastKernelsIndependentOfGemmPath(t *testing.T) {
 	defer func() { goForced = old }()
 	if HasFastBF16() || HasFastInt8() {
 		t.Errorf("CHUNLIAN_GEMM=go: HasFastBF16() = %v, HasFastInt8() = %v, want false", HasFastBF16(), HasFastInt8())
+	}
+}
+
+// TestKernels: the start-up description follows the path and the switches.
+func TestKernels(t *testing.T) {
+	for _, p := range availablePaths() {
+		withPath(t, p, func() {
+			k := Kernels()
+			if !strings.HasPrefix(k, "gemm="+p+" ") {
+				t.Errorf("path %s: Kernels() = %q", p, k)
+			}
+			if bf16AsmAvailable() && !goForced && !strings.Contains(k, " bf16=asm-"+asmName()+" ") {
+				t.Errorf("path %s: Kernels() = %q, want bf16=asm-%s", p, k, asmName())
+			}
+		})
+	}
+	old := goForced
+	goForced = true
+	defer func() { goForced = old }()
+	if k := Kernels(); !strings.Contains(k, " bf16=go int8=go ") {
+		t.Errorf("CHUNLIAN_GEMM=go: Kernels() = %q, want bf16=go int8=go", k)
 	}
 }

@@ -1,0 +1,23 @@
+package cpu
+
+import "fmt"
+
+// Kernels describes the kernels this process runs, for a start-up log
+// line: the float32 GEMM path (Path), the bf16 and int8 GEMM kernels (asm
+// with its variant, simd for the GOEXPERIMENT=simd ones, or go) and the
+// elementwise set, e.g. "gemm=openblas bf16=asm-avx512 int8=asm-avx512
+// elementwise=asm". A slow machine is then one log line away from its
+// cause: session 9's machine without OpenBLAS ran bf16=go until the fix.
+func Kernels() string {
+	bf16, int8 := "go", "go"
+	if HasFastBF16() {
+		bf16 = "simd"
+		if bf16AsmAvailable() {
+			bf16 = "asm-" + asmName()
+		}
+	}
+	if HasFastInt8() {
+		int8 = "asm-" + asmName()
+	}
+	return fmt.Sprintf("gemm=%s bf16=%s int8=%s elementwise=%s", Path(), bf16, int8, elem.name)
+}
