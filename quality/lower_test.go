@@ -22,6 +22,22 @@ func chars(m *model.Model) []string {
 	return cs
 }
 
+// prefixBatch is the plain references' step: the whole of ids as one
+// sequence's prefill from position 0, in blocks 0, 1, … of bs tokens (so
+// token p's slot is p), with logits at rows.
+func prefixBatch(ids []int32, bs int, rows []int) forward.Batch {
+	L := len(ids)
+	bt := forward.Batch{Tokens: ids, LogitRows: rows, Seqs: []forward.SeqSpan{{Start: 0, Len: L, CtxLen: L}}}
+	for p := range L {
+		bt.Positions = append(bt.Positions, int32(p))
+		bt.SlotMapping = append(bt.SlotMapping, int32(p))
+		if p%bs == 0 {
+			bt.Seqs[0].BlockTable = append(bt.Seqs[0].BlockTable, int32(p/bs))
+		}
+	}
+	return bt
+}
+
 // The sequence is training/common.py's full_ids in lower mode, without a
 // banner: specials, length token, 上联, <sep>, 下联, <eos>; unknown
 // characters become <unk>; the scored part starts at the 下联.
@@ -87,15 +103,11 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 			t.Fatal(err)
 		}
 		L := len(ids)
-		bt := forward.Batch{Tokens: ids, Seqs: []forward.SeqSpan{{Start: 0, Len: L, CtxLen: L}}}
-		for p := range L {
-			bt.Positions = append(bt.Positions, int32(p))
-			bt.SlotMapping = append(bt.SlotMapping, int32(p))
-			bt.LogitRows = append(bt.LogitRows, p)
-			if p%4 == 0 {
-				bt.Seqs[0].BlockTable = append(bt.Seqs[0].BlockTable, int32(p/4))
-			}
+		every := make([]int, L) // logits at every position
+		for p := range every {
+			every[p] = p
 		}
+		bt := prefixBatch(ids, 4, every)
 		logits := make([]float32, L*V)
 		if err := be.Forward(&bt, logits); err != nil {
 			t.Fatal(err)
@@ -155,13 +167,7 @@ func TestLowerGreedyMatchesPlain(t *testing.T) {
 		ids = ids[:start]
 		want := ""
 		for range len([]rune(u)) {
-			L := len(ids)
-			bt := forward.Batch{Tokens: ids, LogitRows: []int{L - 1},
-				Seqs: []forward.SeqSpan{{Start: 0, Len: L, CtxLen: L, BlockTable: []int32{0}}}}
-			for p := range L {
-				bt.Positions = append(bt.Positions, int32(p))
-				bt.SlotMapping = append(bt.SlotMapping, int32(p))
-			}
+			bt := prefixBatch(ids, 64, []int{len(ids) - 1})
 			if err := be.Forward(&bt, logits); err != nil {
 				t.Fatal(err)
 			}

@@ -185,10 +185,14 @@ func runEval(args []string, stdout io.Writer) error {
 
 	// Lower mode on test.tsv 上联s.
 	uppers, lowers, terr := quality.ReadPairs(*testPath, max(*limit, *bleuLimit, *pplLimit, *forcedLimit))
-	bleuU, bleuL := uppers[:min(len(uppers), *bleuLimit)], lowers[:min(len(lowers), *bleuLimit)]
-	pplU, pplL := uppers[:min(len(uppers), *pplLimit)], lowers[:min(len(lowers), *pplLimit)]
-	forcedU, forcedL := uppers[:min(len(uppers), *forcedLimit)], lowers[:min(len(lowers), *forcedLimit)]
-	uppers = uppers[:min(len(uppers), *limit)]
+	first := func(n int) (ups, los []string) { // the first n pairs read (fewer if the file has fewer)
+		n = min(n, len(uppers))
+		return uppers[:n], lowers[:n]
+	}
+	bleuU, bleuL := first(*bleuLimit)
+	pplU, pplL := first(*pplLimit)
+	forcedU, forcedL := first(*forcedLimit)
+	uppers, _ = first(*limit)
 	testNote := ""
 	if terr != nil {
 		testNote = fmt.Sprintf("test set skipped: %v", terr)
