@@ -401,6 +401,9 @@ func (b *Backend) init(m *model.Model) error {
 }
 
 // sc is SyscallN returning only the low 32 bits of the result (a C enum).
+// go:uintptrescapes for the reason given on driverFns.call.
+//
+//go:uintptrescapes
 func sc(fn uintptr, args ...uintptr) uintptr {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return uint32r(r)

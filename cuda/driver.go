@@ -113,6 +113,15 @@ func (f *driverFns) cuErr(what string, r uintptr) error {
 }
 
 // call invokes a driver function and converts its CUresult.
+//
+// go:uintptrescapes, as on purego.SyscallN: callers pass out-parameters
+// as uintptr(unsafe.Pointer(&local)), and the directive only covers
+// conversions written in a call to the function that carries it. Without
+// it such a local may stay on the stack, the stack may be copied while
+// the call runs, and the driver writes the old copy (issue 7: regrow lost
+// cuMemAlloc's pointer; TestWrappersKeepOutParamsOffTheStack).
+//
+//go:uintptrescapes
 func (f *driverFns) call(what string, fn uintptr, args ...uintptr) error {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return f.cuErr(what, uint32r(r))

@@ -24,6 +24,12 @@
 #                             # (alternating, twice), then --block-size 1 against 16
 #   bash cuda/h200.sh bisect  # the cuda.test binaries of cuda/bisect_device.sh, oldest first:
 #                             # which commit first fails $BISECT_BENCH
+#   bash cuda/h200.sh memcheck # ≤ 420 s: $BISECT_BENCH of this build (.carry/cuda/memcheck.test.gz,
+#                             # see bisect_device.sh) alone, twice; under compute-sanitizer
+#                             # memcheck and initcheck; after the GPU tests; then the first
+#                             # and last bisect binaries alone (MC_INIT=0: no initcheck,
+#                             # MC_BISECT=0: no bisect binaries, MC_FULL=1: then the whole
+#                             # LaunchDraw benchmark, 200 iterations)
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -323,6 +329,38 @@ bisect)
 			echo "$f ok: $(grep -m1 '^Benchmark' "$OUT/bisect_$f.log" | cut -c1-100)"
 		fi
 		pack
+	done
+	;;
+memcheck)
+	# Issue 7 follow-up: BenchmarkLaunchDraw's first ForwardDraw failed in
+	# both calls of session 7 (INVALID_VALUE on the copy of the draws,
+	# ILLEGAL_ADDRESS at the sync). Which kernel touches what, and does
+	# the benchmark read device memory nobody wrote (its KV blocks)?
+	B=${BISECT_BENCH:-LaunchDraw/seqs=64}
+	gunzip -c $BIN/memcheck.test.gz > /tmp/mc.test && chmod +x /tmp/mc.test
+	one() {  # one LOG ARGS...: run, then print ok/FAIL with the first error
+		local log=$1; shift
+		timeout 150 "$@" > "$OUT/$log.log" 2>&1
+		echo "$log rc=$?: $(grep -m1 -A1 '^--- FAIL' "$OUT/$log.log" | tail -1 | cut -c1-200)$(grep -m1 '^Benchmark' "$OUT/$log.log" | cut -c1-100)"
+		grep -m3 -E "ERROR SUMMARY|Invalid|Uninitialized" "$OUT/$log.log" | cut -c1-200
+		pack
+	}
+	one alone1 /tmp/mc.test -test.run XXX -test.bench "$B" -test.benchtime 5x
+	one alone2 /tmp/mc.test -test.run XXX -test.bench "$B" -test.benchtime 5x
+	CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+	echo "compute-sanitizer: ${CS:-none}"
+	if [ -n "$CS" ]; then
+		one memcheck "$CS" --tool memcheck --print-limit 20 /tmp/mc.test -test.run XXX -test.bench "$B/sync" -test.benchtime 1x
+		[ "${MC_INIT:-1}" = 0 ] || one initcheck "$CS" --tool initcheck --print-limit 20 /tmp/mc.test -test.run XXX -test.bench "$B/sync" -test.benchtime 1x
+	fi
+	timeout 90 /tmp/mc.test -test.run . -test.count 1 > "$OUT/tests.log" 2>&1
+	echo "tests rc=$?: $(grep -cE '^--- FAIL' "$OUT/tests.log") FAIL"
+	one after_tests /tmp/mc.test -test.run XXX -test.bench "$B" -test.benchtime 5x
+	[ "${MC_FULL:-0}" = 1 ] && one launchdraw /tmp/mc.test -test.run XXX -test.bench LaunchDraw -test.benchtime 200x
+	bis=; [ "${MC_BISECT:-1}" = 0 ] || bis=$(awk '!/^#/ {print $1}' $BIN/bisect/ORDER.txt 2>/dev/null | sed -n '1p;$p')
+	for f in $bis; do
+		gunzip -c "$BIN/bisect/$f.test.gz" > /tmp/bisect.test && chmod +x /tmp/bisect.test
+		one "bisect_$f" /tmp/bisect.test -test.run XXX -test.bench "$B" -test.benchtime 5x
 	done
 	;;
 host)
