@@ -17,6 +17,14 @@
 // forward.Backend methods hand it closures over a channel, both sides
 // polling briefly before they park (handoff.go).
 //
+// C calls: every driver, cuBLAS and NVML call goes through purego.SyscallN,
+// directly or through driverFns.call / sc. An out-parameter is passed as
+// uintptr(unsafe.Pointer(&x)); that is only safe in a call to a function
+// declared //go:uintptrescapes (it moves x to the heap, where a stack copy
+// during the call cannot leave C writing x's old address). SyscallN, call
+// and sc carry it; a new wrapper that takes such uintptrs must carry it
+// too (TestWrappersKeepOutParamsOffTheStack; issue 7's lost drawOut).
+//
 // Data on the device, float32 unless noted: the weights in Hugging Face [out, in]
 // layout with Q/K/V and gate/up rows stacked into one matrix each; a RoPE
 // cos/sin table; bf16 copies of the weight matrices when the model is
