@@ -3,7 +3,9 @@ package quality
 import (
 	"bufio"
 	"math"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -31,37 +33,115 @@ func ReadPairs(path string, limit int) (uppers, lowers []string, err error) {
 // clipped n-gram precisions p_1..p_maxN summed over the corpus, uniform
 // weights, no smoothing, brevity penalty exp(1 − r/c) when c < r.
 func BLEU(hyps, refs []string, maxN int) float64 {
-	match := make([]float64, maxN+1)
-	total := make([]float64, maxN+1)
-	var c, r float64
+	return corpusStats(hyps, refs, maxN).sumOf(nil).bleu()
+}
+
+// BLEUInterval is the percentile bootstrap interval of BLEU at the given
+// level (0.95: the 2.5th and 97.5th percentiles) over resamples of the
+// pairs: each resample draws len(hyps) pairs with replacement and
+// computes corpus BLEU on them. It is the spread that comes from which
+// pairs the test set happens to hold, so two models whose figures differ
+// by much less than its width are not told apart by this test set.
+// Deterministic for a seed.
+func BLEUInterval(hyps, refs []string, maxN, resamples int, level float64, seed uint64) (lo, hi float64) {
+	st := corpusStats(hyps, refs, maxN)
+	if len(hyps) == 0 || resamples < 1 {
+		b := st.sumOf(nil).bleu()
+		return b, b
+	}
+	r := rand.New(rand.NewPCG(seed, 0x626c6575))
+	idx := make([]int, len(hyps))
+	vals := make([]float64, resamples)
+	for k := range vals {
+		for i := range idx {
+			idx[i] = r.IntN(len(hyps))
+		}
+		vals[k] = st.sumOf(idx).bleu()
+	}
+	slices.Sort(vals)
+	at := func(q float64) float64 {
+		return vals[min(len(vals)-1, max(0, int(math.Round(q*float64(len(vals)-1)))))]
+	}
+	return at((1 - level) / 2), at(1 - (1-level)/2)
+}
+
+// bleuStats are the sums corpus BLEU is computed from: clipped n-gram
+// matches and n-gram counts of the hypotheses for n = 1..maxN (index n),
+// and hypothesis and reference lengths.
+type bleuStats struct {
+	match, total []float64
+	c, r         float64
+}
+
+// pairStats holds one bleuStats per pair, so that resamples only add.
+type pairStats []bleuStats
+
+func corpusStats(hyps, refs []string, maxN int) pairStats {
+	st := make(pairStats, len(hyps))
 	for i := range hyps {
 		h, ref := []rune(hyps[i]), []rune(refs[i])
-		c += float64(len(h))
-		r += float64(len(ref))
+		s := bleuStats{match: make([]float64, maxN+1), total: make([]float64, maxN+1), c: float64(len(h)), r: float64(len(ref))}
 		for n := 1; n <= maxN; n++ {
 			counts := map[string]int{}
 			for j := 0; j+n <= len(ref); j++ {
 				counts[string(ref[j:j+n])]++
 			}
 			for j := 0; j+n <= len(h); j++ {
-				total[n]++
+				s.total[n]++
 				if k := string(h[j : j+n]); counts[k] > 0 {
 					counts[k]--
-					match[n]++
+					s.match[n]++
 				}
 			}
 		}
+		st[i] = s
+	}
+	return st
+}
+
+// sumOf adds the pairs at idx (nil: every pair once). With no pairs the
+// sum has maxN 0 and its bleu is 0.
+func (st pairStats) sumOf(idx []int) bleuStats {
+	if len(st) == 0 {
+		return bleuStats{}
+	}
+	maxN := len(st[0].match) - 1
+	sum := bleuStats{match: make([]float64, maxN+1), total: make([]float64, maxN+1)}
+	add := func(s *bleuStats) {
+		for n := 1; n <= maxN; n++ {
+			sum.match[n] += s.match[n]
+			sum.total[n] += s.total[n]
+		}
+		sum.c += s.c
+		sum.r += s.r
+	}
+	if idx == nil {
+		for i := range st {
+			add(&st[i])
+		}
+	} else {
+		for _, i := range idx {
+			add(&st[i])
+		}
+	}
+	return sum
+}
+
+func (s bleuStats) bleu() float64 {
+	maxN := len(s.match) - 1
+	if maxN < 1 {
+		return 0
 	}
 	logSum := 0.0
 	for n := 1; n <= maxN; n++ {
-		if match[n] == 0 || total[n] == 0 {
+		if s.match[n] == 0 || s.total[n] == 0 {
 			return 0
 		}
-		logSum += math.Log(match[n]/total[n]) / float64(maxN)
+		logSum += math.Log(s.match[n]/s.total[n]) / float64(maxN)
 	}
 	bp := 1.0
-	if c < r && c > 0 {
-		bp = math.Exp(1 - r/c)
+	if s.c < s.r && s.c > 0 {
+		bp = math.Exp(1 - s.r/s.c)
 	}
 	return bp * math.Exp(logSum)
 }

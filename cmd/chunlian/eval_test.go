@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -73,6 +75,48 @@ func TestEvalTemperature(t *testing.T) {
 	for _, bad := range []string{"0", "-1", "2.5", "NaN"} {
 		if err := runEval(append(base, "--temperature", bad), io.Discard); err == nil {
 			t.Errorf("--temperature %s: no error", bad)
+		}
+	}
+}
+
+// TestEvalBleuOut: --bleu-forced reports BLEU-4 with its bootstrap
+// interval, and --bleu-out writes one 上联/reference/greedy line per pair,
+// each greedy 下联 as long as its 上联 (docs/EVAL.md's definition).
+func TestEvalBleuOut(t *testing.T) {
+	dir := t.TempDir()
+	test, hyps := filepath.Join(dir, "test.tsv"), filepath.Join(dir, "hyps.tsv")
+	pairs := [][2]string{{"春风得意", "秋月无边"}, {"花开", "鸟语"}, {"山高水长", "海阔天空"}}
+	var b strings.Builder
+	for _, p := range pairs {
+		b.WriteString(p[0] + "\t" + p[1] + "\n")
+	}
+	if err := os.WriteFile(test, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	args := []string{"--random-model", "--words", "1", "--limit", "0", "--bleu-limit", "0", "--test", test, "--bleu-forced", "3", "--bleu-out", hyps}
+	if err := runEval(args, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "95 % bootstrap interval over the pairs, 1000 resamples: ") {
+		t.Errorf("eval output lacks the BLEU interval:\n%s", out.String())
+	}
+	data, err := os.ReadFile(hyps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) != len(pairs) {
+		t.Fatalf("--bleu-out has %d lines, want %d:\n%s", len(lines), len(pairs), data)
+	}
+	for i, l := range lines {
+		f := strings.Split(l, "\t")
+		if len(f) != 3 || f[0] != pairs[i][0] || f[1] != pairs[i][1] {
+			t.Errorf("line %d = %q, want %s<TAB>%s<TAB>hypothesis", i, l, pairs[i][0], pairs[i][1])
+			continue
+		}
+		if n, want := len([]rune(f[2])), len([]rune(f[0])); n != want {
+			t.Errorf("line %d: hypothesis %q has %d characters, want %d", i, f[2], n, want)
 		}
 	}
 }
