@@ -66,3 +66,36 @@ func TestBLEUInterval(t *testing.T) {
 		t.Errorf("50%% interval [%v, %v] not inside the 95%% one [%v, %v]", l50, h50, lo, hi)
 	}
 }
+
+func TestBLEUDiff(t *testing.T) {
+	var refs, a, b, c []string
+	for i := 0; i < 200; i++ {
+		r := string(rune('一'+i%50)) + string(rune('二'+i%7)) + string(rune('三'+i%11)) + string(rune('四'+i%13))
+		wrong := string(rune('五' + i%17))
+		refs = append(refs, r)
+		// a gets the last character wrong in every pair; b only in odd
+		// pairs, so b is at least as good on every pair.
+		a = append(a, r[:9]+wrong)
+		if i%2 == 0 {
+			b = append(b, r)
+		} else {
+			b = append(b, r[:9]+wrong)
+		}
+		// c is a with the pairs' hypotheses rotated by one: worse than a.
+		c = append(c, string(rune('一'+(i+1)%50))+r[3:9]+wrong)
+	}
+	if lo, hi, p := BLEUDiff(a, a, refs, 4, 200, 0.95, 3); lo != 0 || hi != 0 || p != 0 {
+		t.Errorf("a against itself: [%v, %v], higher in %v, want [0, 0], 0", lo, hi, p)
+	}
+	lo, hi, p := BLEUDiff(a, b, refs, 4, 400, 0.95, 3)
+	d := BLEU(b, refs, 4) - BLEU(a, refs, 4)
+	if !(lo > 0 && lo <= d && d <= hi && p == 1) {
+		t.Errorf("b better on every pair: Δ %v, interval [%v, %v], higher in %v; want 0 < lo ≤ Δ ≤ hi, 1", d, lo, hi, p)
+	}
+	if lo, hi, p := BLEUDiff(a, c, refs, 2, 400, 0.95, 3); !(hi < 0 && lo <= hi && p == 0) {
+		t.Errorf("c worse on every pair: interval [%v, %v], higher in %v; want hi < 0, 0", lo, hi, p)
+	}
+	if lo2, hi2, p2 := BLEUDiff(a, b, refs, 4, 400, 0.95, 3); lo2 != lo || hi2 != hi || p2 != p {
+		t.Errorf("same seed, other result: [%v, %v] %v then [%v, %v] %v", lo, hi, p, lo2, hi2, p2)
+	}
+}

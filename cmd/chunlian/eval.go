@@ -114,6 +114,28 @@ func writeTriples(path string, uppers, refs, hyps []string) error {
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
+// readHyps reads a --bleu-out file written for the same pairs (same
+// 上联 and reference, same order) and returns its hypotheses.
+func readHyps(path string, uppers, refs []string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) != len(uppers) {
+		return nil, fmt.Errorf("--bleu-compare %s: %d lines for %d pairs", path, len(lines), len(uppers))
+	}
+	hyps := make([]string, len(lines))
+	for i, l := range lines {
+		f := strings.Split(l, "\t")
+		if len(f) != 3 || f[0] != uppers[i] || f[1] != refs[i] {
+			return nil, fmt.Errorf("--bleu-compare %s: line %d is not 上联<TAB>reference<TAB>下联 for pair %q/%q", path, i+1, uppers[i], refs[i])
+		}
+		hyps[i] = f[2]
+	}
+	return hyps, nil
+}
+
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
 func runEval(args []string, stdout io.Writer) error {
@@ -128,6 +150,7 @@ func runEval(args []string, stdout io.Writer) error {
 	bleuLimit := fs.Int("bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
 	forcedLimit := fs.Int("bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set)")
 	bleuOut := fs.String("bleu-out", "", "write the --bleu-forced pairs to this file as 上联<TAB>reference 下联<TAB>greedy 下联, one per line")
+	bleuCompare := fs.String("bleu-compare", "", "a --bleu-out file of another model on the same pairs: report this model's BLEU-4 minus that one's, with a paired bootstrap interval")
 	pplLimit := fs.Int("ppl-limit", 0, "teacher-forced 下联 perplexity (docs/EVAL.md's definition) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set, as the Python side)")
 	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
 	var sc stackConfig
@@ -344,6 +367,16 @@ func runEval(args []string, stdout io.Writer) error {
 			if err := writeTriples(*bleuOut, forcedU, forcedL, forcedHyps); err != nil {
 				return err
 			}
+		}
+		if *bleuCompare != "" {
+			other, err := readHyps(*bleuCompare, forcedU, forcedL)
+			if err != nil {
+				return err
+			}
+			lo, hi, higher := quality.BLEUDiff(other, forcedHyps, forcedL, 4, bleuResamples, 0.95, 1)
+			fmt.Fprintf(w, "Against `%s` on the same pairs: BLEU-4 %+.6f (this model %.6f, that one %.6f); paired bootstrap, %d resamples: 95 %% interval %+.4f to %+.4f, this model higher in %.1f %% of resamples.\n\n",
+				*bleuCompare, quality.BLEU(forcedHyps, forcedL, 4)-quality.BLEU(other, forcedL, 4), quality.BLEU(forcedHyps, forcedL, 4), quality.BLEU(other, forcedL, 4),
+				bleuResamples, lo, hi, 100*higher)
 		}
 	}
 	if pplTokens > 0 {

@@ -120,3 +120,32 @@ func TestEvalBleuOut(t *testing.T) {
 		}
 	}
 }
+
+// TestEvalBleuCompare: --bleu-compare reads another run's --bleu-out file
+// and reports the paired difference (zero against the same model), and
+// refuses a file for other pairs.
+func TestEvalBleuCompare(t *testing.T) {
+	dir := t.TempDir()
+	test, hyps := filepath.Join(dir, "test.tsv"), filepath.Join(dir, "hyps.tsv")
+	if err := os.WriteFile(test, []byte("春风得意\t秋月无边\n花开\t鸟语\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--random-model", "--words", "1", "--limit", "0", "--bleu-limit", "0", "--test", test, "--bleu-forced", "2"}
+	if err := runEval(append(base, "--bleu-out", hyps), io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := runEval(append(base, "--bleu-compare", hyps), &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "on the same pairs: BLEU-4 +0.000000"; !strings.Contains(out.String(), want) {
+		t.Errorf("eval output lacks %q:\n%s", want, out.String())
+	}
+	other := filepath.Join(dir, "other.tsv")
+	if err := os.WriteFile(other, []byte("春风得意\t秋月无边\t秋月无边\n花落\t鸟语\t鸟语\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := runEval(append(base, "--bleu-compare", other), io.Discard); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("--bleu-compare with another pair on line 2: err = %v", err)
+	}
+}
