@@ -49,15 +49,7 @@ func BLEUInterval(hyps, refs []string, maxN, resamples int, level float64, seed 
 		b := st.sumOf(nil).bleu()
 		return b, b
 	}
-	r := rand.New(rand.NewPCG(seed, 0x626c6575))
-	idx := make([]int, len(hyps))
-	vals := make([]float64, resamples)
-	for k := range vals {
-		for i := range idx {
-			idx[i] = r.IntN(len(hyps))
-		}
-		vals[k] = st.sumOf(idx).bleu()
-	}
+	vals := bootstrap(len(hyps), resamples, seed, func(idx []int) float64 { return st.sumOf(idx).bleu() })
 	return percentiles(vals, level)
 }
 
@@ -74,21 +66,31 @@ func BLEUDiff(a, b, refs []string, maxN, resamples int, level float64, seed uint
 		d := sb.sumOf(nil).bleu() - sa.sumOf(nil).bleu()
 		return d, d, 0
 	}
-	r := rand.New(rand.NewPCG(seed, 0x64696666))
-	idx := make([]int, len(refs))
-	vals := make([]float64, resamples)
+	vals := bootstrap(len(refs), resamples, seed, func(idx []int) float64 { return sb.sumOf(idx).bleu() - sa.sumOf(idx).bleu() })
 	higher := 0
-	for k := range vals {
-		for i := range idx {
-			idx[i] = r.IntN(len(refs))
-		}
-		vals[k] = sb.sumOf(idx).bleu() - sa.sumOf(idx).bleu()
-		if vals[k] > 0 {
+	for _, v := range vals {
+		if v > 0 {
 			higher++
 		}
 	}
 	lo, hi = percentiles(vals, level)
 	return lo, hi, float64(higher) / float64(resamples)
+}
+
+// bootstrap returns stat of resamples resamples of n pairs, each drawn
+// with replacement (stat gets the drawn indices, in a buffer it must not
+// keep). Deterministic for a seed.
+func bootstrap(n, resamples int, seed uint64, stat func(idx []int) float64) []float64 {
+	r := rand.New(rand.NewPCG(seed, 0x626c6575))
+	idx := make([]int, n)
+	vals := make([]float64, resamples)
+	for k := range vals {
+		for i := range idx {
+			idx[i] = r.IntN(n)
+		}
+		vals[k] = stat(idx)
+	}
+	return vals
 }
 
 // percentiles sorts vals and returns its (1−level)/2 and 1−(1−level)/2
