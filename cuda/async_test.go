@@ -387,6 +387,7 @@ func BenchmarkLaunchDraw(b *testing.B) {
 	const work = time.Millisecond
 	for _, n := range []int{64, 2048} {
 		bt := decodeBatch(n, 24, g.BlockSize(), true)
+		fillContext(b, g, bt)
 		draws := serviceDraws(n)
 		host := []int32{int32(n - 1)}
 		out, logits, lse := make([]forward.Drawn, n), make([]float32, V), make([]float32, n)

@@ -43,6 +43,40 @@ func decodeBatch(nSeq, ctx, bs int, withLogits bool) *forward.Batch {
 	return b
 }
 
+// fillToken is the token fillContext writes at position pos.
+func fillToken(pos int) int32 { return int32(10 + (pos*7)%50) }
+
+// fillContext writes the KV cache positions that bt's decode step reads
+// but does not write (0..CtxLen-2 of each sequence, tokens fillToken),
+// by prefill steps of at most 64 sequences without logits. Without it the
+// benchmarks attend over whatever the cache allocation held: session 10's
+// compute-sanitizer initcheck reported those reads.
+func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
+	tb.Helper()
+	bs := be.BlockSize()
+	for s0 := 0; s0 < len(bt.Seqs); s0 += 64 {
+		p := &forward.Batch{}
+		for _, sq := range bt.Seqs[s0:min(s0+64, len(bt.Seqs))] {
+			n := sq.CtxLen - sq.Len
+			if n == 0 {
+				continue
+			}
+			p.Seqs = append(p.Seqs, forward.SeqSpan{Start: len(p.Tokens), Len: n, CtxLen: n, BlockTable: sq.BlockTable})
+			for pos := range n {
+				p.Tokens = append(p.Tokens, fillToken(pos))
+				p.Positions = append(p.Positions, int32(pos))
+				p.SlotMapping = append(p.SlotMapping, sq.BlockTable[pos/bs]*int32(bs)+int32(pos%bs))
+			}
+		}
+		if len(p.Seqs) == 0 {
+			continue
+		}
+		if err := be.Forward(p, nil); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkDecodeStep times one engine decode step (Forward over nSeq
 // single-token sequences with ~24 tokens of context, logits copied back
 // for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
@@ -87,6 +121,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 				}
 				b.Run(name, func(b *testing.B) {
 					bt := decodeBatch(n, 24, g.BlockSize(), withLogits)
+					fillContext(b, g, bt)
 					logits := make([]float32, len(bt.LogitRows)*m.Config.VocabSize)
 					if err := g.Forward(bt, logits); err != nil {
 						b.Fatal(err)
@@ -140,5 +175,53 @@ func BenchmarkPrefill(b *testing.B) {
 			}
 			b.ReportMetric(float64(n*L)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 		})
+	}
+}
+
+// TestFillContext: on the CPU backend, a decode step after fillContext
+// gives the logits of the same sequences prefilled whole (fill tokens,
+// then the decode token) on a fresh cache, so fillContext writes exactly
+// the positions the decode step reads. No GPU needed.
+func TestFillContext(t *testing.T) {
+	m := model.NewRandom(model.TestConfig(), 3)
+	V := m.Config.VocabSize
+	const nSeq, ctx = 70, 11 // more than one fill step of 64 sequences
+	for _, bs := range []int{1, 4} {
+		perSeq := (ctx + bs - 1) / bs // blocks per sequence in decodeBatch
+		newCPU := func() *forward.CPU {
+			be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(nSeq*perSeq*bs) * forward.KVBytesPerToken(m.Config)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { be.Close() })
+			return be
+		}
+		be := newCPU()
+		bt := decodeBatch(nSeq, ctx, bs, true)
+		fillContext(t, be, bt)
+		got := make([]float32, nSeq*V)
+		if err := be.Forward(bt, got); err != nil {
+			t.Fatal(err)
+		}
+		ref := newCPU()
+		for s, sq := range bt.Seqs {
+			p := &forward.Batch{Seqs: []forward.SeqSpan{{Start: 0, Len: ctx, CtxLen: ctx, BlockTable: sq.BlockTable}}, LogitRows: []int{ctx - 1}}
+			for pos := range ctx {
+				tok := fillToken(pos)
+				if pos == ctx-1 {
+					tok = bt.Tokens[s]
+				}
+				p.Tokens = append(p.Tokens, tok)
+				p.Positions = append(p.Positions, int32(pos))
+				p.SlotMapping = append(p.SlotMapping, sq.BlockTable[pos/bs]*int32(bs)+int32(pos%bs))
+			}
+			want := make([]float32, V)
+			if err := ref.Forward(p, want); err != nil {
+				t.Fatal(err)
+			}
+			if worst, _ := compareLogits(got[s*V:(s+1)*V], want, V); worst > 1e-4 {
+				t.Fatalf("block size %d, sequence %d: decode after fillContext differs from a whole prefill by %g", bs, s, worst)
+			}
+		}
 	}
 }

@@ -398,6 +398,7 @@ func BenchmarkForwardDraw(b *testing.B) {
 	b.Logf("device %+v, DrawVocab %v", g.Info(), g.DrawVocab())
 	for _, n := range []int{1, 64, 2048} {
 		bt := decodeBatch(n, 24, g.BlockSize(), true)
+		fillContext(b, g, bt)
 		logits := make([]float32, n*V)
 		draws := serviceDraws(n)
 		out := make([]forward.Drawn, n)
