@@ -39,12 +39,11 @@ func availablePaths() []string {
 // goForced is whether CHUNLIAN_GEMM=go asks for the plain-Go kernels
 // everywhere (A/B runs, CI's pass without vector code), read once at
 // start (package variables are set before any init function runs; tests
-// flip it). That is not the
-// same as Path() == "go": a default build (no GOEXPERIMENT=simd) on a
-// machine without OpenBLAS also gets the plain-Go float32 GEMM, and there
-// the assembly kernels (bf16, int8, elementwise, sampling) must stay on;
-// until session 9 HasFastBF16 tested Path() and such a machine ran every
-// GEMM in plain Go, ~5× slower per couplet.
+// flip it). That is not the same as Path() == "go": a default build (no
+// GOEXPERIMENT=simd) on a machine without OpenBLAS also gets the plain-Go
+// float32 GEMM, and there the assembly kernels (bf16, int8, elementwise,
+// sampling) must stay on; until session 9 HasFastBF16 tested Path() and
+// such a machine ran every GEMM in plain Go, ~5× slower per couplet.
 var goForced = os.Getenv("CHUNLIAN_GEMM") == "go"
 
 func choosePath() {
