@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import llama as L  # noqa: E402
-from pairs import amp, read_packed, read_rows, sequences, subset, to_groups  # noqa: E402
+from pairs import Group, amp, read_packed, read_rows, sequences, subset, to_groups  # noqa: E402
 from valid import VAL_NLL_BOUND, val_bleu, val_calibrated, validate  # noqa: E402
 
 
@@ -56,6 +56,16 @@ class Data:
             rows = rows[:20000]
         self.pairs = to_groups(v, rows, False)
         self.n_pairs = len(rows)
+        self.kd = None
+        if args.kd:
+            # distill.py make's teacher 下联 for every training pair, in
+            # pairs_train's order: grouped the same way, so that group n's
+            # row i of self.kd is group n's row i of self.pairs.
+            kd = read_rows(args.kd)[:len(rows)]
+            assert len(kd) == len(rows), (args.kd, len(kd), len(rows))
+            for r, k in zip(rows, kd):
+                assert r[0] == k[0] and len(k[1]) == len(r[0]), (r, k)
+            self.kd = {n: g.L for n, g in to_groups(v, [[k[0], k[1]] for k in kd], False).items()}
         self.val = to_groups(v, read_rows(os.path.join(folder, "pairs_val.tsv.gz")), False)
         self.triples = to_groups(v, read_rows(os.path.join(folder, "triples_train.tsv")), True)
         prow = read_packed(folder, "pseudo_train.tsv")
@@ -84,6 +94,11 @@ class Data:
                     seqs.setdefault((ids.shape[1], ft), []).append(ids)
 
         for n, g in self.pairs.items():
+            if self.kd is not None and a.kd_frac > 0:
+                # This epoch's share of pairs learns the teacher's 下联
+                # instead of the real one (in whichever mode it is drawn).
+                swap = rng.random(g.U.shape[0]) < a.kd_frac
+                g = Group(g.U, np.where(swap[:, None], self.kd[n], g.L), g.K, g.kn, g.B)
             add(g, n)
         for n, g in self.triples.items():
             for _ in range(a.triple_repeat):
@@ -214,6 +229,9 @@ def parse(argv=None):
     ap.add_argument("--triple-repeat", type=int, default=20)
     ap.add_argument("--pseudo-per-epoch", type=int, default=20000)
     ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--kd", default="", help="distill.py make's file: a teacher 下联 for every training pair")
+    ap.add_argument("--kd-frac", type=float, default=0.5,
+                    help="--kd: the share of training pairs drawn with the teacher's 下联 each epoch")
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
     ap.add_argument("--mix", default="0.5,0.3,0.2",
