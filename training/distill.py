@@ -71,14 +71,17 @@ def forward_cached(m, ids, cache):
         q = a.q_proj(h).view(B, T, a.h, a.hd).transpose(1, 2)
         k = a.k_proj(h).view(B, T, a.kvh, a.hd).transpose(1, 2)
         v = a.v_proj(h).view(B, T, a.kvh, a.hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        # RoPE in the dtype of v (bf16 under autocast): the cache is read
+        # and copied at every step, so it is kept at half the bytes.
+        q = (q * cos + rotate_half(q) * sin).to(v.dtype)
+        k = (k * cos + rotate_half(k) * sin).to(v.dtype)
         if cache is not None:
             k = torch.cat([cache[i][0], k], 2)
             v = torch.cat([cache[i][1], v], 2)
         new.append((k, v))
         rep = a.h // a.kvh
-        o = _attend(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), cache is None)
+        kr, vr = (k, v) if rep == 1 else (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+        o = _attend(q, kr, vr, cache is None)
         x = x + a.o_proj(o.transpose(1, 2).reshape(B, T, a.h * a.hd))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     h = t.norm(x[:, -1])
