@@ -184,44 +184,84 @@ func BenchmarkPrefill(b *testing.B) {
 // the positions the decode step reads. No GPU needed.
 func TestFillContext(t *testing.T) {
 	m := model.NewRandom(model.TestConfig(), 3)
-	V := m.Config.VocabSize
 	const nSeq, ctx = 70, 11 // more than one fill step of 64 sequences
 	for _, bs := range []int{1, 4} {
-		perSeq := (ctx + bs - 1) / bs // blocks per sequence in decodeBatch
-		newCPU := func() *forward.CPU {
-			be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(nSeq*perSeq*bs) * forward.KVBytesPerToken(m.Config)})
+		be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: fillCacheBytes(m, nSeq, ctx, bs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { be.Close() })
+		checkFillContext(t, m, be, nSeq, ctx, 1e-4)
+	}
+}
+
+// TestFillContextGPU is TestFillContext on the GPU backend at the
+// benchmarks' size: each fill step is one prefill of 64 sequences × 23
+// tokens (1,472 rows, the cuBLAS path), the step session 10's initcheck
+// flagged (4-byte reads of qkv rows in rope_kv right after the cuBLAS
+// GEMM that writes them). A row the GEMM left unwritten would put garbage
+// keys and values in the cache, and the decode logits would differ from
+// the CPU's whole prefill far beyond the precision's tolerance.
+func TestFillContextGPU(t *testing.T) {
+	gpuOrSkip(t)
+	m := model.NewRandom(model.TestConfig(), 3)
+	const nSeq, ctx, bs = 70, 24, 16
+	for _, tc := range []struct {
+		prec string
+		tol  float64
+	}{{"fp32", tolFP32}, {"tf32", tolTF32}} {
+		t.Run(tc.prec, func(t *testing.T) {
+			g, err := New(m, Options{Precision: tc.prec, BlockSize: bs, KVCacheBytes: fillCacheBytes(m, nSeq, ctx, bs)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { be.Close() })
-			return be
+			t.Cleanup(func() { g.Close() })
+			checkFillContext(t, m, g, nSeq, ctx, tc.tol)
+		})
+	}
+}
+
+// fillCacheBytes is a KV cache for nSeq sequences of ctx tokens in blocks
+// of bs, as decodeBatch lays them out.
+func fillCacheBytes(m *model.Model, nSeq, ctx, bs int) int64 {
+	return int64(nSeq*((ctx+bs-1)/bs)*bs) * forward.KVBytesPerToken(m.Config)
+}
+
+// checkFillContext runs fillContext and then decodeBatch's step on be,
+// and compares every sequence's logits with a whole prefill of the same
+// tokens on a fresh CPU backend (relative to the row's largest logit, as
+// compareLogits).
+func checkFillContext(t *testing.T, m *model.Model, be forward.Backend, nSeq, ctx int, tol float64) {
+	t.Helper()
+	V, bs := m.Config.VocabSize, be.BlockSize()
+	bt := decodeBatch(nSeq, ctx, bs, true)
+	fillContext(t, be, bt)
+	got := make([]float32, nSeq*V)
+	if err := be.Forward(bt, got); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: fillCacheBytes(m, nSeq, ctx, bs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	for s, sq := range bt.Seqs {
+		p := &forward.Batch{Seqs: []forward.SeqSpan{{Start: 0, Len: ctx, CtxLen: ctx, BlockTable: sq.BlockTable}}, LogitRows: []int{ctx - 1}}
+		for pos := range ctx {
+			tok := fillToken(pos)
+			if pos == ctx-1 {
+				tok = bt.Tokens[s]
+			}
+			p.Tokens = append(p.Tokens, tok)
+			p.Positions = append(p.Positions, int32(pos))
+			p.SlotMapping = append(p.SlotMapping, sq.BlockTable[pos/bs]*int32(bs)+int32(pos%bs))
 		}
-		be := newCPU()
-		bt := decodeBatch(nSeq, ctx, bs, true)
-		fillContext(t, be, bt)
-		got := make([]float32, nSeq*V)
-		if err := be.Forward(bt, got); err != nil {
+		want := make([]float32, V)
+		if err := ref.Forward(p, want); err != nil {
 			t.Fatal(err)
 		}
-		ref := newCPU()
-		for s, sq := range bt.Seqs {
-			p := &forward.Batch{Seqs: []forward.SeqSpan{{Start: 0, Len: ctx, CtxLen: ctx, BlockTable: sq.BlockTable}}, LogitRows: []int{ctx - 1}}
-			for pos := range ctx {
-				tok := fillToken(pos)
-				if pos == ctx-1 {
-					tok = bt.Tokens[s]
-				}
-				p.Tokens = append(p.Tokens, tok)
-				p.Positions = append(p.Positions, int32(pos))
-				p.SlotMapping = append(p.SlotMapping, sq.BlockTable[pos/bs]*int32(bs)+int32(pos%bs))
-			}
-			want := make([]float32, V)
-			if err := ref.Forward(p, want); err != nil {
-				t.Fatal(err)
-			}
-			if worst, _ := compareLogits(got[s*V:(s+1)*V], want, V); worst > 1e-4 {
-				t.Fatalf("block size %d, sequence %d: decode after fillContext differs from a whole prefill by %g", bs, s, worst)
-			}
+		if worst, _ := compareLogits(got[s*V:(s+1)*V], want, V); worst > tol {
+			t.Fatalf("block size %d, sequence %d: decode after fillContext differs from a whole prefill by %g (tolerance %g)", bs, s, worst, tol)
 		}
 	}
 }

@@ -30,6 +30,8 @@
 #                             # and last bisect binaries alone (MC_INIT=0: no initcheck,
 #                             # MC_BISECT=0: no bisect binaries, MC_FULL=1: then the whole
 #                             # LaunchDraw benchmark, 200 iterations)
+#   bash cuda/h200.sh fillcheck # ≤ 400 s: TestFillContextGPU (+ ForwardMatchesCPU), then
+#                             # each precision under initcheck, the test under memcheck
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -362,6 +364,27 @@ memcheck)
 		gunzip -c "$BIN/bisect/$f.test.gz" > /tmp/bisect.test && chmod +x /tmp/bisect.test
 		one "bisect_$f" /tmp/bisect.test -test.run XXX -test.bench "$B" -test.benchtime 5x
 	done
+	;;
+fillcheck)
+	# Session 10's initcheck flagged 4-byte reads of qkv rows in rope_kv
+	# during fillContext's prefill (1,472 tokens, the cuBLAS path, in a
+	# graph). TestFillContextGPU checks those rows numerically (decode
+	# after the fill = the CPU's whole prefill) at fp32 and tf32; then each
+	# precision runs again under initcheck, and the whole test under
+	# memcheck. Reports at tf32 but none at fp32 mean initcheck does not
+	# see the tensor-core GEMM's stores; reports at both, with the numbers
+	# right, mean rope_kv reads rows no kernel wrote that do not matter.
+	CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+	echo "compute-sanitizer: ${CS:-none}"
+	tests_bench 'FillContext|ForwardMatchesCPU' XXX
+	for p in fp32 tf32; do
+		timeout 120 "$CS" --tool initcheck --print-limit 30 /tmp/cuda.test -test.run "FillContextGPU/$p" -test.v > "$OUT/initcheck_$p.log" 2>&1
+		echo "initcheck $p rc=$?: $(grep -m1 "ERROR SUMMARY" "$OUT/initcheck_$p.log") $(grep -m1 -E '^(--- |ok|FAIL)' "$OUT/initcheck_$p.log")"
+		grep -E "^=========     at " "$OUT/initcheck_$p.log" | sort | uniq -c | head -5
+		pack
+	done
+	timeout 120 "$CS" --tool memcheck --print-limit 30 /tmp/cuda.test -test.run "FillContextGPU" -test.v > "$OUT/memcheck.log" 2>&1
+	echo "memcheck rc=$?: $(grep -m1 "ERROR SUMMARY" "$OUT/memcheck.log")"
 	;;
 host)
 	# Host-bound parts again (binaries built with GOEXPERIMENT=simd, see
