@@ -11,7 +11,7 @@ import (
 
 // benchModel is the trained model when present, else a random model of a
 // similar shape (d 512, 8 layers, vocab 6000).
-func benchModel(b *testing.B) *model.Model {
+func benchModel(tb testing.TB) *model.Model {
 	if m, err := trainedModel(); err == nil {
 		return m
 	}
@@ -204,20 +204,28 @@ func TestFillContext(t *testing.T) {
 // the CPU's whole prefill far beyond the precision's tolerance.
 func TestFillContextGPU(t *testing.T) {
 	gpuOrSkip(t)
-	m := model.NewRandom(model.TestConfig(), 3)
 	const nSeq, ctx, bs = 70, 24, 16
-	for _, tc := range []struct {
-		prec string
-		tol  float64
-	}{{"fp32", tolFP32}, {"tf32", tolTF32}} {
-		t.Run(tc.prec, func(t *testing.T) {
-			g, err := New(m, Options{Precision: tc.prec, BlockSize: bs, KVCacheBytes: fillCacheBytes(m, nSeq, ctx, bs)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { g.Close() })
-			checkFillContext(t, m, g, nSeq, ctx, tc.tol)
-		})
+	// The test config, and the benchmarks' model (the shipped weights, or
+	// a random model of about their shape where they are stubbed out, as
+	// in the device binaries): cuBLAS picks its GEMM kernels by shape.
+	for _, mc := range []struct {
+		name string
+		m    *model.Model
+	}{{"test-config", model.NewRandom(model.TestConfig(), 3)}, {"bench-model", benchModel(t)}} {
+		for _, tc := range []struct {
+			prec string
+			tol  float64
+		}{{"fp32", tolFP32}, {"tf32", tolTF32}} {
+			t.Run(mc.name+"/"+tc.prec, func(t *testing.T) {
+				m := mc.m
+				g, err := New(m, Options{Precision: tc.prec, BlockSize: bs, KVCacheBytes: fillCacheBytes(m, nSeq, ctx, bs)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { g.Close() })
+				checkFillContext(t, m, g, nSeq, ctx, tc.tol)
+			})
+		}
 	}
 }
 

@@ -377,12 +377,17 @@ fillcheck)
 	CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 	echo "compute-sanitizer: ${CS:-none}"
 	tests_bench 'FillContext|ForwardMatchesCPU' XXX
-	for p in fp32 tf32; do
-		timeout 120 "$CS" --tool initcheck --print-limit 30 /tmp/cuda.test -test.run "FillContextGPU/$p" -test.v > "$OUT/initcheck_$p.log" 2>&1
-		echo "initcheck $p rc=$?: $(grep -m1 "ERROR SUMMARY" "$OUT/initcheck_$p.log") $(grep -m1 -E '^(--- |ok|FAIL)' "$OUT/initcheck_$p.log")"
-		grep -E "^=========     at " "$OUT/initcheck_$p.log" | sort | uniq -c | head -5
+	for p in test-config/fp32 test-config/tf32 bench-model/fp32 bench-model/tf32; do
+		timeout 120 "$CS" --tool initcheck --print-limit 30 /tmp/cuda.test -test.run "FillContextGPU/$p" -test.v > "$OUT/initcheck_${p/\//_}.log" 2>&1
+		echo "initcheck $p rc=$?: $(grep -m1 "ERROR SUMMARY" "$OUT/initcheck_${p/\//_}.log") $(grep -m1 -E '^(--- |ok|FAIL)' "$OUT/initcheck_${p/\//_}.log")"
+		grep -E "^=========     at " "$OUT/initcheck_${p/\//_}.log" | sort | uniq -c | head -5
 		pack
 	done
+	# Session 10's command again, on this build, for comparison.
+	timeout 120 "$CS" --tool initcheck --print-limit 30 /tmp/cuda.test -test.run XXX -test.bench LaunchDraw/seqs=64/sync -test.benchtime 1x > "$OUT/initcheck_launchdraw.log" 2>&1
+	echo "initcheck LaunchDraw rc=$?: $(grep -m1 "ERROR SUMMARY" "$OUT/initcheck_launchdraw.log")"
+	grep -E "^=========     at " "$OUT/initcheck_launchdraw.log" | sort | uniq -c | head -5
+	pack
 	timeout 120 "$CS" --tool memcheck --print-limit 30 /tmp/cuda.test -test.run "FillContextGPU" -test.v > "$OUT/memcheck.log" 2>&1
 	echo "memcheck rc=$?: $(grep -m1 "ERROR SUMMARY" "$OUT/memcheck.log")"
 	;;
