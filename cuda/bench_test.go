@@ -43,8 +43,11 @@ func decodeBatch(nSeq, ctx, bs int, withLogits bool) *forward.Batch {
 	return b
 }
 
-// fillToken is the token fillContext writes at position pos.
-func fillToken(pos int) int32 { return int32(10 + (pos*7)%50) }
+// fillToken is the token fillContext writes at position pos of sequence
+// seq. It depends on the sequence too, so that an activation row left over
+// from another sequence of an earlier step (same position, other token)
+// shows in checkFillContext's logits.
+func fillToken(seq, pos int) int32 { return int32(10 + (pos*7+seq*13)%50) }
 
 // fillContext writes the KV cache positions that bt's decode step reads
 // but does not write (0..CtxLen-2 of each sequence, tokens fillToken),
@@ -56,14 +59,14 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 	bs := be.BlockSize()
 	for s0 := 0; s0 < len(bt.Seqs); s0 += 64 {
 		p := &forward.Batch{}
-		for _, sq := range bt.Seqs[s0:min(s0+64, len(bt.Seqs))] {
+		for i, sq := range bt.Seqs[s0:min(s0+64, len(bt.Seqs))] {
 			n := sq.CtxLen - sq.Len
 			if n == 0 {
 				continue
 			}
 			p.Seqs = append(p.Seqs, forward.SeqSpan{Start: len(p.Tokens), Len: n, CtxLen: n, BlockTable: sq.BlockTable})
 			for pos := range n {
-				p.Tokens = append(p.Tokens, fillToken(pos))
+				p.Tokens = append(p.Tokens, fillToken(s0+i, pos))
 				p.Positions = append(p.Positions, int32(pos))
 				p.SlotMapping = append(p.SlotMapping, sq.BlockTable[pos/bs]*int32(bs)+int32(pos%bs))
 			}
@@ -256,7 +259,7 @@ func checkFillContext(t *testing.T, m *model.Model, be forward.Backend, nSeq, ct
 	for s, sq := range bt.Seqs {
 		p := &forward.Batch{Seqs: []forward.SeqSpan{{Start: 0, Len: ctx, CtxLen: ctx, BlockTable: sq.BlockTable}}, LogitRows: []int{ctx - 1}}
 		for pos := range ctx {
-			tok := fillToken(pos)
+			tok := fillToken(s, pos)
 			if pos == ctx-1 {
 				tok = bt.Tokens[s]
 			}
