@@ -30,8 +30,9 @@
 #                             # and last bisect binaries alone (MC_INIT=0: no initcheck,
 #                             # MC_BISECT=0: no bisect binaries, MC_FULL=1: then the whole
 #                             # LaunchDraw benchmark, 200 iterations)
-#   bash cuda/h200.sh fillcheck # ≤ 400 s: TestFillContextGPU (+ ForwardMatchesCPU), then
-#                             # each precision under initcheck, the test under memcheck
+#   bash cuda/h200.sh fillcheck # ≤ 420 s: TestFillContextGPU (+ ForwardMatchesCPU), then
+#                             # each model and precision under initcheck, session 10's
+#                             # LaunchDraw under initcheck, the test under memcheck
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines

@@ -14,7 +14,7 @@
 #
 # The teacher defaults to the shipped model; ab.sh's environment knobs pass
 # through. Nothing here reads test.tsv (ab.sh's runs report it, never choose on it).
-set -u
+set -u -o pipefail  # a failed distill.py fails its pipeline through tee
 O=${OUT:?OUT must name the folder that comes back}
 teacher=${KD_TEACHER:-weights/chunlian-base}
 start=$(date +%s)

@@ -19,6 +19,10 @@ same length form batches of equal length, so there is no padding and no
 attention mask (plain causal attention). The loss covers every token after
 <up> (upper line, <sep>, lower line, banner, <eos>); the prompt itself
 (<bos>, mode, keyword/heads, <len_N>, <up>) is not a target.
+
+With --kd FILE (training/distill.py make), a share --kd-frac of the pairs
+carries the teacher's 下联 instead of the real one in each epoch
+(sequence-level distillation, REPORT.md "Run 18").
 """
 import argparse
 import csv
