@@ -21,9 +21,7 @@ import common as C  # noqa: E402
 def bench(model_dir, out, n1=20, runs=3):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
-    tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
-    itos = sorted(tj["model"]["vocab"], key=tj["model"]["vocab"].get)
-    v = C.Vocab(itos[C.NUM_SPECIAL:])
+    v = C.model_vocab(model_dir)
     prompts = [C.prompt_ids(v, "keyword", 7, keyword=w) for w in C.BLESSINGS]
     kw = dict(max_new_tokens=24, do_sample=False, eos_token_id=C.EOS, pad_token_id=C.PAD)
 

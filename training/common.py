@@ -5,7 +5,9 @@ Pure Python (no torch), so that it can be tested on the CPU machine:
 `python3 training/test_common.py`.
 """
 import collections
+import json
 import math
+import os
 
 MAX_LINE = 32
 PUNCT = set("，、；：！？·")
@@ -62,6 +64,18 @@ class Vocab:
 
     def text(self, ids):
         return "".join(self.itos[i] if i >= NUM_SPECIAL else "" for i in ids)
+
+
+def model_vocab(model_dir):
+    """The Vocab of an exported model directory, from its tokenizer.json
+    (ids 0..41 must be SPECIALS, in order)."""
+    with open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    itos = [None] * len(vocab)
+    for t, i in vocab.items():
+        itos[i] = t
+    assert itos[:NUM_SPECIAL] == SPECIALS, f"{model_dir}: the first {NUM_SPECIAL} ids are not common.SPECIALS"
+    return Vocab(itos[NUM_SPECIAL:])
 
 
 def prompt_ids(v, mode, n, upper="", keyword="", heads=""):

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
+import llama as L  # noqa: E402
 from pairs import amp, read_packed, read_rows, sequences, to_groups  # noqa: E402
 
 
@@ -73,8 +74,8 @@ def forward_cached(m, ids, cache):
         v = a.v_proj(h).view(B, T, a.kvh, a.hd).transpose(1, 2)
         # RoPE in the dtype of v (bf16 under autocast): the cache is read
         # and copied at every step, so it is kept at half the bytes.
-        q = (q * cos + rotate_half(q) * sin).to(v.dtype)
-        k = (k * cos + rotate_half(k) * sin).to(v.dtype)
+        q = (q * cos + L.rotate_half(q) * sin).to(v.dtype)
+        k = (k * cos + L.rotate_half(k) * sin).to(v.dtype)
         if cache is not None:
             k = torch.cat([cache[i][0], k], 2)
             v = torch.cat([cache[i][1], v], 2)
@@ -86,11 +87,6 @@ def forward_cached(m, ids, cache):
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     h = t.norm(x[:, -1])
     return F.log_softmax(m.head(h).float(), -1), new
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), -1)
 
 
 def ensemble_step(models, ids, caches):
@@ -131,16 +127,20 @@ def beam_lower(models, prompts, n, K, dev):
     return out.reshape(b, K, n)[:, 0], score[:, 0]  # topk is sorted: beam 0 is the best
 
 
-def decode_groups(models, groups, K, dev, rows=2048):
+def decode_groups(models, groups, K, dev, rows=2048, progress=""):
     """(hypotheses, references) as id lists of every pair in groups, in
-    sorted-length, group order (as valid.val_greedy)."""
+    sorted-length, group order (as valid.val_greedy). progress: a name to
+    log each length's progress under ("" = quiet)."""
+    t0 = time.time()
     hyps, refs = [], []
     for n, g in sorted(groups.items()):
         ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
-        pre = torch.from_numpy(ids[:, :ft + n + 1]).long()
+        pre = torch.from_numpy(ids[:, :ft + n + 1]).long()  # <bos> <low> <len_n> <up> U1..Un <sep>
         for i in range(0, pre.shape[0], rows):
             hyps += beam_lower(models, pre[i:i + rows], n, K, dev)[0].tolist()
         refs += g.L.tolist()
+        if progress:
+            log(f"{progress}: length {n}: {pre.shape[0]} rows; {len(hyps)} in {time.time() - t0:.0f}s")
     return hyps, refs
 
 
@@ -149,34 +149,18 @@ def load_models(dirs, dev):
     return [calibrate.load_model(d).to(dev).eval() for d in dirs.split(",")]
 
 
-def vocab_of(model_dir):
-    import json
-    tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))["model"]["vocab"]
-    itos = [None] * len(tj)
-    for t, i in tj.items():
-        itos[i] = t
-    assert itos[:C.NUM_SPECIAL] == C.SPECIALS
-    return C.Vocab(itos[C.NUM_SPECIAL:])
-
-
 def make(models, v, rows, K, dev, out, batch=4096):
-    """Writes "upper<TAB>beam lower" for every row, in the rows' order."""
+    """Writes "upper<TAB>beam lower" for every row, in the rows' order.
+    decode_groups returns them by length, each length in row order (as
+    to_groups groups them)."""
     t0 = time.time()
-    res = [None] * len(rows)
     by_n = {}
     for i, r in enumerate(rows):
         by_n.setdefault(len(r[0]), []).append(i)
-    done = 0
-    for n, idx in sorted(by_n.items()):
-        U = torch.tensor([v.ids(rows[i][0]) for i in idx], dtype=torch.long).reshape(len(idx), n)
-        head = torch.tensor(C.prompt_ids(v, "lower", n), dtype=torch.long)
-        pre = torch.cat([head.expand(len(idx), -1), U, torch.full((len(idx), 1), C.SEP)], 1)
-        for s in range(0, len(idx), batch):
-            low = beam_lower(models, pre[s:s + batch], n, K, dev)[0].tolist()
-            for j, ids in zip(idx[s:s + batch], low):
-                res[j] = v.text(ids)
-        done += len(idx)
-        log(f"make: length {n}: {len(idx)} rows; {done}/{len(rows)} in {time.time() - t0:.0f}s")
+    hyps, _ = decode_groups(models, to_groups(v, rows, False), K, dev, rows=batch, progress="make")
+    res = [None] * len(rows)
+    for i, ids in zip((i for _, idx in sorted(by_n.items()) for i in idx), hyps, strict=True):
+        res[i] = v.text(ids)
     op = lzma.open if out.endswith(".xz") else open
     with op(out, "wt", encoding="utf-8") as f:
         for r, low in zip(rows, res):
@@ -195,7 +179,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     models = load_models(a.models, dev)
-    v = vocab_of(a.models.split(",")[0])
+    v = C.model_vocab(a.models.split(",")[0])
     if a.what == "measure":
         rows = read_rows(os.path.join(a.data, "pairs_val.tsv.gz"))
         if a.limit:

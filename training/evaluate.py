@@ -41,13 +41,7 @@ def log(*a):
 def load(model_dir, dev):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(dev).eval()
-    tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
-    vocab = tj["model"]["vocab"]
-    itos = [None] * len(vocab)
-    for t, i in vocab.items():
-        itos[i] = t
-    assert itos[:C.NUM_SPECIAL] == C.SPECIALS
-    return model, C.Vocab(itos[C.NUM_SPECIAL:])
+    return model, C.model_vocab(model_dir)
 
 
 def read_tsv(path):

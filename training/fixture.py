@@ -81,9 +81,7 @@ def make(model_dir, data, out, model_name="weights/chunlian-base", max_bytes=300
     torch.backends.cudnn.allow_tf32 = False
     torch.set_num_threads(min(8, os.cpu_count() or 1))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
-    itos = sorted(tj["model"]["vocab"], key=tj["model"]["vocab"].get)
-    v = C.Vocab(itos[C.NUM_SPECIAL:])
+    v = C.model_vocab(model_dir)
 
     def greedy(ids, n):
         ids = list(ids)

@@ -59,5 +59,28 @@ class TestLayout(unittest.TestCase):
         self.assertEqual(set(m["special_tokens"]), {"pad", "unk", "bos", "eos", "keyword", "acrostic", "lower", "up", "sep", "banner"})
 
 
+class TestModelVocab(unittest.TestCase):
+    def write(self, d, tokens):
+        import json
+        import os
+        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump({"model": {"vocab": {t: i for i, t in enumerate(tokens)}}}, f, ensure_ascii=False)
+
+    def test_reads_ids_in_order(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d, C.SPECIALS + ["春", "风"])
+            v = C.model_vocab(d)
+        self.assertEqual(v.itos, C.SPECIALS + ["春", "风"])
+        self.assertEqual(v.ids("风春"), [C.NUM_SPECIAL + 1, C.NUM_SPECIAL])
+
+    def test_refuses_other_specials(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d, ["<x>"] + C.SPECIALS[1:] + ["春"])
+            with self.assertRaises(AssertionError):
+                C.model_vocab(d)
+
+
 if __name__ == "__main__":
     unittest.main()

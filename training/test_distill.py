@@ -116,6 +116,31 @@ class TestBeam(unittest.TestCase):
         self.assertLess((sa - sb).abs().max().item(), 1e-4)
 
 
+@unittest.skipIf(torch is None, "PyTorch not installed: distill.py is tested where it is")
+class TestMake(unittest.TestCase):
+    @no_grad
+    def test_lines_follow_the_rows(self):
+        # Rows of mixed lengths, interleaved: make decodes them by length,
+        # and line i must still be row i's 上联 and its own beam 下联.
+        import os
+        import tempfile
+        m = tiny(12)
+        v = C.Vocab(list("春风花雨山"))  # CHARS characters
+        rows = [["春风花", "山雨春", ""], ["雨山", "风花", ""], ["花花春雨", "山山风雨", ""],
+                ["风春山", "雨花风", ""], ["山雨", "春风", ""]]
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "kd.tsv")
+            distill.make([m], v, rows, 3, torch.device("cpu"), out, batch=1)
+            with open(out, encoding="utf-8") as f:
+                lines = [line.rstrip("\n").split("\t") for line in f]
+        self.assertEqual([ln[0] for ln in lines], [r[0] for r in rows])
+        for r, (_, low) in zip(rows, lines):
+            n = len(r[0])
+            x = torch.tensor([C.prompt_ids(v, "lower", n, r[0])])
+            want, _ = distill.beam_lower([m], x, n, 3, torch.device("cpu"))
+            self.assertEqual(low, v.text(want[0].tolist()), r[0])
+
+
 @unittest.skipIf(torch is None, "PyTorch not installed: train.py is tested where it is")
 class TestTrainKD(unittest.TestCase):
     """train.py --kd: the share --kd-frac of the training pairs carries the
