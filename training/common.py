@@ -142,6 +142,17 @@ def _ngrams(seq, n):
     return collections.Counter(tuple(seq[i:i + n]) for i in range(len(seq) - n + 1))
 
 
+def clipped_matches(h, ref, max_n=4):
+    """[(clipped matches, hypothesis n-grams) for n = 1..max_n] of one
+    hypothesis against one reference (sequences of tokens): corpus_bleu's
+    sums, and scst.py's per-line reward."""
+    out = []
+    for n in range(1, max_n + 1):
+        hn, rn = _ngrams(h, n), _ngrams(ref, n)
+        out.append((sum(min(k, rn[g]) for g, k in hn.items()), max(len(h) - n + 1, 0)))
+    return out
+
+
 def corpus_bleu(hyps, refs, max_n=4):
     """Corpus-level BLEU over character sequences with one reference each:
     modified n-gram precisions p_n = sum of clipped matches / sum of
@@ -156,10 +167,9 @@ def corpus_bleu(hyps, refs, max_n=4):
         h, ref = list(h), list(ref)
         c += len(h)
         r += len(ref)
-        for n in range(1, max_n + 1):
-            hn, rn = _ngrams(h, n), _ngrams(ref, n)
-            match[n] += sum(min(k, rn[g]) for g, k in hn.items())
-            total[n] += max(len(h) - n + 1, 0)
+        for n, (m, t) in enumerate(clipped_matches(h, ref, max_n), 1):
+            match[n] += m
+            total[n] += t
     out = {"hyp_len": c, "ref_len": r}
     out["bp"] = 1.0 if c > r else (math.exp(1 - r / c) if c > 0 else 0.0)
     logs = []

@@ -22,7 +22,9 @@ attention mask (plain causal attention). The loss covers every token after
 
 With --kd FILE (training/distill.py make), a share --kd-frac of the pairs
 carries the teacher's 下联 instead of the real one in each epoch
-(sequence-level distillation, REPORT.md "Run 18").
+(sequence-level distillation, REPORT.md "Run 18"). With --rl W, every step
+also adds W x a self-critical policy loss on sampled 下联s (scst.py,
+REPORT.md "Run 19").
 """
 import argparse
 import csv
@@ -236,6 +238,15 @@ def parse(argv=None):
     ap.add_argument("--kd", default="", help="distill.py make's file: a teacher 下联 for every training pair")
     ap.add_argument("--kd-frac", type=float, default=0.5,
                     help="--kd: the share of training pairs drawn with the teacher's 下联 each epoch")
+    ap.add_argument("--rl", type=float, default=0.0,
+                    help="add this weight x scst.py's self-critical policy loss (linearised corpus BLEU-4 of "
+                         "sampled against greedy 下联s of training pairs) to every step; 0: off")
+    ap.add_argument("--rl-rows", type=int, default=256, help="--rl: training 上联s per step (one line length)")
+    ap.add_argument("--rl-samples", type=int, default=4, help="--rl: sampled 下联s per 上联")
+    ap.add_argument("--rl-temp", type=float, default=1.0, help="--rl: sampling temperature")
+    ap.add_argument("--rl-baseline", choices=["greedy", "mean"], default="greedy",
+                    help="--rl: a sample's reward is taken relative to the greedy line's, or to the mean of "
+                         "the other samples' (scst.advantages)")
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
     ap.add_argument("--mix", default="0.5,0.3,0.2",
@@ -338,6 +349,14 @@ def train(args):
         finally:
             swap()
 
+    rl = None
+    if args.rl > 0:
+        import scst
+        rl = scst.SCST(data.pairs, args.rl_rows, args.rl_samples, args.rl_temp, dev,
+                       np.random.default_rng(args.seed + 1), seed=args.seed, baseline=args.rl_baseline)
+        log(f"self-critical term: weight {args.rl}, {args.rl_rows} rows x {args.rl_samples} samples "
+            f"at temperature {args.rl_temp}, {args.rl_baseline} baseline")
+
     total = args.steps if args.steps > 0 else None
     budget = args.minutes * 60
 
@@ -407,6 +426,12 @@ def train(args):
                 with amp(dev):
                     loss, ntok = loss_on(model, trunk, x, ft, args.label_smoothing)
                 loss.backward()
+            if rl is not None:
+                # A second backward pass: the gradients add up, and the
+                # likelihood batch's graph is already freed.
+                pl = rl.loss(model, trunk)
+                if pl is not None:
+                    (args.rl * pl).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -442,6 +467,8 @@ def train(args):
                 log(f"step {step}/{total} ep {epoch} tok {tokens / 1e6:.1f}M lr {lr_at(step):.2e} "
                     f"train {tl:.4f} val {vl:.4f} val_lower {vlow:.4f} (ppl {math.exp(vlow):.2f}) "
                     f"{tokens / el / 1e6:.2f}M tok/s {el:.0f}s")
+                if rl is not None:
+                    log(rl.report())
                 if args.select == "nll" or step % args.select_every == 0 or last:
                     k = select_key(vlow, step)
                     if k < best[0]:
