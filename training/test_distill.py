@@ -144,9 +144,10 @@ class TestMake(unittest.TestCase):
 @unittest.skipIf(torch is None, "PyTorch not installed: train.py is tested where it is")
 class TestTrainKD(unittest.TestCase):
     """train.py --kd: the share --kd-frac of the training pairs carries the
-    teacher's 下联 in an epoch, the rest the real one."""
+    teacher's 下联 in an epoch, the rest the real one; --swap-frac: that
+    share of lower-mode pairs is drawn reversed."""
 
-    def epoch_lowers(self, frac):
+    def epoch_lowers(self, frac, swap=0.0):
         import gzip
         import os
         import tempfile
@@ -174,13 +175,14 @@ class TestTrainKD(unittest.TestCase):
         kd = os.path.join(d, "kd.tsv")
         with open(kd, "w", encoding="utf-8") as f:
             f.writelines(f"{u}\t{k}\n" for u, _, k in rows)
-        args = train.parse(["--data", d, "--kd", kd, "--kd-frac", str(frac), "--mix", "1,0,0",
+        args = train.parse(["--data", d, "--kd", kd, "--kd-frac", str(frac), "--swap-frac", str(swap), "--mix", "1,0,0",
                             "--triple-repeat", "0", "--pseudo-per-epoch", "0", "--lower-targets", "lower"])
         v = C.Vocab(sorted(set(chars)))
         data = train.Data(d, v, args, np.random.default_rng(1))
         real = {(u, low) for u, low, _ in rows}
         teacher = {(u, k) for u, _, k in rows}
-        got = {"real": 0, "teacher": 0}
+        reversed_ = {(low, u) for u, low, _ in rows}
+        got = {"real": 0, "teacher": 0, "reversed": 0}
         for x, ft in data.epoch(np.random.default_rng(2)):
             n = ft - 5  # lower targets: after <bos> <low> <len> <up> U1..Un <sep>
             for r in x:
@@ -189,6 +191,8 @@ class TestTrainKD(unittest.TestCase):
                     got["teacher"] += 1
                 elif (u, low) in real and (u, low) not in teacher:
                     got["real"] += 1
+                elif (u, low) in reversed_ and (u, low) not in real and (u, low) not in teacher:
+                    got["reversed"] += 1  # --swap-frac: the 下联 given, the 上联 the target
                 else:
                     self.fail(f"pair {u}/{low} is neither (or both)")
         return got
@@ -198,6 +202,13 @@ class TestTrainKD(unittest.TestCase):
             got = self.epoch_lowers(frac)
             self.assertEqual(got["real"] + got["teacher"], 400, frac)
             self.assertTrue(lo <= got["teacher"] <= hi, (frac, got))
+
+    def test_swap_share(self):
+        """--swap-frac reverses that share of the lower-mode pairs."""
+        for swap, lo, hi in [(0.0, 0, 0), (1.0, 400, 400), (0.3, 80, 160)]:
+            got = self.epoch_lowers(0.0, swap)
+            self.assertEqual(got["real"] + got["reversed"], 400, swap)
+            self.assertTrue(lo <= got["reversed"] <= hi, (swap, got))
 
 
 if __name__ == "__main__":

@@ -94,7 +94,14 @@ class Data:
             for k, name in enumerate(("lower", "keyword", "acrostic")):
                 idx = np.nonzero(mode == k)[0]
                 if len(idx):
-                    ids, ft = sequences(subset(g, idx), n, name, rng)
+                    sg = subset(g, idx)
+                    if name == "lower" and a.swap_frac > 0:
+                        # Reversed pairs: the 下联 given, the 上联 to write. The
+                        # given line's tone tells the direction (a 平 ending
+                        # asks for a 仄 one), so the task stays coherent.
+                        sw = (rng.random(len(idx)) < a.swap_frac)[:, None]
+                        sg = Group(np.where(sw, sg.L, sg.U), np.where(sw, sg.U, sg.L), sg.K, sg.kn, sg.B)
+                    ids, ft = sequences(sg, n, name, rng)
                     if name == "lower" and a.lower_targets == "lower":
                         ft += n + 1  # the upper line is given in lower mode: targets start at L1
                     seqs.setdefault((ids.shape[1], ft), []).append(ids)
@@ -238,6 +245,9 @@ def parse(argv=None):
     ap.add_argument("--kd", default="", help="distill.py make's file: a teacher 下联 for every training pair")
     ap.add_argument("--kd-frac", type=float, default=0.5,
                     help="--kd: the share of training pairs drawn with the teacher's 下联 each epoch")
+    ap.add_argument("--swap-frac", type=float, default=0.0,
+                    help="share of lower-mode examples drawn reversed each epoch (the 下联 given, the 上联 "
+                         "as the target): data augmentation, REPORT.md \"Run 20\"")
     ap.add_argument("--rl", type=float, default=0.0,
                     help="add this weight x scst.py's self-critical policy loss (linearised corpus BLEU-4 of "
                          "sampled against greedy 下联s of training pairs) to every step; 0: off")
