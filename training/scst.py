@@ -22,6 +22,10 @@ give nothing to the many 7-character lines with no 4-gram match.
 
 Only training pairs are decoded here (train.py's Data.pairs).
 
+Measured (REPORT.md, "Runs 19 and 20"): it did not raise validation BLEU-4
+from run 15, with either baseline, and a step took ~3.5x as long. On pairs
+trained on for ~300 epochs the reward largely pays for memorised lines.
+
 Shapes: b prompts of one line length n, K samples each; prompts int64
 [b, P] (<bos> <low> <len_n> <up> U1..Un <sep>, P = n + 5).
 """

@@ -23,8 +23,9 @@ attention mask (plain causal attention). The loss covers every token after
 With --kd FILE (training/distill.py make), a share --kd-frac of the pairs
 carries the teacher's 下联 instead of the real one in each epoch
 (sequence-level distillation, REPORT.md "Run 18"). With --rl W, every step
-also adds W x a self-critical policy loss on sampled 下联s (scst.py,
-REPORT.md "Run 19").
+also adds W x a self-critical policy loss on sampled 下联s (scst.py); with
+--swap-frac F, a share F of the lower-mode examples is drawn reversed
+(REPORT.md "Runs 19 and 20").
 """
 import argparse
 import csv
@@ -247,7 +248,7 @@ def parse(argv=None):
                     help="--kd: the share of training pairs drawn with the teacher's 下联 each epoch")
     ap.add_argument("--swap-frac", type=float, default=0.0,
                     help="share of lower-mode examples drawn reversed each epoch (the 下联 given, the 上联 "
-                         "as the target): data augmentation, REPORT.md \"Run 20\"")
+                         "as the target): data augmentation, REPORT.md \"Runs 19 and 20\"")
     ap.add_argument("--rl", type=float, default=0.0,
                     help="add this weight x scst.py's self-critical policy loss (linearised corpus BLEU-4 of "
                          "sampled against greedy 下联s of training pairs) to every step; 0: off")
