@@ -28,14 +28,13 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import llama as L  # noqa: E402
-from pairs import amp, read_packed, read_rows, sequences, to_groups  # noqa: E402
+from pairs import amp, lower_prompts, read_packed, read_rows, to_groups  # noqa: E402
 
 
 def log(*a):
@@ -134,8 +133,7 @@ def decode_groups(models, groups, K, dev, rows=2048, progress=""):
     t0 = time.time()
     hyps, refs = [], []
     for n, g in sorted(groups.items()):
-        ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
-        pre = torch.from_numpy(ids[:, :ft + n + 1]).long()  # <bos> <low> <len_n> <up> U1..Un <sep>
+        pre = lower_prompts(g, n)
         for i in range(0, pre.shape[0], rows):
             hyps += beam_lower(models, pre[i:i + rows], n, K, dev)[0].tolist()
         refs += g.L.tolist()

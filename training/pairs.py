@@ -95,3 +95,11 @@ def sequences(g, n, mode, rng):
         parts += [col(C.BAN), g.B]
     parts.append(col(C.EOS))
     return np.concatenate(parts, axis=1), first_target
+
+
+def lower_prompts(g, n):
+    """The lower-mode prompts of group g's pairs, int64 [m, n + 5]:
+    <bos> <low> <len_n> <up> U1..Un <sep>, what the greedy, beam and sampled
+    decodes of docs/EVAL.md's 下联 start from."""
+    ids, ft = sequences(g, n, "lower", None)  # lower mode draws nothing at random
+    return torch.from_numpy(ids[:, :ft + n + 1]).long()

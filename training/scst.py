@@ -39,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import distill  # noqa: E402
-from pairs import amp, sequences, subset  # noqa: E402
+from pairs import amp, lower_prompts, subset  # noqa: E402
 
 MAX_N = 4
 
@@ -136,9 +136,11 @@ class SCST:
     (groups: {n: pairs.Group}). Draws a line length with probability
     proportional to its pairs (as the epochs do), then `rows` pairs of it."""
 
+    STATS = {"steps": 0, "adv_nonzero": 0.0, "greedy_reward": 0.0, "sample_reward": 0.0}  # sums since report()
+
     def __init__(self, groups, rows, K, temp, dev, rng, seed=0, baseline="greedy"):
-        self.groups = {n: g for n, g in groups.items() if n >= 1}
-        self.lengths = np.array(sorted(self.groups))
+        self.groups = groups
+        self.lengths = np.array(sorted(groups))
         w = np.array([self.groups[n].U.shape[0] for n in self.lengths], dtype=np.float64)
         self.p = w / w.sum()
         assert baseline in ("greedy", "mean") and (baseline == "greedy" or K >= 2), (baseline, K)
@@ -146,14 +148,13 @@ class SCST:
         self.baseline = baseline
         self.gen = torch.Generator(device=dev).manual_seed(seed)
         self.reward = Reward()
-        self.stats = {"steps": 0, "adv_nonzero": 0.0, "greedy_reward": 0.0, "sample_reward": 0.0}
+        self.stats = self.STATS.copy()
 
     def batch(self):
         n = int(self.rng.choice(self.lengths, p=self.p))
         g = self.groups[n]
         idx = self.rng.choice(g.U.shape[0], size=min(self.rows, g.U.shape[0]), replace=False)
-        ids, ft = sequences(subset(g, idx), n, "lower", self.rng)
-        return n, torch.from_numpy(ids[:, :ft + n + 1]).long().to(self.dev), g.L[idx]
+        return n, lower_prompts(subset(g, idx), n).to(self.dev), g.L[idx]
 
     def loss(self, model, trunk):
         """(the policy loss with its graph, or None when no sample differs
@@ -188,5 +189,5 @@ class SCST:
         out = (f"rl: {s['steps']} steps, samples differing from greedy in reward {s['adv_nonzero'] / k:.2f}, "
                f"reward greedy {s['greedy_reward'] / k:.3f} samples {s['sample_reward'] / k:.3f}, "
                f"mbar {np.round(self.reward.mbar, 4).tolist() if self.reward.mbar is not None else None}")
-        self.stats = {key: 0 if key == "steps" else 0.0 for key in s}
+        self.stats = self.STATS.copy()
         return out

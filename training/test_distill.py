@@ -47,6 +47,21 @@ def full_logprob(models, x, start):
     return lp[:, start - 1:-1].gather(-1, x[:, start:, None])[..., 0].sum(-1)
 
 
+def stepwise(m, x, n, pick):
+    """n tokens after x by whole-sequence forwards (no cache), specials
+    excluded: pick(t, log-probabilities float32 [b, V]) -> tokens [b].
+    Returns (the tokens int64 [b, n], their summed log-probability [b])."""
+    seq, tot = x, torch.zeros(x.shape[0])
+    for t in range(n):
+        lg = m(seq)[:, -1].float()
+        lg[:, :C.NUM_SPECIAL] = -float("inf")
+        lp = F.log_softmax(lg, -1)
+        y = pick(t, lp)
+        tot += lp.gather(-1, y[:, None])[:, 0]
+        seq = torch.cat([seq, y[:, None]], 1)
+    return seq[:, x.shape[1]:], tot
+
+
 @unittest.skipIf(torch is None, "PyTorch not installed: distill.py is tested where it is")
 class TestBeam(unittest.TestCase):
     dev = torch.device("cpu") if torch is not None else None
@@ -69,12 +84,8 @@ class TestBeam(unittest.TestCase):
         n = 5
         x = prompts(n, 4, 4)
         got, _ = distill.beam_lower([m], x, n, 1, self.dev)
-        seq = x
-        for _ in range(n):  # greedy by whole-sequence forwards, specials forbidden
-            lg = m(seq)[:, -1].float()
-            lg[:, :C.NUM_SPECIAL] = -float("inf")
-            seq = torch.cat([seq, lg.argmax(-1, keepdim=True)], 1)
-        self.assertTrue(torch.equal(got, seq[:, -n:]))
+        want, _ = stepwise(m, x, n, lambda t, lp: lp.argmax(-1))
+        self.assertTrue(torch.equal(got, want))
 
     @no_grad
     def test_wide_beam_finds_the_best_sequence(self):

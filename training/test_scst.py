@@ -3,6 +3,7 @@
 import math
 import random
 import unittest
+from unittest import mock
 
 import common as C
 
@@ -15,7 +16,8 @@ except ImportError:  # pragma: no cover - depends on the machine
 if torch is not None:
     import distill
     import scst
-    from test_distill import CHARS, prompts, tiny
+    from pairs import Group, lower_prompts
+    from test_distill import CHARS, prompts, stepwise, tiny
 
 
 class TestReward(unittest.TestCase):
@@ -106,44 +108,48 @@ class TestSampling(unittest.TestCase):
         ys = s[:, 0]
         with torch.no_grad():
             got = scst.seq_logprob(m, m.model, x, ys)
-            want = torch.zeros(b)
-            seq = x
-            for t in range(n):
-                lg = m(seq)[:, -1].float()
-                lg[:, :C.NUM_SPECIAL] = -float("inf")
-                want += torch.log_softmax(lg, -1).gather(-1, ys[:, t:t + 1])[:, 0]
-                seq = torch.cat([seq, ys[:, t:t + 1]], 1)
+            _, want = stepwise(m, x, n, lambda t, lp: ys[:, t])
         self.assertLess((got - want).abs().max().item(), 1e-4)
 
 
 @unittest.skipIf(torch is None, "PyTorch not installed: scst.py is tested where it is")
 class TestLearning(unittest.TestCase):
     def train_toward(self, sign, baseline="greedy"):
-        """A tiny model, 40 steps of the self-critical loss alone toward
-        fixed reference lines. Returns the mean greedy reward (fixed weights:
-        Reward observed once on the initial greedy lines) before and after."""
+        """A tiny model, 60 steps of SCST.loss alone (what train.py --rl
+        adds to each step) on one group of pairs with fixed reference lines.
+        Returns the mean greedy reward before and after, with fixed weights
+        (a Reward observed once on the initial greedy lines). sign=-1
+        reverses every advantage."""
         dev = torch.device("cpu")
         m = tiny(7).train()
         n, b, K = 5, 16, 8
-        x = prompts(n, b, 8)
         g = torch.Generator().manual_seed(2)
-        refs = torch.randint(C.NUM_SPECIAL, C.NUM_SPECIAL + CHARS, (b, n), generator=g).numpy()
-        rew = scst.Reward(decay=1.0)  # mbar fixed at the first observation
-        greedy, _ = scst.sample_lower(m, x, n, K, dev, gen=g)
-        rew.observe(np.maximum(scst.matches(greedy.numpy(), refs), 0.5))
-        before = rew(scst.matches(greedy.numpy(), refs)).mean()
+        U = torch.randint(C.NUM_SPECIAL, C.NUM_SPECIAL + CHARS, (b, n), generator=g).numpy().astype(np.int32)
+        refs = torch.randint(C.NUM_SPECIAL, C.NUM_SPECIAL + CHARS, (b, n), generator=g).numpy().astype(np.int32)
+        group = Group(U, refs, np.zeros((b, 6, 2), np.int32), np.zeros(b, np.int32))
+        x = lower_prompts(group, n)
+        rl = scst.SCST({n: group}, b, K, 1.0, dev, np.random.default_rng(3), seed=4, baseline=baseline)
+
+        def greedy_reward():
+            greedy, _ = scst.sample_lower(m, x, n, 1, dev)
+            return fixed(scst.matches(greedy.numpy(), refs)).mean()
+
+        fixed = scst.Reward(decay=1.0)  # mbar fixed at the first observation
+        greedy, _ = scst.sample_lower(m, x, n, 1, dev)
+        fixed.observe(np.maximum(scst.matches(greedy.numpy(), refs), 0.5))
+        before = greedy_reward()
         opt = torch.optim.Adam(m.parameters(), lr=3e-3)
-        for _ in range(40):
-            greedy, samples = scst.sample_lower(m, x, n, K, dev, gen=g)
-            rg = rew(scst.matches(greedy.numpy(), refs))
-            rs = rew(scst.matches(samples.reshape(-1, n).numpy(), np.repeat(refs, K, 0))).reshape(b, K)
-            adv = torch.from_numpy(sign * scst.advantages(rs, rg, baseline)).float()
-            loss = scst.policy_loss(m, m.model, x, samples, adv)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        greedy, _ = scst.sample_lower(m, x, n, K, dev, gen=g)
-        return before, rew(scst.matches(greedy.numpy(), refs)).mean()
+        adv = scst.advantages
+        with mock.patch.object(scst, "advantages", lambda rs, rg, bl: sign * adv(rs, rg, bl)):
+            for _ in range(60):
+                loss = rl.loss(m, m.model)
+                if loss is None:
+                    continue
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        self.assertTrue(m.training)  # loss() samples in eval mode and restores the mode
+        return before, greedy_reward()
 
     def test_greedy_reward_rises(self):
         before, after = self.train_toward(+1)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
-from pairs import amp, sequences  # noqa: E402
+from pairs import amp, lower_prompts, sequences  # noqa: E402
 
 # The calibrated validation NLL a model may have and still be expected to
 # meet the test perplexity goal (≤ 20, NLL 2.9957): the test NLL has run
@@ -54,8 +54,7 @@ def val_greedy(model, groups, dev, rows=1024):
     model.eval()
     hyps, refs = [], []
     for n, g in sorted(groups.items()):
-        ids, ft = sequences(g, n, "lower", np.random.default_rng(0))
-        pre = torch.from_numpy(ids[:, :ft + n + 1]).long().to(dev)  # <bos> <low> <len_n> <up> U1..Un <sep>
+        pre = lower_prompts(g, n).to(dev)
         for i in range(0, pre.shape[0], rows):
             x = pre[i:i + rows]
             for _ in range(n):
