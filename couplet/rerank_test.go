@@ -17,7 +17,7 @@ func TestRepeats(t *testing.T) {
 		{"耕耘蜜果陶甜蜜", "收获农桑享幸福", 1}, // 蜜 repeated, 下联 not
 		{"福寿寿寿寿昌久", "国富富富富和谐", 4}, // third and fourth occurrences, both lines
 		{"国泰民安山河壮", "民安物阜岁月新", 2}, // 民安 of the 下联 stands in the 上联
-		{"春风", "春风吹", 0},             // unequal lengths: not scored
+		{"春风", "春风吹", 0},          // unequal lengths: not scored
 	} {
 		if got := repeats(tc.u, tc.l); got != tc.want {
 			t.Errorf("repeats(%s, %s) = %d, want %d", tc.u, tc.l, got, tc.want)
