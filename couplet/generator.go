@@ -2,17 +2,18 @@ package couplet
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"math"
 	"math/rand/v2"
-	"path"
+
 	"slices"
 	"sort"
+	"strings"
 
 	"chunlian/engine"
 	"chunlian/model"
 	"chunlian/sampler"
-	"chunlian/weights"
 )
 
 // Generator writes couplets with a model on an engine. It is safe for
@@ -72,27 +73,31 @@ func WithBannerTopK(k int) Option { return func(o *options) { o.bannerTopK = k }
 // one logits row at <ban> that every 横批 sample starts from.
 func WithBannerPool(n int) Option { return func(o *options) { o.bannerPool = n } }
 
-// SharedBannersPath is the run-time location of the corpus' 横批 list
-// (relative to the repository root). It is read if present and never
-// shipped (no license stated).
-const SharedBannersPath = "../shared/data/spring/banners.txt"
-
-// DefaultBannerSources are the retrieval lists New reads unless
-// WithBannerSources is given: the shared corpus' 横批 (if present at run
-// time) and the 4-character idioms shipped with the embedded model
-// (weights/chunlian-base/banner_candidates.txt, MIT). Candidates are
-// filtered by the model's vocabulary, so the list suits any model; a model
-// loaded from another directory can add its own list with
-// WithBannerSources(append(DefaultBannerSources(), …)...).
+// DefaultBannerSources is the 横批 list New reads unless WithBannerSources
+// is given: banners.txt, embedded (real, auspicious phrases only: a 横批
+// is never made up). Candidates are filtered by the model's vocabulary,
+// so the list suits any model.
 func DefaultBannerSources() []BannerSource {
-	return []BannerSource{
-		{Path: SharedBannersPath, Prior: 1},
-		{FS: weights.FS, Path: path.Join(weights.DefaultDir, BannerCandidatesFile)},
-	}
+	return []BannerSource{{FS: bannerFS, Path: "banners.txt", Prior: 1}}
 }
 
-// BannerCandidatesFile is the 4-character idiom list shipped in a model dir.
-const BannerCandidatesFile = "banner_candidates.txt"
+//go:embed banners.txt
+var bannerFS embed.FS
+
+// BannerList returns the phrases of the embedded 横批 list, in list order.
+func BannerList() []string {
+	b, err := bannerFS.ReadFile("banners.txt")
+	if err != nil {
+		panic("couplet: embedded banners.txt: " + err.Error()) // embedded at build time
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
 
 // New builds a Generator for model m on engine e.
 func New(m *model.Model, e engine.Engine, opts ...Option) (*Generator, error) {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"chunlian/critic"
+	"chunlian/model"
 )
 
 func TestRepeats(t *testing.T) {
@@ -130,5 +133,51 @@ func TestExplainListsCandidates(t *testing.T) {
 	}
 	if chosen != len(cs) {
 		t.Fatalf("%d marked chosen, %d returned", chosen, len(cs))
+	}
+}
+
+// TestBannerList: the embedded 横批 list is four Chinese characters a
+// line, without duplicates, every character known to the model, and
+// nothing the critic calls unsuitable.
+func TestBannerList(t *testing.T) {
+	list := BannerList()
+	if len(list) < 200 {
+		t.Fatalf("only %d phrases", len(list))
+	}
+	m, err := model.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(m, &fakeEngine{vocab: m.Tok.Size()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tabs := g.t
+	if g.NumBanners() != len(list) {
+		t.Errorf("the shipped model can write %d of the %d phrases", g.NumBanners(), len(list))
+	}
+	seen := map[string]bool{}
+	for _, b := range list {
+		rs := []rune(b)
+		if len(rs) != 4 {
+			t.Errorf("%q: not four characters", b)
+		}
+		for _, r := range rs {
+			if _, ok := tabs.charID(r); !ok || !IsHan(r) {
+				t.Errorf("%q: %q unknown to the model or not Chinese", b, r)
+			}
+		}
+		if seen[b] {
+			t.Errorf("%q twice", b)
+		}
+		seen[b] = true
+		if critic.UnsuitableBanner(b) || len(critic.Unsuitable(b)) > 0 {
+			t.Errorf("%q is flagged by the critic", b)
+		}
+	}
+	for _, bad := range []string{"春风一度", "富贵在天", "如花似玉", "风和日美", "安家乐业", "民泰国安", "国强富民"} {
+		if seen[bad] {
+			t.Errorf("%q must not be a 横批", bad)
+		}
 	}
 }

@@ -3,7 +3,6 @@ package couplet
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -85,16 +84,8 @@ func benchStagesOn(b *testing.B, wrap func(engine.Engine) engine.Engine, opts ..
 	b.ReportMetric(rows, "rows/couplet")
 }
 
-// testBannerSources are the service's retrieval lists as seen from the
-// package directory (go test runs there; the service runs from the
-// repository root, where SharedBannersPath is relative to).
-func testBannerSources() []BannerSource {
-	s := DefaultBannerSources()
-	if _, err := os.Stat(s[0].Path); err != nil { // not run from the repository root
-		s[0].Path = "../" + SharedBannersPath
-	}
-	return s
-}
+// testBannerSources are the service's retrieval lists.
+func testBannerSources() []BannerSource { return DefaultBannerSources() }
 
 // The service defaults (--samples-per-couplet 1, 横批 ranking).
 func BenchmarkDefaultStages(b *testing.B) {

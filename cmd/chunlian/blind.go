@@ -14,7 +14,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,7 +21,6 @@ import (
 	"chunlian/couplet"
 	"chunlian/critic"
 	"chunlian/quality"
-	"chunlian/weights"
 )
 
 // readerFlags are the flags that select the reader's kit over runEval.
@@ -252,9 +250,8 @@ func realBanners(shared string) func(string) bool {
 			f.Close()
 		}
 	}
-	if f, err := weights.FS.Open(path.Join(weights.DefaultDir, couplet.BannerCandidatesFile)); err == nil {
-		add(f)
-		f.Close()
+	for _, b := range couplet.BannerList() {
+		set[b] = true
 	}
 	return func(b string) bool { return set[b] }
 }

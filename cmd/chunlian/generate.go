@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"chunlian/couplet"
 	"chunlian/model"
@@ -58,11 +57,7 @@ func (g *genFlags) request(text string) couplet.Request {
 // directory's banner_candidates.txt when --model is given (the embedded
 // model's own list is added by couplet.New), plus the shared corpus' list.
 func bannerSources(modelDir string) []couplet.BannerSource {
-	srcs := couplet.DefaultBannerSources()
-	if modelDir != "" {
-		srcs = append(srcs, couplet.BannerSource{Path: filepath.Join(modelDir, couplet.BannerCandidatesFile)})
-	}
-	return srcs
+	return couplet.DefaultBannerSources()
 }
 
 // jsonCouplet is one --json output line.
