@@ -223,7 +223,7 @@ def parse(argv=None):
     ap.add_argument("--mix", default="0.5,0.3,0.2",
                     help="shares of lower, keyword, acrostic mode per epoch (keyword falls back to lower without a word)")
     ap.add_argument("--dropout", type=float, default=0.0,
-                    help="residual dropout after attention and MLP while training (run 3 overfitted without)")
+                    help="residual dropout after attention and MLP while training (the model overfits without)")
     ap.add_argument("--ema", type=float, default=0.0,
                     help="keep an exponential moving average of the weights with this decay (e.g. 0.999); "
                          "validation, the best checkpoint and the export then use the average")
