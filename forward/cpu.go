@@ -510,12 +510,11 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 
 // attnInlineMACs is the attention work (multiply-adds: 2·headDim per
 // query head and context position) below which attention runs on the
-// caller alone: waking the attention workers through their channels cost
-// 5-50 µs on the 2-vCPU VM, more than a decode step's attention at a
-// small batch takes (batch 1 at 40 tokens of context, 6 heads of 64:
-// 31k multiply-adds, a few µs). Set for those channel wakes; the kernel
-// pool's hand-off (now used) is a few µs when its workers spin; not
-// re-tuned.
+// caller alone: waking the attention workers can cost more than a decode
+// step's attention at a small batch takes (batch 1 at 40 tokens of
+// context, 6 heads of 64: 31k multiply-adds, a few µs). Set for
+// channel-woken workers and not re-tuned for the spinning pool
+// (docs/DECISIONS.md, "Attention inline below attnInlineMACs").
 const attnInlineMACs = 1 << 16
 
 // attention fills att for every token of b in layer l, one work item per

@@ -223,10 +223,10 @@ func (w *poolWorker) post(it workItem) {
 func runParts(j job, parts int) { runPartsChunked(j, parts, poolChunks) }
 
 // gemmChunks is the chunks per part for a GEMM of m x rows: poolChunks,
-// except fixed parts (1) for m = 1, where the chunks measured ~5% slower
-// (engine BenchmarkDecode batch=1, 6 interleaved rounds: 1201 vs 1268
-// tok/s): a one-row GEMM streams its weights once, and cutting the stream
-// into more pieces costs more than a late worker does there.
+// except fixed parts (1) for m = 1, where chunks are slower (docs/DECISIONS.md,
+// "Kernel pool hand-off"): a one-row GEMM streams its weights once, and
+// cutting the stream into more pieces costs more than a late worker does
+// there.
 func gemmChunks(m int) int {
 	if m <= 1 {
 		return 1
