@@ -66,6 +66,11 @@ const (
 // Trace is the per-stage breakdown of one Generate call.
 type Trace struct {
 	Stages []StageTrace
+	// Explain asks Generate to compute every ranking feature (the reverse
+	// score too, whatever its weight) and list the candidates in
+	// Candidates, best first.
+	Explain    bool
+	Candidates []Scored
 }
 
 // StageTrace is one stage of Generate. Engine counters cover this call's

@@ -294,23 +294,25 @@ func TestPickBanner(t *testing.T) {
 		return engine.Completion{Index: index, Tokens: ids(text), LogProbs: []float32{lp, lp, lp, lp}, Finish: engine.FinishLength}
 	}
 	const upper, lower = "春回大地万象新", "福满人间四季安"
-	forced := [4]int32(ids("五福临门"))
+	slots := [][4]int32{[4]int32(ids("五福临门")), [4]int32(ids("万象更新")), [4]int32(ids("春回大地")), [4]int32(ids("福满人间"))}
 	cases := []struct {
-		name  string
-		comps []engine.Completion
-		want  string
+		name   string
+		forced bool
+		comps  []engine.Completion
+		want   string
 	}{
-		{"best sum wins", []engine.Completion{comp(0, "万象更新", -2), comp(1, "五福临门", -1)}, "五福临门"},
-		{"copy of the 下联 loses", []engine.Completion{comp(0, "福满人间", -0.5), comp(1, "五福临门", -1)}, "五福临门"},
-		{"copy of the 上联 loses", []engine.Completion{comp(0, "春回大地", -0.1), comp(1, "五福临门", -4), comp(2, "万象更新", -3)}, "五福临门"},
-		{"only copies: the best copy", []engine.Completion{comp(0, "春回大地", -2), comp(0, "福满人间", -1)}, "福满人间"},
-		{"forced sample that wrote another text", []engine.Completion{comp(0, "万象更新", -2), comp(1, "国泰民安", -1)}, "万象更新"},
-		{"incomplete samples", []engine.Completion{{Index: 0, Tokens: ids("万象"), LogProbs: []float32{-1, -1}, Finish: engine.FinishDeadEnd}}, ""},
+		{"best sum wins", true, []engine.Completion{comp(1, "万象更新", -2), comp(0, "五福临门", -1)}, "五福临门"},
+		{"copy of the 下联 loses", true, []engine.Completion{comp(3, "福满人间", -0.5), comp(0, "五福临门", -1)}, "五福临门"},
+		{"copy of the 上联 loses", true, []engine.Completion{comp(2, "春回大地", -0.1), comp(0, "五福临门", -4), comp(1, "万象更新", -3)}, "万象更新"},
+		{"only copies: the best copy", true, []engine.Completion{comp(2, "春回大地", -2), comp(3, "福满人间", -1)}, "福满人间"},
+		{"forced sample that wrote another text", true, []engine.Completion{comp(0, "国泰民安", -1), comp(1, "万象更新", -2)}, "万象更新"},
+		{"the model's own when nothing is forced", false, []engine.Completion{comp(0, "国泰民安", -1)}, "国泰民安"},
+		{"incomplete samples", true, []engine.Completion{{Index: 0, Tokens: ids("万象"), LogProbs: []float32{-1, -1}, Finish: engine.FinishDeadEnd}}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			a := &bannerAssign{k: 2, done: true, slots: [][4]int32{forced, forced}}
-			best, _ := g.pickBanner(tc.comps, a, upper, lower)
+			a := &bannerAssign{k: len(slots), done: true, slots: slots}
+			best, _ := g.pickBanner(tc.comps, a, tc.forced, upper, lower)
 			if got := g.t.text(best); got != tc.want {
 				t.Errorf("picked %q, want %q", got, tc.want)
 			}

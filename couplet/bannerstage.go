@@ -16,12 +16,10 @@ import (
 // The 横批 stage. For each picked couplet one engine request continues the
 // couplet's context after <ban> (prompt + 上联 <sep> 下联 <ban>; the lines'
 // full KV blocks are in the prefix cache from the candidate request, so only
-// the partial last block is recomputed) with 1 + k samples that fork there
-// and decode as one batch:
-//
-//   - sample 0 writes the model's own 横批 (four Chinese characters, at the
-//     request's temperature);
-//   - samples 1..k are each forced through one retrieved candidate.
+// the partial last block is recomputed) with k samples that fork there and
+// decode as one batch, each forced through one retrieved candidate (a real
+// phrase). Only when retrieval finds nothing does a single sample write the
+// model's own 横批 (four Chinese characters, at the request's temperature).
 //
 // Every sample's four raw log-probs are log P(B1..B4 | couplet); the best sum
 // wins. <eos> is not scored: the model ends a four-character 横批 with it
@@ -183,25 +181,30 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 		full = append(full, sp.Banner)
 		k := min(g.o.bannerTopK, len(pools[ci]))
 		assign := &bannerAssign{pool: pools[ci], k: k}
-		own := bannerProc{t: g.t}
+		// The model writes its own 横批 only when no real phrase is
+		// retrieved: a free 横批 is often a made-up variant of an idiom.
+		own := 0
+		if k == 0 {
+			own = 1
+		}
 		req := &engine.Request{
 			Prompt: full,
 			Params: sampler.Params{
 				Temperature: p.temp, TopP: p.topP, TopK: p.topK,
-				MaxTokens: 4, N: 1 + k,
+				MaxTokens: 4, N: own + k,
 				Seed: bannerSeed(p.seed, cd.attempt, cd.sample),
 			},
 			NewProcessor: func(i int) sampler.LogitsProcessor {
-				if i == 0 {
-					return own
+				if own == 1 {
+					return bannerProc{t: g.t}
 				}
-				return forcedBanner{a: assign, slot: i - 1}
+				return forcedBanner{a: assign, slot: i}
 			},
 		}
 		if p.onToken != nil {
 			att, smp := cd.attempt, cd.sample
 			req.OnEvent = func(ev engine.Event) {
-				if ev.Index != 0 || ev.Done || ev.Token < 0 || int(ev.Token) >= len(g.t.char) || g.t.char[ev.Token] == 0 {
+				if ev.Index != 0 || own == 0 || ev.Done || ev.Token < 0 || int(ev.Token) >= len(g.t.char) || g.t.char[ev.Token] == 0 {
 					return
 				}
 				p.onToken(TokenEvent{Attempt: att, Sample: smp, Part: PartBanner, Text: string(g.t.char[ev.Token])})
@@ -226,7 +229,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 				return
 			}
 			stage.addResult(res)
-			best, bestScore := g.pickBanner(res.Completions, assign, cd.c.Upper, cd.c.Lower)
+			best, bestScore := g.pickBanner(res.Completions, assign, own == 0, cd.c.Upper, cd.c.Lower)
 			if best == nil {
 				return
 			}
@@ -259,15 +262,15 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 // of the 上联 or 下联 (the model likes 幸福人家 under 幸福人家日日欢) says
 // nothing the lines do not, so it wins only when every complete sample
 // does that. nil when no sample is complete.
-func (g *Generator) pickBanner(comps []engine.Completion, assign *bannerAssign, upper, lower string) ([]int32, float64) {
+func (g *Generator) pickBanner(comps []engine.Completion, assign *bannerAssign, forced bool, upper, lower string) ([]int32, float64) {
 	var best, bestCopy []int32
 	bestScore, bestCopyScore := math.Inf(-1), math.Inf(-1)
 	for _, comp := range comps {
 		if comp.Finish != engine.FinishLength || len(comp.Tokens) != 4 || len(comp.LogProbs) != 4 {
 			continue // a forced sample without a candidate, or a dead end
 		}
-		if comp.Index > 0 {
-			ids, ok := assign.slot(comp.Index-1, nil)
+		if forced {
+			ids, ok := assign.slot(comp.Index, nil)
 			if !ok || !slices.Equal(comp.Tokens, ids[:]) {
 				continue
 			}

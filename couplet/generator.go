@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path"
+	"slices"
 	"sort"
 
 	"chunlian/engine"
@@ -22,6 +23,7 @@ type Generator struct {
 	e       engine.Engine
 	banners []bannerCand
 	sources []string // banner lists actually read
+	singles map[rune]string
 	o       options
 }
 
@@ -32,6 +34,8 @@ type options struct {
 	bannerPool   int
 	bannerSrcs   []BannerSource
 	extraBanners []string
+	judge        Judge
+	weights      Weights
 }
 
 // Option configures a Generator.
@@ -110,7 +114,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: 2, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
+	o := options{maxAttempts: 4, oversample: 2, weights: DefaultWeights, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -139,6 +143,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 			g.sources = append(g.sources, "(inline)")
 		}
 	}
+	g.singles = singleWords(g.banners)
 	return g, nil
 }
 
@@ -152,7 +157,7 @@ func (g *Generator) MaxLength() int { return g.t.maxChars }
 
 // Validate checks a request without generating (for the HTTP layer).
 func (g *Generator) Validate(req Request) error {
-	_, err := g.t.prepare(req)
+	_, err := g.t.prepare(g.expandSingle(req))
 	return err
 }
 
@@ -199,6 +204,7 @@ type candidate struct {
 // request per picked couplet writes the model's own 横批 and scores the
 // best retrieved ones in the same batch (chooseBanners).
 func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error) {
+	req = g.expandSingle(req)
 	p, err := g.t.prepare(req)
 	if err != nil {
 		return nil, err
@@ -245,11 +251,23 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		return nil, ErrNoCouplet
 	}
 	stage = startStage(req.Trace, g.e, StageRank)
-	for _, cd := range cands {
-		cd.c.Score = cd.lineLP + parallelWeight*parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)
+	feats := make([]Features, len(cands)) // [len(cands)]
+	for i, cd := range cands {
+		feats[i] = g.features(p, cd)
+	}
+	if g.o.weights.Reverse != 0 || (req.Trace != nil && req.Trace.Explain) {
+		if err := g.reverseScores(ctx, p, cands, feats); err != nil {
+			return nil, err
+		}
+	}
+	for i, cd := range cands {
+		cd.c.Score = g.o.weights.Score(feats[i])
 	}
 	chosen := selectDiverse(cands, p.n)
 	stage.end()
+	if req.Trace != nil && req.Trace.Explain {
+		req.Trace.Candidates = explain(cands, feats, chosen)
+	}
 	chosen, err = g.chooseBanners(ctx, p, prompt, chosen, req.Trace)
 	if err != nil {
 		return nil, err
@@ -370,6 +388,9 @@ func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate
 	if p.mode == ModeAcrostic && (cd.upperIDs[0] != p.heads[0] || cd.lowerIDs[0] != p.heads[1]) {
 		return nil
 	}
+	if p.embedded && (cd.upperIDs[1] != p.seconds[0] || cd.lowerIDs[1] != p.seconds[1]) {
+		return nil
+	}
 	cd.lineLP = meanLP(lp)
 	return cd
 }
@@ -451,14 +472,23 @@ func (g *Generator) rawText(ids []int32) string {
 	return s
 }
 
-// Ranking weights: the score is the mean raw log-prob of the generated line
-// tokens + parallelWeight·parallelism (0..1) + bannerWeight·(mean log-prob
-// of the chosen banner's 4 characters).
+// The couplet's score (Weights.Score) gains bannerWeight·(mean log-prob of
+// the chosen banner's 4 characters); diversityCost is the MMR penalty per
+// unit of similarity when several couplets are returned.
 const (
-	parallelWeight = 0.5
-	bannerWeight   = 0.2
-	diversityCost  = 1.0
+	bannerWeight  = 0.2
+	diversityCost = 1.0
 )
+
+// explain lists every candidate with its features, best score first.
+func explain(cands []*candidate, feats []Features, chosen []*candidate) []Scored {
+	out := make([]Scored, len(cands))
+	for i, cd := range cands {
+		out[i] = Scored{Upper: cd.c.Upper, Lower: cd.c.Lower, Features: feats[i], Score: cd.c.Score, Chosen: slices.Contains(chosen, cd)}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Score > out[j].Score })
+	return out
+}
 
 // parallelism is a soft tone score in [0, 1]: at the rhythm-carrying
 // positions of each clause (2nd, 4th, 6th character and the clause end) the

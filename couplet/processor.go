@@ -341,6 +341,9 @@ func (c *constraint) upperForced(gen []int32, j int) (int32, bool) {
 	if p.mode == ModeAcrostic && j == 0 {
 		return p.heads[0], true
 	}
+	if p.embedded && j == 1 {
+		return p.seconds[0], true
+	}
 	if p.mode == ModeKeyword && !c.placed(gen, j) {
 		if j > 0 && c.kwStart[j-1] && gen[j-1] == p.heads[0] {
 			return p.heads[1], true
@@ -360,6 +363,9 @@ func (c *constraint) lowerForced(upper, lower []int32, j int) (int32, bool) {
 	}
 	if p.mode == ModeAcrostic && j == 0 {
 		return p.heads[1], true
+	}
+	if p.embedded && j == 1 {
+		return p.seconds[1], true
 	}
 	for k := 0; k < j; k++ {
 		if p.template[k] == -1 && upper[k] == upper[j] {

@@ -46,6 +46,10 @@ type plan struct {
 	seed     uint64
 	unconstr bool
 	onToken  func(TokenEvent)
+	// embedded: a four-character keyword planned as ModeAcrostic whose
+	// lines open with heads[i], seconds[i] (prepareEmbedded).
+	embedded bool
+	seconds  [2]int32
 }
 
 // prepare validates req against the vocabulary and fills in defaults.
@@ -92,20 +96,36 @@ func (t *tables) prepare(req Request) (*plan, error) {
 	if p.mode == ModeLower {
 		return p, t.prepareLower(p, text)
 	}
-	if len(text) != 2 || !IsHan(text[0]) || !IsHan(text[1]) {
-		return nil, inputErr(CodeBadKeyword, "请输入两个汉字（例如：平安），收到 %q", "please enter exactly two Chinese characters (e.g. 平安), got %q", string(text))
-	}
-	for i, r := range text {
-		id, ok := t.charID(r)
-		if !ok {
+	for _, r := range text {
+		if !IsHan(r) {
+			return nil, inputErr(CodeBadKeyword, "请输入一个、两个或四个汉字（例如：福、平安、万事如意），收到 %q", "please enter one, two or four Chinese characters (e.g. 福, 平安, 万事如意), got %q", string(text))
+		}
+		if _, ok := t.charID(r); !ok {
 			return nil, inputErr(CodeUnknownChar, "模型不认识“%c”字", "the model does not know the character %q", r)
 		}
-		p.heads[i] = id
 	}
-	if p.mode == ModeAcrostic && text[0] == text[1] {
+	switch {
+	case len(text) == 4 && p.mode == ModeKeyword:
+		if err := t.prepareEmbedded(p, text); err != nil {
+			return nil, err
+		}
+	case len(text) == 1 && p.mode == ModeKeyword:
+		// Generator.expandSingle turns a known one-character word into a
+		// two-character one before prepare; what reaches here has none.
+		return nil, inputErr(CodeBadKeyword, "“%c”字暂无可用的吉祥词，请输入两个汉字（例如：平安）", "no blessing word is known for %q; please enter two Chinese characters (e.g. 平安)", text[0])
+	case len(text) != 2:
+		return nil, inputErr(CodeBadKeyword, "请输入两个汉字（例如：平安），收到 %q", "please enter exactly two Chinese characters (e.g. 平安), got %q", string(text))
+	default:
+		for i, r := range text {
+			p.heads[i], _ = t.charID(r)
+		}
+	}
+	if p.mode == ModeAcrostic && p.heads[0] == p.heads[1] {
 		return nil, inputErr(CodeSameHeads, "藏头的两个字不能相同（上下联同位不能同字）", "the two acrostic heads must differ (the lines may not share a character at the same position)")
 	}
-	p.headText = string(text)
+	if p.headText == "" {
+		p.headText = string(text)
+	}
 	length := req.Length
 	if length == 0 {
 		length = DefaultLength
@@ -158,5 +178,34 @@ func (t *tables) prepareLower(p *plan, u []rune) error {
 	}
 	p.lineLen = len(u)
 	p.headText = string(u)
+	return nil
+}
+
+// prepareEmbedded plans a four-character blessing phrase (万事如意) as an
+// embedded-word couplet (嵌字联): the 上联 opens with its first two
+// characters and the 下联 with its last two, written on the acrostic prompt
+// (heads = the 1st and 3rd characters) with the 2nd and 4th forced after
+// them. Phrases the line rules cannot carry (a doubled first half against
+// an undoubled second, or a shared character at the same position) fall
+// back to their undoubled half as a two-character keyword.
+func (t *tables) prepareEmbedded(p *plan, w []rune) error {
+	embedded, half := splitPhrase(w)
+	switch {
+	case half != nil:
+		p.heads[0], _ = t.charID(half[0])
+		p.heads[1], _ = t.charID(half[1])
+		p.headText = string(half)
+		return nil
+	case !embedded:
+		return inputErr(CodeBadKeyword, "“%s”无法用作嵌字，请换一个四字词或输入两个汉字", "%q cannot be embedded in the lines; try another four-character phrase or two characters", string(w))
+	}
+	var ids [4]int32
+	for i, r := range w {
+		ids[i], _ = t.charID(r)
+	}
+	p.mode = ModeAcrostic
+	p.embedded = true
+	p.heads = [2]int32{ids[0], ids[2]}
+	p.seconds = [2]int32{ids[1], ids[3]}
 	return nil
 }

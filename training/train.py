@@ -74,10 +74,10 @@ class Data:
         a = self.args
         seqs = {}  # T -> list of (array, first_target)
 
-        def add(g, n):
+        def add(g, n, mix=a.mix):
             m = g.U.shape[0]
             r = rng.random(m)
-            pl, pk, _ = (float(f) for f in a.mix.split(","))
+            pl, pk, _ = (float(f) for f in mix.split(","))
             mode = np.where(r < pl, 0, np.where(r < pl + pk, 1, 2))
             mode[(mode == 1) & (g.kn == 0)] = 0
             for k, name in enumerate(("lower", "keyword", "acrostic")):
@@ -90,14 +90,15 @@ class Data:
 
         for n, g in self.pairs.items():
             add(g, n)
+        spring = a.spring_mix or a.mix
         for n, g in self.triples.items():
             for _ in range(a.triple_repeat):
-                add(g, n)
+                add(g, n, spring)
         keep = a.pseudo_per_epoch / max(self.n_pseudo, 1)
         for n, g in self.pseudo.items():
             idx = np.nonzero(rng.random(g.U.shape[0]) < keep)[0]
             if len(idx):
-                add(subset(g, idx), n)
+                add(subset(g, idx), n, spring)
         batches = []
         for (T, ft), arrs in seqs.items():
             x = np.concatenate(arrs)
@@ -220,6 +221,9 @@ def parse(argv=None):
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
+    ap.add_argument("--spring-mix", default="",
+                    help="lower,keyword,acrostic shares for the spring-festival couplets (triples and pseudo-triples); "
+                         "empty = --mix. With --mix 1,0,0 the keyword and acrostic modes learn 春联 only")
     ap.add_argument("--mix", default="0.5,0.3,0.2",
                     help="shares of lower, keyword, acrostic mode per epoch (keyword falls back to lower without a word)")
     ap.add_argument("--dropout", type=float, default=0.0,

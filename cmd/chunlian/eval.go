@@ -26,7 +26,12 @@ import (
 func init() {
 	commands["eval"] = command{
 		summary: "rule pass rates and latency of couplet generation, constraints on vs off (Markdown)",
-		run:     func(args []string) error { return runEval(args, os.Stdout) },
+		run: func(args []string) error {
+			if handled, err := runEvalReader(args, os.Stdout); handled { // blind.go
+				return err
+			}
+			return runEval(args, os.Stdout)
+		},
 	}
 }
 

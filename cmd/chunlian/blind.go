@@ -1,0 +1,277 @@
+package main
+
+// blind.go: the blind reading kit and the automatic signals of
+// `chunlian eval` (package quality does the work; this file only wires
+// flags to it). runEvalReader takes the call when --blind, --score or
+// --signals is given; otherwise runEval runs as before.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"chunlian/couplet"
+	"chunlian/critic"
+	"chunlian/quality"
+	"chunlian/weights"
+)
+
+// readerFlags are the flags that select the reader's kit over runEval.
+var readerFlags = []string{"blind", "score", "signals"}
+
+// runEvalReader runs `eval --blind N --sheet-out F --key-out K`,
+// `eval --score SHEET --key K` or `eval --signals`; handled is false when
+// args name none of them.
+func runEvalReader(args []string, stdout io.Writer) (handled bool, err error) {
+	for _, a := range args {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && contains(readerFlags, name) {
+			handled = true
+		}
+	}
+	if !handled {
+		return false, nil
+	}
+	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
+	blind := fs.Int("blind", 0, "write a blind reading sheet of N couplets, half chunlian's (keyword mode), half human spring couplets of the same words")
+	sheetOut := fs.String("sheet-out", "", "--blind: the sheet to write")
+	keyOut := fs.String("key-out", "", "--blind: the key to write (id → source, word); keep it from the reader")
+	score := fs.String("score", "", "score a filled sheet (with --key): hang / acceptable / odd and 横批 fit per side")
+	key := fs.String("key", "", "--score: the sheet's key")
+	signals := fs.Bool("signals", false, "automatic signals of chunlian's couplets and human ones of the same words, side by side (Markdown)")
+	perWord := fs.Int("per-word", 100, "--signals: chunlian couplets per blessing word (distinct-2 is over these); human ones: all of the word's, at most as many")
+	wordList := fs.String("word-list", strings.Join(evalWords[:15], ","), "comma-separated blessing words")
+	length := fs.Int("length", couplet.DefaultLength, "line length of chunlian's couplets and of the human ones picked")
+	seed := fs.Uint64("seed", 1, "seed of the couplets and of the sheet's order")
+	shared := fs.String("shared", "../shared/data", "the shared data folder (spring/, couplets/train.tsv, idioms.txt)")
+	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
+	var sc stackConfig
+	sc.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return true, err
+	}
+	if *score != "" {
+		return true, scoreSheetFiles(*score, *key, stdout)
+	}
+	words := strings.Split(*wordList, ",")
+	pool, err := quality.ReadHuman(filepath.Join(*shared, "spring/with_banner.tsv"), filepath.Join(*shared, "spring/newyear_no_banner.tsv"))
+	if err != nil {
+		return true, fmt.Errorf("the human couplets need ../shared (--shared): %w", err)
+	}
+	st, err := openStack(sc, *randomModel)
+	if err != nil {
+		return true, err
+	}
+	defer st.Close()
+	g, err := couplet.New(st.Model, st.Engine, sc.generatorOptions()...)
+	if err != nil {
+		return true, err
+	}
+	rng := rand.New(rand.NewPCG(*seed, 1))
+	switch {
+	case *blind > 0:
+		if *sheetOut == "" || *keyOut == "" {
+			return true, errors.New("--blind needs --sheet-out and --key-out")
+		}
+		return true, writeBlind(g, pool, words, *blind, *length, *seed, rng, *sheetOut, *keyOut, stdout)
+	case *signals:
+		return true, writeSignals(g, pool, words, *perWord, *length, *seed, rng, *shared, stdout, sc.SamplesPerCouplet)
+	}
+	return true, errors.New("--blind needs N > 0")
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func scoreSheetFiles(sheetPath, keyPath string, stdout io.Writer) error {
+	if keyPath == "" {
+		return errors.New("--score needs --key")
+	}
+	sheet, err := os.Open(sheetPath)
+	if err != nil {
+		return err
+	}
+	defer sheet.Close()
+	key, err := os.Open(keyPath)
+	if err != nil {
+		return err
+	}
+	defer key.Close()
+	scores, err := quality.ScoreSheet(sheet, key)
+	if err != nil {
+		return err
+	}
+	quality.WriteScores(stdout, scores)
+	return nil
+}
+
+// generateFor draws n keyword-mode couplets per word at the request
+// defaults (seed base+1000·word index+k), eight requests at a time.
+func generateFor(g *couplet.Generator, words []string, n, length int, base uint64) ([]quality.Couplet, error) {
+	out := make([]quality.Couplet, len(words)*n)
+	errs := make([]error, len(out))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for wi, w := range words {
+		for k := 0; k < n; k++ {
+			i := wi*n + k
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: length, N: 1, Seed: base + uint64(1000*wi+k)}
+				cs, err := g.Generate(context.Background(), req)
+				if err != nil || len(cs) == 0 {
+					errs[i] = fmt.Errorf("%s (seed %d): %v", w, req.Seed, err)
+					return
+				}
+				out[i] = quality.Couplet{Source: quality.SourceOurs, Word: w, Upper: cs[0].Upper, Lower: cs[0].Lower, Banner: cs[0].Banner}
+			}()
+		}
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// writeBlind writes a sheet of n rows: n/2 of ours and n/2 human, over
+// the words that have enough human couplets of the length.
+func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n, length int, seed uint64, rng *rand.Rand, sheetPath, keyPath string, stdout io.Writer) error {
+	half := n / 2
+	var usable []string
+	human := map[string][]quality.Couplet{}
+	for _, w := range words {
+		if hs := quality.HumanFor(pool, w, length, half, rng); len(hs) > 0 {
+			usable = append(usable, w)
+			human[w] = hs
+		}
+	}
+	if len(usable) == 0 {
+		return fmt.Errorf("no human couplet of %d characters holds any of %v", length, words)
+	}
+	per := (half + len(usable) - 1) / len(usable)
+	ours, err := generateFor(g, usable, per, length, seed)
+	if err != nil {
+		return err
+	}
+	// Round-robin over the words; a human couplet that holds several of
+	// the words is used once.
+	var pickedOurs, pickedHuman []quality.Couplet
+	used := map[string]bool{}
+	next := make([]int, len(usable)) // per word: next human candidate
+	var picked []string
+	for k := 0; k < per && len(pickedOurs) < half; k++ {
+		for w := 0; w < len(usable) && len(pickedOurs) < half; w++ {
+			hs := human[usable[w]]
+			for next[w] < len(hs) && used[hs[next[w]].Upper+hs[next[w]].Lower] {
+				next[w]++
+			}
+			if next[w] == len(hs) {
+				continue
+			}
+			h := hs[next[w]]
+			used[h.Upper+h.Lower] = true
+			pickedOurs = append(pickedOurs, ours[w*per+k])
+			pickedHuman = append(pickedHuman, h)
+			if !contains(picked, usable[w]) {
+				picked = append(picked, usable[w])
+			}
+		}
+	}
+	sheet, err := os.Create(sheetPath)
+	if err != nil {
+		return err
+	}
+	defer sheet.Close()
+	key, err := os.Create(keyPath)
+	if err != nil {
+		return err
+	}
+	defer key.Close()
+	if err := quality.WriteBlindSheet(sheet, key, pickedOurs, pickedHuman, seed); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s (%d couplets: %d chunlian, %d human, words %s) and its key %s\n", sheetPath, len(pickedOurs)+len(pickedHuman), len(pickedOurs), len(pickedHuman), strings.Join(picked, " "), keyPath)
+	return nil
+}
+
+func writeSignals(g *couplet.Generator, pool []quality.Couplet, words []string, per, length int, seed uint64, rng *rand.Rand, shared string, stdout io.Writer, samples int) error {
+	critic.Load()
+	ours, err := generateFor(g, words, per, length, seed)
+	if err != nil {
+		return err
+	}
+	var human []quality.Couplet
+	for _, w := range words {
+		human = append(human, quality.HumanFor(pool, w, length, per, rng)...)
+	}
+	real := realBanners(shared)
+	train, err := readTrainPairs(filepath.Join(shared, "couplets/train.tsv"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chunlian eval: copied share skipped: %v\n", err)
+	}
+	fmt.Fprintf(stdout, "Automatic signals, keyword mode, %d-character lines, words %s; chunlian: %d couplets per word (--samples-per-couplet %d, seed %d); human: the spring couplets of ../shared that hold the word, of the same length.\n\n",
+		length, strings.Join(words, " "), per, samples, seed)
+	quality.WriteSignals(stdout, []quality.Signals{
+		quality.ComputeSignals(quality.SourceOurs, ours, real, train),
+		quality.ComputeSignals(quality.SourceHuman, human, real, train),
+	})
+	return nil
+}
+
+// realBanners is the interim test of "a real phrase" until package
+// couplet provides one: the 横批 of spring/banners.txt, the idioms of
+// idioms.txt and the embedded model's banner_candidates.txt.
+func realBanners(shared string) func(string) bool {
+	set := map[string]bool{}
+	add := func(r io.Reader) {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			if l := strings.TrimSpace(sc.Text()); l != "" && !strings.HasPrefix(l, "#") {
+				set[l] = true
+			}
+		}
+	}
+	for _, p := range []string{filepath.Join(shared, "spring/banners.txt"), filepath.Join(shared, "idioms.txt")} {
+		if f, err := os.Open(p); err == nil {
+			add(f)
+			f.Close()
+		}
+	}
+	if f, err := weights.FS.Open(path.Join(weights.DefaultDir, couplet.BannerCandidatesFile)); err == nil {
+		add(f)
+		f.Close()
+	}
+	return func(b string) bool { return set[b] }
+}
+
+func readTrainPairs(p string) (map[string]bool, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	set := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if u, l, ok := strings.Cut(sc.Text(), "\t"); ok {
+			set[u+"\t"+l] = true
+		}
+	}
+	return set, sc.Err()
+}

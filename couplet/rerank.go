@@ -1,0 +1,255 @@
+package couplet
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"chunlian/engine"
+	"chunlian/sampler"
+)
+
+// Judge scores a finished couplet as a reader would object to it. The
+// couplet package does not implement one; cmd wires a critic in
+// (WithJudge). Implementations must be safe for concurrent use.
+type Judge interface {
+	// Parallelism is the part-of-speech and word-boundary alignment of the
+	// two lines, in [0, 1].
+	Parallelism(upper, lower string) float64
+	// Unsuitable lists the words of text that do not belong on a 春联.
+	Unsuitable(text string) []string
+	// Festive is how much text reads as a Spring Festival couplet (a
+	// log-odds per character; 0 = neutral).
+	Festive(text string) float64
+}
+
+// Features are the signals one candidate couplet is ranked by.
+type Features struct {
+	LogProb  float64 // mean raw log-prob of the generated line tokens
+	Tone     float64 // 平仄 alternation and opposition, [0, 1]
+	POS      float64 // Judge.Parallelism, [0, 1]
+	Festive  float64 // Judge.Festive of 上联+下联
+	Reverse  float64 // mean log P(上联 | 下联) by the lower-mode prompt
+	Bad      int     // Judge.Unsuitable words in 上联+下联
+	Repeated int     // characters used more than once within the couplet, beyond mirrored repeats
+}
+
+// Weights combine Features into a candidate's score (see Weights.Score).
+type Weights struct {
+	LogProb, Tone, POS, Festive, Reverse, Bad, Repeated float64
+}
+
+// DefaultWeights is the ranking the service ships; docs/DECISIONS.md
+// records the reading that chose it.
+var DefaultWeights = Weights{LogProb: 1, Tone: 0.5, POS: 0.6, Festive: 0.5, Reverse: 0, Bad: 3, Repeated: 0.15}
+
+// Score is the weighted sum: higher is better; Bad and Repeated count
+// against a candidate.
+func (w Weights) Score(f Features) float64 {
+	return w.LogProb*f.LogProb + w.Tone*f.Tone + w.POS*f.POS + w.Festive*f.Festive +
+		w.Reverse*f.Reverse - w.Bad*float64(f.Bad) - w.Repeated*float64(f.Repeated)
+}
+
+// Scored is one ranked candidate as Trace.Candidates reports it.
+type Scored struct {
+	Upper, Lower string
+	Features     Features
+	Score        float64
+	Chosen       bool
+}
+
+// WithJudge sets the reader-side signals used in ranking and 横批 choice.
+func WithJudge(j Judge) Option { return func(o *options) { o.judge = j } }
+
+// WithWeights replaces DefaultWeights.
+func WithWeights(w Weights) Option { return func(o *options) { o.weights = w } }
+
+// features fills every signal of cd except Reverse.
+func (g *Generator) features(p *plan, cd *candidate) Features {
+	f := Features{LogProb: cd.lineLP, Tone: parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)}
+	f.Repeated = repeats(cd.c.Upper, cd.c.Lower)
+	if j := g.o.judge; j != nil {
+		f.POS = j.Parallelism(cd.c.Upper, cd.c.Lower)
+		f.Festive = j.Festive(cd.c.Upper + cd.c.Lower)
+		f.Bad = len(j.Unsuitable(cd.c.Upper)) + len(j.Unsuitable(cd.c.Lower))
+	}
+	return f
+}
+
+// repeats counts the repetitions a reader takes for slips: a character
+// repeated within a line where the other line does not repeat at the same
+// positions (耕耘蜜果陶甜蜜), a third occurrence even when mirrored
+// (福寿寿寿寿), and a 下联 character that stands elsewhere in the 上联
+// (国泰民安… / 民安…). Mirrored pairs (叠字 年年 / 岁岁, 平安…平安 /
+// 吉祥…吉祥) are a figure, not a slip, and count nothing.
+func repeats(upper, lower string) int {
+	u, l := []rune(upper), []rune(lower)
+	if len(u) != len(l) {
+		return 0
+	}
+	n := 0
+	for _, pair := range [2][2][]rune{{u, l}, {l, u}} {
+		a, b := pair[0], pair[1]
+		for i := range a {
+			if !IsHan(a[i]) {
+				continue
+			}
+			seen := 0
+			for k := 0; k < i; k++ {
+				if a[k] == a[i] {
+					seen++
+					if b[k] != b[i] {
+						n++
+						break
+					}
+				}
+			}
+			if seen >= 2 {
+				n++
+			}
+		}
+	}
+	for i, r := range l {
+		if !IsHan(r) {
+			continue
+		}
+		for j, x := range u {
+			if x == r && j != i {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// reverseScores sets f[i].Reverse to the mean log P(上联 | 下联) of
+// candidate i: one lower-mode request per candidate, forced through the
+// 上联, all in flight together so the engine batches them. Lower mode has
+// no 上联 to score, so it does nothing there.
+func (g *Generator) reverseScores(ctx context.Context, p *plan, cands []*candidate, f []Features) error {
+	if p.mode == ModeLower {
+		return nil
+	}
+	sp := g.t.sp
+	lt, _ := sp.LengthToken(p.lineLen)
+	errs := make([]error, len(cands)) // slot i written by goroutine i only
+	var wg sync.WaitGroup
+	for i, cd := range cands {
+		prompt := append([]int32{sp.BOS, sp.Lower, lt, sp.Up}, cd.lowerIDs...)
+		prompt = append(prompt, sp.Sep)
+		want := slices.Clone(cd.upperIDs)
+		req := &engine.Request{
+			Prompt: prompt,
+			Params: sampler.Params{
+				Temperature: 1, TopP: 1, MaxTokens: len(want), N: 1, Seed: 1,
+			},
+			NewProcessor: func(int) sampler.LogitsProcessor { return forcedSeq(want) },
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := g.e.Generate(ctx, req)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if len(res.Completions) == 1 && len(res.Completions[0].LogProbs) == len(want) {
+				f[i].Reverse = meanLP(res.Completions[0].LogProbs)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forcedSeq forces the tokens of a fixed sequence in order (a dead end
+// after it); the engine still reports each token's raw log-prob.
+type forcedSeq []int32
+
+func (s forcedSeq) next(gen []int32) int32 {
+	if len(gen) < len(s) {
+		return s[len(gen)]
+	}
+	return -1
+}
+
+// Process implements sampler.LogitsProcessor.
+func (s forcedSeq) Process(gen []int32, logits []float32) error {
+	return sampler.Force(logits, s.next(gen))
+}
+
+// Forced implements sampler.Forcer.
+func (s forcedSeq) Forced(gen []int32, _ []float32) (int32, bool) { return s.next(gen), true }
+
+// Mask implements sampler.Masker.
+func (s forcedSeq) Mask(gen []int32, m *sampler.Mask) bool {
+	m.Reset()
+	m.Forced, m.Force = true, s.next(gen)
+	return true
+}
+
+// singleWords maps a character to the two-character word a one-character
+// keyword (福) is written with: the half (first or last two characters) of
+// the 横批 list's phrases that contains it most often, the earlier phrase
+// winning ties (lists put the commonest first): 福 → 五福 when 五福临门 and
+// 五福… lead. Halves with a repeated character are skipped.
+func singleWords(banners []bannerCand) map[rune]string {
+	type entry struct {
+		word  string
+		count int
+		first int
+	}
+	best := map[rune]map[string]*entry{}
+	for i, b := range banners {
+		for _, h := range [][2]rune{{b.runes[0], b.runes[1]}, {b.runes[2], b.runes[3]}} {
+			if h[0] == h[1] {
+				continue
+			}
+			w := string(h[:])
+			for _, r := range h {
+				m := best[r]
+				if m == nil {
+					m = map[string]*entry{}
+					best[r] = m
+				}
+				if e := m[w]; e != nil {
+					e.count++
+				} else {
+					m[w] = &entry{w, 1, i}
+				}
+			}
+		}
+	}
+	out := make(map[rune]string, len(best))
+	for r, m := range best {
+		var top *entry
+		for _, e := range m {
+			if top == nil || e.count > top.count || (e.count == top.count && e.first < top.first) {
+				top = e
+			}
+		}
+		out[r] = top.word
+	}
+	return out
+}
+
+// expandSingle rewrites a one-character keyword request to its word
+// (singleWords); other requests pass unchanged.
+func (g *Generator) expandSingle(req Request) Request {
+	if req.Mode != "" && req.Mode != ModeKeyword {
+		return req
+	}
+	rs := []rune(Normalize(req.Text))
+	if len(rs) == 1 {
+		if w, ok := g.singles[rs[0]]; ok {
+			req.Text = w
+		}
+	}
+	return req
+}

@@ -1,0 +1,134 @@
+package couplet
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+func TestRepeats(t *testing.T) {
+	for _, tc := range []struct {
+		u, l string
+		want int
+	}{
+		{"春回大地千山秀", "福满人间万户新", 0},
+		{"平安竹报平安喜", "吉祥花开吉祥春", 0}, // mirrored repeats are a figure
+		{"年年如意春常在", "岁岁平安福永存", 0},
+		{"耕耘蜜果陶甜蜜", "收获农桑享幸福", 1}, // 蜜 repeated, 下联 not
+		{"福寿寿寿寿昌久", "国富富富富和谐", 4}, // third and fourth occurrences, both lines
+		{"国泰民安山河壮", "民安物阜岁月新", 2}, // 民安 of the 下联 stands in the 上联
+		{"春风", "春风吹", 0},          // unequal lengths: not scored
+	} {
+		if got := repeats(tc.u, tc.l); got != tc.want {
+			t.Errorf("repeats(%s, %s) = %d, want %d", tc.u, tc.l, got, tc.want)
+		}
+	}
+}
+
+func TestWeightsScore(t *testing.T) {
+	w := Weights{LogProb: 1, Tone: 2, POS: 3, Festive: 4, Reverse: 5, Bad: 6, Repeated: 7}
+	f := Features{LogProb: -1, Tone: 0.5, POS: 0.5, Festive: 0.25, Reverse: -2, Bad: 1, Repeated: 2}
+	want := -1 + 1 + 1.5 + 1 - 10 - 6 - 14.0
+	if got := w.Score(f); got != want {
+		t.Fatalf("Score = %v, want %v", got, want)
+	}
+	// An unsuitable word costs more than any plausible log-prob gap.
+	good := Features{LogProb: -2.5}
+	bad := Features{LogProb: -1, Bad: 1}
+	if DefaultWeights.Score(bad) >= DefaultWeights.Score(good) {
+		t.Fatalf("default weights rank a couplet with an unsuitable word above a clean one")
+	}
+}
+
+func TestSplitPhraseAndKeywordPresent(t *testing.T) {
+	for _, tc := range []struct {
+		w        string
+		embedded bool
+		half     string
+	}{
+		{"万事如意", true, ""},
+		{"欢欢喜喜", true, ""}, // both halves doubled: mirrored
+		{"年年有余", false, "有余"},
+		{"吉祥如意", true, ""},
+		{"大吉大利", false, "大利"}, // 大 at the same position
+	} {
+		e, h := splitPhrase([]rune(tc.w))
+		if e != tc.embedded || string(h) != tc.half {
+			t.Errorf("splitPhrase(%s) = %v, %q; want %v, %q", tc.w, e, string(h), tc.embedded, tc.half)
+		}
+	}
+	if !KeywordPresent(Couplet{Upper: "万事顺心家业旺", Lower: "如意吉祥福满堂"}, "万事如意") {
+		t.Error("embedded phrase not found")
+	}
+	if KeywordPresent(Couplet{Upper: "家业兴旺万事顺", Lower: "吉祥如意福满堂"}, "万事如意") {
+		t.Error("phrase found though it does not open the lines")
+	}
+	if !KeywordPresent(Couplet{Upper: "春来富贵有余庆", Lower: "岁至平安无限春"}, "年年有余") {
+		t.Error("the half of 年年有余 not found")
+	}
+	if !KeywordPresent(Couplet{Upper: "五福临门家业旺", Lower: "三阳开泰户庭新"}, "福") {
+		t.Error("one-character keyword not found")
+	}
+}
+
+// TestKeywordBreadth: one- and four-character keywords generate couplets
+// that carry them (fake engine: the rules, not the model, are under test).
+func TestKeywordBreadth(t *testing.T) {
+	fe := &fakeEngine{vocab: testModel.Tok.Size()}
+	g := newFakeGen(t, fe, WithBanners("五福临门", "福满人间", "万象更新"))
+	if w := g.singles['福']; w != "五福" {
+		t.Fatalf("single word for 福 = %q, want 五福 (first of the most frequent halves)", w)
+	}
+	for _, text := range []string{"福", "万事如意", "年年有余", "平安"} {
+		req := Request{Text: text, N: 2, Seed: 3}
+		cs, err := g.Generate(context.Background(), req)
+		if err != nil {
+			t.Fatalf("%s: %v", text, err)
+		}
+		checkResult(t, req, cs)
+		if text == "万事如意" {
+			for _, c := range cs {
+				if !strings.HasPrefix(c.Upper, "万事") || !strings.HasPrefix(c.Lower, "如意") {
+					t.Errorf("万事如意 not embedded: %s / %s", c.Upper, c.Lower)
+				}
+			}
+		}
+	}
+	if err := g.Validate(Request{Text: "龘"}); err == nil {
+		t.Error("a character with no known word was accepted")
+	}
+	if err := g.Validate(Request{Text: "一二三"}); err == nil {
+		t.Error("three characters were accepted")
+	}
+}
+
+// TestExplainListsCandidates: Trace.Explain lists every candidate with its
+// features, best first, the returned ones marked, and the reverse score
+// filled in.
+func TestExplainListsCandidates(t *testing.T) {
+	fe := &fakeEngine{vocab: testModel.Tok.Size()}
+	g := newFakeGen(t, fe, WithOversample(4))
+	tr := &Trace{Explain: true}
+	cs, err := g.Generate(context.Background(), Request{Text: "平安", N: 2, Seed: 5, Trace: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Candidates) < len(cs) {
+		t.Fatalf("%d candidates listed for %d returned", len(tr.Candidates), len(cs))
+	}
+	chosen := 0
+	for i, c := range tr.Candidates {
+		if i > 0 && c.Score > tr.Candidates[i-1].Score {
+			t.Fatalf("candidates not sorted by score")
+		}
+		if c.Features.Reverse >= 0 {
+			t.Errorf("candidate %d: reverse log-prob %v not computed", i, c.Features.Reverse)
+		}
+		if c.Chosen {
+			chosen++
+		}
+	}
+	if chosen != len(cs) {
+		t.Fatalf("%d marked chosen, %d returned", chosen, len(cs))
+	}
+}

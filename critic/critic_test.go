@@ -1,0 +1,226 @@
+package critic
+
+import (
+	"bufio"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"unicode"
+)
+
+func TestParallelismClearCases(t *testing.T) {
+	good := Parallelism("天高云淡", "地阔山青")
+	bad := Parallelism("天高云淡", "我们的了")
+	if good < 0.75 {
+		t.Errorf("天高云淡/地阔山青 = %.3f, want ≥ 0.75", good)
+	}
+	if bad > 0.4 {
+		t.Errorf("天高云淡/我们的了 = %.3f, want ≤ 0.4", bad)
+	}
+	if p := Parallelism("门纳平安开泰运", "户迎富贵纳祯祥"); p <= Parallelism("门纳平安开泰运", "的了吗呢我你他") {
+		t.Errorf("a real pair (%.3f) does not beat function words", p)
+	}
+	if p := Parallelism("天高云淡", "地阔山"); p != 0 {
+		t.Errorf("lines of different length = %v, want 0", p)
+	}
+	if p := Parallelism("", ""); p != 0 {
+		t.Errorf("empty lines = %v, want 0", p)
+	}
+	if p := Parallelism("春风，春雨", "福气，福星"); p < 0 || p > 1 {
+		t.Errorf("score %v outside [0,1]", p)
+	}
+}
+
+func TestSegmentCoversLine(t *testing.T) {
+	for _, line := range []string{"新春柳绿千山绿", "香自大同谁富贵，山因直至士从容", "福"} {
+		var b strings.Builder
+		for _, w := range Segment(line) {
+			if n := len([]rune(w.Text)); n < 1 || n > 2 {
+				t.Errorf("%s: word %q of %d characters", line, w.Text, n)
+			}
+			b.WriteString(w.Text)
+		}
+		if b.String() != line {
+			t.Errorf("segments of %q join to %q", line, b.String())
+		}
+	}
+	// 天 is a noun in couplets (jieba's dictionary tags it a measure word).
+	if ws := Segment("天"); len(ws) != 1 || ws[0].Class != ClassNoun {
+		t.Errorf("Segment(天) = %v, want one noun", ws)
+	}
+}
+
+// readTSV returns the first two fields of each line, or skips the test
+// when the shared corpora are absent.
+func readTSV(t testing.TB, path string) [][2]string {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Skipf("corpus absent (%v): skipped", err)
+	}
+	defer f.Close()
+	var out [][2]string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Split(sc.Text(), "\t")
+		if len(fs) >= 2 {
+			out = append(out, [2]string{fs[0], fs[1]})
+		}
+	}
+	return out
+}
+
+// auc is the probability that a positive outscores a negative.
+func auc(pos, neg []float64) float64 {
+	neg = slices.Clone(neg)
+	sort.Float64s(neg)
+	var w float64
+	for _, p := range pos {
+		lo := sort.SearchFloat64s(neg, p)
+		hi := sort.Search(len(neg), func(i int) bool { return neg[i] > p })
+		w += float64(lo) + float64(hi-lo)/2
+	}
+	return w / float64(len(pos)) / float64(len(neg))
+}
+
+// The held-out test pairs must be more parallel than the same 上联s with
+// another pair's 下联 of the same length.
+func TestParallelismSeparatesHeldOutPairs(t *testing.T) {
+	pairs := readTSV(t, "../../shared/data/couplets/test.tsv")
+	byLen := map[int][]int{}
+	for i, p := range pairs {
+		n := len([]rune(p[0]))
+		byLen[n] = append(byLen[n], i)
+	}
+	var pos, neg []float64
+	for _, idx := range byLen {
+		for k, i := range idx {
+			j := idx[(k+1)%len(idx)]
+			if i != j {
+				pos = append(pos, Parallelism(pairs[i][0], pairs[i][1]))
+				neg = append(neg, Parallelism(pairs[i][0], pairs[j][1]))
+			}
+		}
+	}
+	a := auc(pos, neg)
+	t.Logf("true vs mismatched 下联: AUC %.4f over %d pairs", a, len(pos))
+	if a < 0.75 {
+		t.Errorf("AUC %.4f < 0.75", a)
+	}
+}
+
+func TestUnsuitable(t *testing.T) {
+	cases := []struct {
+		text string
+		want []string
+	}{
+		{"天增岁月人增寿\t春满乾坤福满楼", nil},
+		{"无忧无虑度新春\t不愁吃穿过好年", nil},
+		{"离别愁绪泪满襟", []string{"泪", "愁", "离别"}},
+		{"离不开家乡的热土", nil},
+		{"独领风骚", nil},
+		{"满腹牢骚", []string{"骚"}},
+		{"无忧无愁还忧", []string{"忧"}}, // the second 忧 is not inside 无忧
+		{"春风一度", []string{"春风一度"}},
+		{"百病不侵身体健", nil},
+		{"久病缠身", []string{"病"}},
+	}
+	for _, c := range cases {
+		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
+			t.Errorf("Unsuitable(%q) = %q, want %q", c.text, got, c.want)
+		}
+	}
+	for b, want := range map[string]bool{"春风一度": true, "富贵在天": true, "如花似玉": true, "一路平安": true, "万象更新": false, "五福临门": false, "泪洒长天": true} {
+		if got := UnsuitableBanner(b); got != want {
+			t.Errorf("UnsuitableBanner(%s) = %v, want %v", b, got, want)
+		}
+	}
+}
+
+// Every entry is Chinese characters, none repeats, and every exception
+// contains a word it masks.
+func TestListsWellFormed(t *testing.T) {
+	for name, txt := range map[string]string{"unsuitable.txt": unsuitableTxt, "banners_unsuitable.txt": bannersUnsuitableTxt} {
+		seen := map[string]bool{}
+		for _, e := range entries(txt) {
+			w := strings.TrimPrefix(e, "!")
+			for _, r := range w {
+				if !unicode.Is(unicode.Han, r) {
+					t.Errorf("%s: entry %q has a non-Chinese character", name, e)
+				}
+			}
+			if seen[e] {
+				t.Errorf("%s: %q repeats", name, e)
+			}
+			seen[e] = true
+		}
+	}
+	ls := loadLists()
+	for _, e := range ls.exceptions {
+		if !slices.ContainsFunc(ls.words, func(w string) bool { return strings.Contains(e, w) }) {
+			t.Errorf("exception %q masks no word of the list", e)
+		}
+	}
+}
+
+func TestFestive(t *testing.T) {
+	if f := Festive(""); f != 0 {
+		t.Errorf("Festive(\"\") = %v", f)
+	}
+	spring := Festive("新春柳绿千山绿\t盛世花红万户红")
+	plain := Festive("晚风摇树树还挺\t晨露润花花更红")
+	if spring <= plain {
+		t.Errorf("spring couplet %.3f ≤ general couplet %.3f", spring, plain)
+	}
+}
+
+// The real 春联 (with 横批) must read as more festive than the held-out
+// general pairs; gen's -eval reports the same figure with them left out
+// of the table.
+func TestFestiveSeparatesRealSpringCouplets(t *testing.T) {
+	real := readTSV(t, "../../shared/data/spring/with_banner.tsv")
+	test := readTSV(t, "../../shared/data/couplets/test.tsv")
+	score := func(ps [][2]string) []float64 {
+		out := make([]float64, len(ps))
+		for i, p := range ps {
+			out[i] = Festive(p[0] + "\t" + p[1])
+		}
+		return out
+	}
+	a := auc(score(real), score(test))
+	t.Logf("real 春联 vs test.tsv: AUC %.4f", a)
+	if a < 0.7 {
+		t.Errorf("AUC %.4f < 0.7", a)
+	}
+}
+
+func BenchmarkParallelism(b *testing.B) {
+	Load()
+	pairs := [][2]string{{"新春柳绿千山绿", "盛世花红万户红"}, {"门纳平安开泰运", "户迎富贵纳祯祥"}, {"香自大同谁富贵", "山因直至士从容"}}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		p := pairs[i%len(pairs)]
+		Parallelism(p[0], p[1])
+	}
+}
+
+func BenchmarkLoad(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		loadSegmenter()
+	}
+}
+
+func BenchmarkFestive(b *testing.B) {
+	loadFestive()
+	for i := 0; i < b.N; i++ {
+		Festive("新春柳绿千山绿\t盛世花红万户红")
+	}
+}
+
+func BenchmarkUnsuitable(b *testing.B) {
+	loadLists()
+	for i := 0; i < b.N; i++ {
+		Unsuitable("新春柳绿千山绿\t盛世花红万户红\t万象更新")
+	}
+}

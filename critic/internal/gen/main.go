@@ -1,0 +1,370 @@
+// Command gen derives critic's embedded tables from the corpora in
+// ../shared (never committed) and from the jieba dictionary that the gse
+// module ships:
+//
+//   - words.txt: the segmenter's dictionary: every single character and
+//     every two-character word of gse's simplified-Chinese dictionary
+//     (data/dict/zh/s_1.txt, itself jieba's dict.txt) that occurs at least
+//     minWordCount times in the couplet training lines, with jieba's
+//     frequency and part-of-speech tag.
+//   - festive.txt: character and character-bigram log-odds of the
+//     spring-festival pairs against the other training pairs.
+//
+// Run it from the repository root as `go generate ./critic` (or
+// `go run ./critic/internal/gen -shared ../shared -out critic`). Without
+// ../shared it exits with a message and the committed tables stay.
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// minWordCount drops dictionary words that couplets never use, which keeps
+// words.txt small and its load fast.
+const minWordCount = 3
+
+func main() {
+	shared := flag.String("shared", "../shared", "the shared data folder (data/couplets/train.tsv, data/spring/newyear_no_banner.tsv)")
+	out := flag.String("out", "critic", "folder the tables are written to")
+	flag.IntVar(&festiveKeep, "keep", festiveKeep, "units the festive table keeps")
+	flag.Float64Var(&festiveMin, "min", festiveMin, "least count of a festive unit")
+	flag.BoolVar(&unigramsOnly, "unigrams", unigramsOnly, "festive table of characters only")
+	evalOnly := flag.Bool("eval", false, "only print the festive table's held-out AUC (5-fold split by pair hash, fold 0 held out)")
+	flag.Parse()
+	train := filepath.Join(*shared, "data/couplets/train.tsv")
+	spring := filepath.Join(*shared, "data/spring/newyear_no_banner.tsv")
+	for _, p := range []string{train, spring} {
+		if _, err := os.Stat(p); err != nil {
+			fmt.Fprintf(os.Stderr, "gen: %v\ngen: the corpora are not here (pass -shared); the committed tables stay as they are\n", err)
+			os.Exit(1)
+		}
+	}
+	general, err := readPairs(train)
+	check(err)
+	springPairs, err := readPairs(spring)
+	check(err)
+	springSet := make(map[string]bool, len(springPairs))
+	for _, p := range springPairs {
+		springSet[p] = true
+	}
+	var rest []string // training pairs outside the spring view
+	for _, p := range general {
+		if !springSet[p] {
+			rest = append(rest, p)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "gen: %d spring pairs, %d other training pairs\n", len(springPairs), len(rest))
+	if *evalOnly {
+		evalFestive(springPairs, rest)
+		evalReal(*shared, springPairs, rest)
+		return
+	}
+	check(writeFestive(filepath.Join(*out, "festive.txt"), springPairs, rest))
+	check(writeWords(filepath.Join(*out, "words.txt"), general))
+	fmt.Fprintln(os.Stderr, "gen: now run `go run ./critic/internal/gen/classes` for charclass.txt (it segments with the new words.txt)")
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gen:", err)
+		os.Exit(1)
+	}
+}
+
+// readPairs returns the file's lines "upper\tlower" (at most two fields).
+func readPairs(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		fs := strings.Split(sc.Text(), "\t")
+		if len(fs) >= 2 {
+			out = append(out, fs[0]+"\t"+fs[1])
+		}
+	}
+	return out, sc.Err()
+}
+
+func fold(p string) int {
+	h := fnv.New32a()
+	h.Write([]byte(p))
+	return int(h.Sum32() % 5)
+}
+
+// gseDict finds s_1.txt in the module cache through `go list`.
+func gseDict() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/go-ego/gse").Output()
+	if err != nil {
+		return "", fmt.Errorf("go list github.com/go-ego/gse: %w", err)
+	}
+	return filepath.Join(strings.TrimSpace(string(out)), "data/dict/zh/s_1.txt"), nil
+}
+
+func writeWords(path string, pairs []string) error {
+	dict, err := gseDict()
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(dict)
+	if err != nil {
+		return err
+	}
+	type entry struct {
+		word, freq, pos string
+	}
+	var entries []entry
+	two := map[string]int{}
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 3 {
+			continue
+		}
+		switch len([]rune(f[0])) {
+		case 1:
+			entries = append(entries, entry{f[0], f[1], f[2]})
+		case 2:
+			two[f[0]] = len(entries)
+			entries = append(entries, entry{f[0], f[1], f[2]})
+		}
+	}
+	count := map[string]int{}
+	chars := map[rune]bool{}
+	for _, p := range pairs {
+		for _, line := range strings.Split(p, "\t") {
+			r := []rune(line)
+			for i := range r {
+				chars[r[i]] = true
+				if i+1 < len(r) {
+					if _, ok := two[string(r[i:i+2])]; ok {
+						count[string(r[i:i+2])]++
+					}
+				}
+			}
+		}
+	}
+	var b strings.Builder
+	b.WriteString("# Generated by critic/internal/gen from gse's data/dict/zh/s_1.txt (jieba's dictionary; Apache-2.0 via gse, MIT via jieba):\n")
+	fmt.Fprintf(&b, "# single characters of the couplet corpus and two-character words seen at least %d times in its training lines. word freq pos\n", minWordCount)
+	kept := 0
+	for _, e := range entries {
+		r := []rune(e.word)
+		if (len(r) == 1 && chars[r[0]]) || (len(r) == 2 && count[e.word] >= minWordCount) {
+			fmt.Fprintf(&b, "%s %s %s\n", e.word, e.freq, e.pos)
+			kept++
+		}
+	}
+	fmt.Fprintf(os.Stderr, "gen: %s: %d entries\n", path, kept)
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// grams are the scored units of a pair: its characters and, within each
+// line, its character bigrams (prefixed "2").
+func grams(p string, f func(string)) {
+	for _, line := range strings.Split(p, "\t") {
+		r := []rune(line)
+		for i := range r {
+			if !isHan(r[i]) {
+				continue
+			}
+			f(string(r[i]))
+			if !unigramsOnly && i+1 < len(r) && isHan(r[i+1]) {
+				f(string(r[i : i+2]))
+			}
+		}
+	}
+}
+
+func isHan(r rune) bool { return r >= 0x3400 && r <= 0x9fff }
+
+// festiveAlpha is the additive smoothing of both count tables; festiveMin
+// the least count (both sets together) of a kept unit; festiveKeep how many
+// units (by |log-odds| × √count) the table keeps.
+var (
+	festiveAlpha = 1.0
+	festiveMin   = 30.0
+	festiveKeep  = 2000
+	unigramsOnly = false
+)
+
+// logOdds is log P(unit | spring) − log P(unit | other), each a smoothed
+// relative frequency among units of its own length.
+func logOdds(spring, other []string) map[string]float64 {
+	cs, co := map[string]float64{}, map[string]float64{}
+	var ns, no [3]float64
+	for _, p := range spring {
+		grams(p, func(g string) { cs[g]++; ns[len([]rune(g))]++ })
+	}
+	for _, p := range other {
+		grams(p, func(g string) { co[g]++; no[len([]rune(g))]++ })
+	}
+	vocab := [3]float64{}
+	for g := range mergeKeys(cs, co) {
+		vocab[len([]rune(g))]++
+	}
+	type scored struct {
+		g    string
+		lo   float64
+		rank float64
+	}
+	var all []scored
+	for g := range mergeKeys(cs, co) {
+		n := len([]rune(g))
+		if cs[g]+co[g] < festiveMin {
+			continue
+		}
+		lo := math.Log((cs[g]+festiveAlpha)/(ns[n]+festiveAlpha*vocab[n])) - math.Log((co[g]+festiveAlpha)/(no[n]+festiveAlpha*vocab[n]))
+		all = append(all, scored{g, lo, math.Abs(lo) * math.Sqrt(cs[g]+co[g])})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].rank > all[j].rank })
+	out := map[string]float64{}
+	for i := 0; i < len(all) && i < festiveKeep; i++ {
+		out[all[i].g] = all[i].lo
+	}
+	return out
+}
+
+func mergeKeys(a, b map[string]float64) map[string]bool {
+	m := make(map[string]bool, len(a)+len(b))
+	for k := range a {
+		m[k] = true
+	}
+	for k := range b {
+		m[k] = true
+	}
+	return m
+}
+
+// score mirrors critic.Festive: the mean log-odds over the pair's units.
+func score(t map[string]float64, p string) float64 {
+	var s float64
+	n := 0
+	grams(p, func(g string) { s += t[g]; n++ })
+	if n == 0 {
+		return 0
+	}
+	return s / float64(n)
+}
+
+func writeFestive(path string, spring, other []string) error {
+	t := logOdds(spring, other)
+	keys := make([]string, 0, len(t))
+	for k := range t {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return t[keys[i]] > t[keys[j]] })
+	var b strings.Builder
+	b.WriteString("# Generated by critic/internal/gen. Derived statistic, not corpus text: for each character and character\n")
+	b.WriteString("# bigram (within a line), log P(unit | spring) - log P(unit | other) in nats, where spring = the 63,044 pairs of\n")
+	fmt.Fprintf(&b, "# spring/newyear_no_banner.tsv and other = the pairs of couplets/train.tsv not in it; additive smoothing %g,\n", festiveAlpha)
+	fmt.Fprintf(&b, "# units seen at least %g times, the %d with the largest |log-odds| x sqrt(count) kept. unit<TAB>log-odds\n", festiveMin, festiveKeep)
+	for _, k := range keys {
+		b.WriteString(k + "\t" + strconv.FormatFloat(t[k], 'f', 2, 64) + "\n")
+	}
+	fmt.Fprintf(os.Stderr, "gen: %s: %d units\n", path, len(keys))
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// evalFestive trains on folds 1-4 and reports the AUC of fold 0's spring
+// pairs against fold 0's other pairs.
+func evalFestive(spring, other []string) {
+	split := func(ps []string) (tr, te []string) {
+		for _, p := range ps {
+			if fold(p) == 0 {
+				te = append(te, p)
+			} else {
+				tr = append(tr, p)
+			}
+		}
+		return
+	}
+	str, ste := split(spring)
+	otr, ote := split(other)
+	t := logOdds(str, otr)
+	pos := make([]float64, len(ste))
+	for i, p := range ste {
+		pos[i] = score(t, p)
+	}
+	neg := make([]float64, len(ote))
+	for i, p := range ote {
+		neg[i] = score(t, p)
+	}
+	fmt.Printf("festive held-out AUC %.4f (%d spring vs %d other pairs, table of %d units)\n", auc(pos, neg), len(pos), len(neg), len(t))
+}
+
+// auc is the Mann-Whitney probability that a positive outscores a
+// negative (ties count half).
+func auc(pos, neg []float64) float64 {
+	type item struct {
+		s   float64
+		pos bool
+	}
+	all := make([]item, 0, len(pos)+len(neg))
+	for _, s := range pos {
+		all = append(all, item{s, true})
+	}
+	for _, s := range neg {
+		all = append(all, item{s, false})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].s < all[j].s })
+	var rankSum float64
+	for i := 0; i < len(all); {
+		j := i
+		for j < len(all) && all[j].s == all[i].s {
+			j++
+		}
+		avg := float64(i+j+1) / 2 // ranks i+1..j
+		for k := i; k < j; k++ {
+			if all[k].pos {
+				rankSum += avg
+			}
+		}
+		i = j
+	}
+	np, nn := float64(len(pos)), float64(len(neg))
+	return (rankSum - np*(np+1)/2) / (np * nn)
+}
+
+// evalReal trains on every spring pair except the 285 real triples of
+// spring/with_banner.tsv and reports the AUC of those triples' pairs
+// against the held-out test.tsv pairs (disjoint from training).
+func evalReal(shared string, spring, other []string) {
+	real, err := readPairs(filepath.Join(shared, "data/spring/with_banner.tsv"))
+	check(err)
+	test, err := readPairs(filepath.Join(shared, "data/couplets/test.tsv"))
+	check(err)
+	isReal := map[string]bool{}
+	for _, p := range real {
+		isReal[p] = true
+	}
+	var tr []string
+	for _, p := range spring {
+		if !isReal[p] {
+			tr = append(tr, p)
+		}
+	}
+	t := logOdds(tr, other)
+	pos := make([]float64, len(real))
+	for i, p := range real {
+		pos[i] = score(t, p)
+	}
+	neg := make([]float64, len(test))
+	for i, p := range test {
+		neg[i] = score(t, p)
+	}
+	fmt.Printf("festive AUC of the %d real 春联 (with_banner.tsv, left out of training) vs the %d test.tsv pairs: %.4f\n", len(pos), len(neg), auc(pos, neg))
+}

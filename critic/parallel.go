@@ -1,0 +1,207 @@
+package critic
+
+import (
+	_ "embed"
+	"strings"
+	"sync"
+
+	"github.com/go-ego/gse"
+)
+
+//go:embed words.txt
+var wordsTxt string
+
+// charclassTxt holds one line per character: the character then its class
+// letter (Class.String), for one-character words.
+//
+//go:embed charclass.txt
+var charclassTxt string
+
+// Class is a coarse part of speech, the unit of 对仗: nouns face nouns,
+// verbs verbs, numerals numerals.
+type Class byte
+
+// The coarse classes. ClassFunc gathers prepositions, conjunctions,
+// particles and interjections; ClassUnknown is a character the dictionary
+// does not know.
+const (
+	ClassUnknown Class = iota
+	ClassNoun
+	ClassVerb
+	ClassAdj
+	ClassNum
+	ClassAdv
+	ClassPron
+	ClassFunc
+)
+
+func (c Class) String() string {
+	return [...]string{"?", "N", "V", "A", "M", "D", "R", "F"}[c]
+}
+
+// classOf maps a jieba (ICTCLAS) tag to its coarse class.
+func classOf(tag string) Class {
+	if tag == "" {
+		return ClassUnknown
+	}
+	switch tag {
+	case "x", "eng":
+		return ClassUnknown
+	case "vn": // verbal noun: 发展, 建设 face nouns as often as verbs
+		return ClassNoun
+	case "mq", "q", "m":
+		return ClassNum
+	case "b", "z":
+		return ClassAdj
+	}
+	switch tag[0] {
+	case 'n', 's', 't', 'f', 'g', 'j', 'i', 'l':
+		return ClassNoun
+	case 'v':
+		return ClassVerb
+	case 'a':
+		return ClassAdj
+	case 'd':
+		return ClassAdv
+	case 'r':
+		return ClassPron
+	}
+	return ClassFunc // p c u y e o k h
+}
+
+var (
+	segOnce   sync.Once
+	seg       gse.Segmenter
+	charClass map[rune]Class
+)
+
+// Load loads the segmenter's dictionary now rather than on first use (a
+// server calls it at start so the first request does not pay for it).
+func Load() {
+	segOnce.Do(func() { seg, charClass = loadSegmenter() })
+}
+
+// loadSegmenter parses the embedded tables (the cost Load pays once).
+func loadSegmenter() (s gse.Segmenter, cc map[rune]Class) {
+	s.NotLoadHMM = true // unknown characters stay single; no HMM model
+	s.SkipLog = true
+	var b strings.Builder
+	for _, l := range strings.Split(wordsTxt, "\n") {
+		if l != "" && l[0] != '#' {
+			b.WriteString(l)
+			b.WriteByte('\n')
+		}
+	}
+	// LoadDictStr fails only on an empty dictionary; words.txt is not.
+	_ = s.LoadDictStr(b.String())
+	cc = map[rune]Class{}
+	for _, l := range strings.Split(charclassTxt, "\n") {
+		r := []rune(l)
+		if len(r) != 2 || r[0] == '#' {
+			continue
+		}
+		if c := strings.IndexRune("?NVAMDRF", r[1]); c > 0 {
+			cc[r[0]] = Class(c)
+		}
+	}
+	return s, cc
+}
+
+// Word is one segment of a line: its characters and coarse class.
+type Word struct {
+	Text  string
+	Class Class
+}
+
+// Segment splits a line into words of one or two characters (the
+// dictionary holds no longer ones: a couplet's rhythm and its 对仗 are in
+// units of one or two characters) by gse's shortest path over word
+// frequencies. A two-character word has the coarse class of its
+// dictionary tag; a one-character word the class it takes in couplets
+// (charclass.txt), else its dictionary tag's. Punctuation and unknown
+// characters are words of their own (gse lowercases Latin letters and
+// keeps a run of them as one word).
+func Segment(line string) []Word {
+	ws := SegmentDict(line)
+	for i, w := range ws {
+		if r := []rune(w.Text); len(r) == 1 {
+			if c, ok := charClass[r[0]]; ok {
+				ws[i].Class = c
+			}
+		}
+	}
+	return ws
+}
+
+// SegmentDict is Segment with every class from the dictionary's tags.
+func SegmentDict(line string) []Word {
+	Load()
+	segs := seg.Segment([]byte(line))
+	out := make([]Word, 0, len(segs))
+	for _, s := range segs {
+		t := s.Token()
+		out = append(out, Word{Text: t.Text(), Class: classOf(t.Pos())})
+	}
+	return out
+}
+
+// Parallelism scores how well the two lines face each other, in [0, 1]:
+// the mean of boundary agreement and class agreement.
+//
+// Both lines are segmented (Segment). Boundary agreement is the share of
+// the n−1 gaps between characters where both lines have a word boundary
+// or neither has. Class agreement is the share of the n character
+// positions whose words in the two lines have the same coarse class; a
+// position where either word's class is unknown counts one half.
+// Punctuation at the same position agrees in both measures.
+//
+// Lines of different length (in characters) score 0; lines of one
+// character score their class agreement alone.
+func Parallelism(upper, lower string) float64 {
+	u, l := []rune(upper), []rune(lower)
+	n := len(u)
+	if n == 0 || n != len(l) {
+		return 0
+	}
+	ub, uc := layout(Segment(upper), n)
+	lb, lc := layout(Segment(lower), n)
+	var cls float64
+	for i := 0; i < n; i++ {
+		switch {
+		case uc[i] == ClassUnknown || lc[i] == ClassUnknown:
+			cls += 0.5
+		case uc[i] == lc[i]:
+			cls++
+		}
+	}
+	cls /= float64(n)
+	if n == 1 {
+		return cls
+	}
+	bnd := 0
+	for i := 1; i < n; i++ {
+		if ub[i] == lb[i] {
+			bnd++
+		}
+	}
+	return (float64(bnd)/float64(n-1) + cls) / 2
+}
+
+// layout returns, per character position, whether a word starts there and
+// the class of the word that covers it.
+func layout(ws []Word, n int) (start []bool, class []Class) {
+	start = make([]bool, n)
+	class = make([]Class, n)
+	i := 0
+	for _, w := range ws {
+		k := len([]rune(w.Text))
+		if i < n {
+			start[i] = true
+		}
+		for j := 0; j < k && i < n; j++ {
+			class[i] = w.Class
+			i++
+		}
+	}
+	return start, class
+}
