@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers baseline for the H200 benchmark (issue 7).
+"""Hugging Face transformers baseline for the H200 benchmark.
 
 Loads the same weights chunlian serves (weights/chunlian-base: config.json,
 model.safetensors, tokenizer.json, chunlian.json) with transformers'

@@ -27,8 +27,8 @@ func cpuTime(tb testing.TB) time.Duration {
 // benchStages runs single keyword couplets (one at a time, so the engine
 // counters are this call's own) with a Trace and reports, per couplet, the
 // wall time, engine steps and computed token rows of every stage plus the
-// totals. It is the per-stage breakdown of the single-couplet latency budget
-// (issue #2).
+// totals. It is the per-stage breakdown of the single-couplet latency
+// budget.
 func benchStages(b *testing.B, opts ...Option) { benchStagesOn(b, nil, opts...) }
 
 // benchStagesOn is benchStages on the engine wrapped by wrap (nil: as is).

@@ -52,8 +52,8 @@ func fillToken(seq, pos int) int32 { return int32(10 + (pos*7+seq*13)%50) }
 // fillContext writes the KV cache positions that bt's decode step reads
 // but does not write (0..CtxLen-2 of each sequence, tokens fillToken),
 // by prefill steps of at most 64 sequences without logits. Without it the
-// benchmarks attend over whatever the cache allocation held: session 10's
-// compute-sanitizer initcheck reported those reads.
+// benchmarks attend over whatever the cache allocation held, which
+// compute-sanitizer's initcheck reports as reads of uninitialised memory.
 func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 	tb.Helper()
 	bs := be.BlockSize()
@@ -200,9 +200,10 @@ func TestFillContext(t *testing.T) {
 
 // TestFillContextGPU is TestFillContext on the GPU backend at the
 // benchmarks' size: each fill step is one prefill of 64 sequences × 23
-// tokens (1,472 rows, the cuBLAS path), the step session 10's initcheck
-// flagged (4-byte reads of qkv rows in rope_kv right after the cuBLAS
-// GEMM that writes them). A row the GEMM left unwritten would put garbage
+// tokens (1,472 rows, the cuBLAS path), where initcheck reports 4-byte
+// reads of qkv rows in rope_kv right after the cuBLAS TF32 GEMM that
+// writes them (its tensor-core stores are invisible to initcheck; at fp32
+// it reports nothing). A row the GEMM left unwritten would put garbage
 // keys and values in the cache, and the decode logits would differ from
 // the CPU's whole prefill far beyond the precision's tolerance.
 func TestFillContextGPU(t *testing.T) {

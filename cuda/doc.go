@@ -23,7 +23,7 @@
 // declared //go:uintptrescapes (it moves x to the heap, where a stack copy
 // during the call cannot leave C writing x's old address). SyscallN, call
 // and sc carry it; a new wrapper that takes such uintptrs must carry it
-// too (TestWrappersKeepOutParamsOffTheStack; issue 7's lost drawOut).
+// too (TestWrappersKeepOutParamsOffTheStack).
 //
 // Data on the device, float32 unless noted: the weights in Hugging Face [out, in]
 // layout with Q/K/V and gate/up rows stacked into one matrix each; a RoPE
@@ -67,6 +67,6 @@
 // worker only after 20 ms. CopyBlocks is handed over without waiting too.
 // Forward and ForwardDraw refuse to run while a launch is outstanding.
 //
-// Measured on an H200: docs/BENCHMARKS.md, section H200; bash cuda/h200.sh
-// reproduces it.
+// Figures on an H200: docs/BENCHMARKS.md (bash cuda/h200.sh reproduces
+// them).
 package cuda

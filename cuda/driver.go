@@ -118,8 +118,8 @@ func (f *driverFns) cuErr(what string, r uintptr) error {
 // as uintptr(unsafe.Pointer(&local)), and the directive only covers
 // conversions written in a call to the function that carries it. Without
 // it such a local may stay on the stack, the stack may be copied while
-// the call runs, and the driver writes the old copy (issue 7: regrow lost
-// cuMemAlloc's pointer; TestWrappersKeepOutParamsOffTheStack).
+// the call runs, and the driver writes the old copy: cuMemAlloc's
+// pointer is lost (TestWrappersKeepOutParamsOffTheStack).
 //
 //go:uintptrescapes
 func (f *driverFns) call(what string, fn uintptr, args ...uintptr) error {

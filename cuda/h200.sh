@@ -1,10 +1,10 @@
 #!/bin/bash
-# H200 runs for package cuda (issue 7). Build on the dev machine first:
+# H200 runs for package cuda. Build on the dev machine first:
 #   bash cuda/build_device.sh     # → .carry/cuda/{cuda.test,chunlian}
 # then, through the device tool, with carry [".carry/cuda"]:
 #   bash cuda/h200.sh smoke   # ~3 min: GPU tests, kernel benchmarks, short HTTP + HF smoke
 #   bash cuda/h200.sh full    # ~8 min: the whole benchmark, side by side
-#   bash cuda/h200.sh s3      # ≤ 420 s: the final side-by-side run (issue 7): GPU tests,
+#   bash cuda/h200.sh s3      # ≤ 420 s: everything side by side: GPU tests,
 #                             # transformers baselines, HTTP 1..1000 users for this build,
 #                             # the previous build ($BASE, see build_device.sh) and naive,
 #                             # engine lines, couplet pipeline with a CPU profile
@@ -31,8 +31,8 @@
 #                             # MC_BISECT=0: no bisect binaries, MC_FULL=1: then the whole
 #                             # LaunchDraw benchmark, 200 iterations)
 #   bash cuda/h200.sh fillcheck # ≤ 420 s: TestFillContextGPU (+ ForwardMatchesCPU), then
-#                             # each model and precision under initcheck, session 10's
-#                             # LaunchDraw under initcheck, the test under memcheck
+#                             # each model and precision under initcheck, the
+#                             # LaunchDraw benchmark under initcheck, the test under memcheck
 #   bash cuda/h200.sh s2      # ≤ 280 s: GPU tests, decode-step benchmarks (fused GEMV
 #                             # vs the cuBLAS path, same process), HTTP 1/10/100/1000
 #                             # users (new defaults) and 1/100 (old path), engine lines
@@ -293,12 +293,11 @@ async)
 	done
 	;;
 spin)
-	# Session 7: every GPU test (session 6's cuda refactors had not run on
-	# the GPU), then whether the CUDA thread parking after its 300 µs poll
-	# costs the low-load levels (s3 of session 6: 836 against 916 couplets/s
-	# at 10 users): the same binary with --gpu-handoff-spin=2ms, alternating
-	# dflt, spin2, dflt, spin2. Last, KV block size 1 against the default 16
-	# (issue 2's live-slot goal is met at 1; is 1 slower on the GPU?).
+	# Every GPU test, then the same binary with its default hand-off spin
+	# against --gpu-handoff-spin=2ms, alternating dflt, spin2, dflt, spin2
+	# (written when the default was 300 µs; with today's 2 ms default, edit
+	# spin2's flag to the value to compare). Last, KV block size 1 against the default 16
+	# (every slot is live at 1; is 1 slower on the GPU?).
 	tests_bench '.' 'LaunchDraw'
 	LEVELS=${WIDE_LEVELS:-1 10 100 1000}
 	for R in 1 2; do
@@ -321,7 +320,7 @@ spin)
 	;;
 bisect)
 	# The binaries of cuda/bisect_device.sh, oldest first: each runs
-	# $BISECT_BENCH (default: the benchmark that failed in session 7) and
+	# $BISECT_BENCH (default: BenchmarkLaunchDraw/seqs=64) and
 	# prints ok or FAIL with its first error line.
 	for f in $(awk '!/^#/ {print $1}' $BIN/bisect/ORDER.txt); do
 		gunzip -c "$BIN/bisect/$f.test.gz" > /tmp/bisect.test && chmod +x /tmp/bisect.test
@@ -335,10 +334,10 @@ bisect)
 	done
 	;;
 memcheck)
-	# Issue 7 follow-up: BenchmarkLaunchDraw's first ForwardDraw failed in
-	# both calls of session 7 (INVALID_VALUE on the copy of the draws,
-	# ILLEGAL_ADDRESS at the sync). Which kernel touches what, and does
-	# the benchmark read device memory nobody wrote (its KV blocks)?
+	# $BISECT_BENCH alone and under compute-sanitizer: which kernel touches
+	# what, and does the benchmark read device memory nobody wrote (its KV
+	# blocks)? Written for a failure of LaunchDraw's first ForwardDraw
+	# (INVALID_VALUE on the copy of the draws, ILLEGAL_ADDRESS at the sync).
 	B=${BISECT_BENCH:-LaunchDraw/seqs=64}
 	gunzip -c $BIN/memcheck.test.gz > /tmp/mc.test && chmod +x /tmp/mc.test
 	one() {  # one LOG ARGS...: run, then print ok/FAIL with the first error
@@ -367,7 +366,7 @@ memcheck)
 	done
 	;;
 fillcheck)
-	# Session 10's initcheck flagged 4-byte reads of qkv rows in rope_kv
+	# initcheck flags 4-byte reads of qkv rows in rope_kv
 	# during fillContext's prefill (1,472 tokens, the cuBLAS path, in a
 	# graph). TestFillContextGPU checks those rows numerically (decode
 	# after the fill = the CPU's whole prefill) at fp32 and tf32; then each
@@ -384,7 +383,7 @@ fillcheck)
 		grep -E "^=========     at " "$OUT/initcheck_${p/\//_}.log" | sort | uniq -c | head -5
 		pack
 	done
-	# Session 10's command again, on this build, for comparison.
+	# LaunchDraw under initcheck, for comparison.
 	timeout 120 "$CS" --tool initcheck --print-limit 30 /tmp/cuda.test -test.run XXX -test.bench LaunchDraw/seqs=64/sync -test.benchtime 1x > "$OUT/initcheck_launchdraw.log" 2>&1
 	echo "initcheck LaunchDraw rc=$?: $(grep -m1 "ERROR SUMMARY" "$OUT/initcheck_launchdraw.log")"
 	grep -E "^=========     at " "$OUT/initcheck_launchdraw.log" | sort | uniq -c | head -5

@@ -25,21 +25,12 @@ import (
 // DefaultHandoffSpin is Options.HandoffSpin's default: long enough to
 // cover a small decode step and the engine's work between steps, short
 // enough that an idle backend stops burning a core within milliseconds.
-//
-// It was 300 µs until session 7. Since LaunchDraw returns before the GPU
-// work is done (async.go), the worker finishes its part of a step early
-// and, at low load, waited longer than 300 µs for the next closure, so it
-// parked and paid a thread wake-up on every step. On the H200 (same
-// binary, --gpu-handoff-spin=2ms against the default, alternating twice,
-// docs/BENCHMARKS.md "session 7") 2 ms gave +8 / +12 % couplets/s at
-// 1 user (p50 6.0 → 5.5 ms), +28 / +32 % at 10 users and +11 / +14 % at
-// 100 (rounds 1 / 2). At 1000
-// users it was −2 % in round 1 and −15 % in round 2, when the machine
-// was slowing down (the default's own 1000-user figure fell 27 % over
-// the rest of that call); a second call against the old build measured
-// ×1.30 at 10 users, ×0.97 / ×1.04 at 1000 and ×0.94 / ×0.94 at 1600.
-// So a server run for peak throughput (1,500+ concurrent users) should
-// pass --gpu-handoff-spin=300us.
+// LaunchDraw returns before the GPU work is done (async.go), so at low
+// load the worker waits for the next closure longer than a shorter spin
+// would cover and would park on every step. The spinning worker holds a
+// core: a server run for peak throughput (well over a thousand concurrent
+// users) does better with a shorter spin. Figures: docs/DECISIONS.md,
+// "GPU hand-off spin".
 const DefaultHandoffSpin = 2 * time.Millisecond
 
 func handoffSpin(o time.Duration) time.Duration {

@@ -15,9 +15,9 @@ import (
 // its zero value. purego.SyscallN is declared //go:uintptrescapes so that
 // such x are moved to the heap, but that only covers conversions written
 // in a call to SyscallN itself; a wrapper must carry the directive too.
-// Without it, cuMemAlloc's device pointer was lost in regrow (issue 7:
-// draw_rows wrote through a nil drawOut, the copy of the draws failed
-// with CUDA_ERROR_INVALID_VALUE).
+// Without it, cuMemAlloc's device pointer can be lost in regrow: draw_rows
+// then writes through a nil drawOut and the copy of the draws fails with
+// CUDA_ERROR_INVALID_VALUE.
 //
 // The tests call libc's memset through each wrapper from many stack
 // depths, each in a fresh goroutine (small stack), so that some call

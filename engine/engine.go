@@ -1020,8 +1020,8 @@ func (e *Paged) publish() {
 	// are exact every time, and everything is exact whenever nothing runs
 	// (so a drained engine's Stats are). LiveSlots and AllocatedSlots
 	// always come from the same walk, so that their ratio is a real one:
-	// pairing a stale live count with a fresh allocation (as before
-	// session 7) let /metrics show shares from 0.09 to 8.5.
+	// a stale live count paired with a fresh allocation can report shares
+	// far outside [0, 1].
 	now := time.Now()
 	if len(e.running) == 0 || now.Sub(e.usageAt) >= usageEvery {
 		e.usage, e.usageAt = e.mgr.Usage(), now

@@ -38,22 +38,20 @@ type CPUOptions struct {
 	// all when the environment sets CHUNLIAN_BF16=0 (for A/B runs).
 	BF16MaxRows int
 	// BF16MinRows is the smallest row count that uses the bf16 weights;
-	// 0 means 1. (It was 2 on OpenBLAS while the bf16 kernel was slower
-	// than OpenBLAS's sgemv at one row; the assembly kernel of
-	// kernels/cpu reads half the bytes and now wins at every row count up
-	// to BF16MaxRows.)
+	// 0 means 1: the assembly kernel of kernels/cpu reads half the bytes
+	// of the float32 path and wins at every row count up to BF16MaxRows.
 	BF16MinRows int
 	// Int8 runs the GEMMs of BF16MinRows..BF16MaxRows rows on int8
 	// copies of the weights (per-output-row scales, cpu.QuantizeInt8)
 	// instead of the bf16 or float32 ones: half the bytes of bf16, so a
 	// decode step streams 16.6 MB instead of 33 MB for the shipped model.
 	// Unlike bf16 this changes the numerics (each weight moves by up to
-	// half a quantisation step, 1/254 of its row's largest |weight|); see
-	// /work/notes/bench-kernels.md for the measured logit and output
+	// half a quantisation step, 1/254 of its row's largest |weight|), so it
+	// is opt-in; docs/DECISIONS.md ("int8 weights") has the measured logit
 	// differences. The service sets it from --cpu-int8 or CHUNLIAN_INT8
 	// (cmd/chunlian's typed config, where the flag wins over the
 	// environment); this package reads no environment for it. Quantising
-	// costs ~0.1 s and 17 MB at NewCPU.
+	// costs about 17 MB and a fraction of a second at NewCPU.
 	Int8 bool
 }
 
@@ -61,20 +59,18 @@ type CPUOptions struct {
 // step's GEMMs are bound by the weight bytes they stream up to a dozen or
 // so rows, where the bf16 (or int8) weights win by reading half (a
 // quarter) of the bytes. Beyond that the assembly kernels (4×4 AVX-512
-// tiles, split over the pool from ~4 MFLOP) still beat the float32 path
-// on this 2-core machine, whose OpenBLAS threads spin (sched_yield) after
-// every call and take the CPU from the engine's own goroutines: measured
-// at 10 concurrent couplets, 16 → 64 rows took the service from ~42 to
-// ~55 couplets/s, and decode at batch 32/128 gained ~25%
-// (/work/notes/bench-kernels.md). Steps of more rows (long prefill
-// chunks) stay on float32, where OpenBLAS's blocking pays off.
+// tiles, split over the pool) still beat the float32 path on a small
+// machine, whose OpenBLAS threads spin after every call and take the CPU
+// from the engine's own goroutines. Steps of more rows (long prefill
+// chunks) stay on float32, where OpenBLAS's blocking pays off. Figures:
+// docs/DECISIONS.md, "bf16 row window".
 const DefaultBF16MaxRows = 256
 
 // defaultBF16Max is the bf16 row limit when CPUOptions.BF16MaxRows is 0,
 // given the float32 GEMM path (cpu.Path). Without a fast float32 GEMM
 // ("go": a default build on a machine without OpenBLAS) the bf16 assembly
-// beats the plain-Go float32 kernel at every row count (16× at 512 rows,
-// kernels/cpu BenchmarkGemmBF16, docs/BENCHMARKS.md), so every GEMM uses it.
+// beats the plain-Go float32 kernel at every row count (docs/DECISIONS.md,
+// "bf16 kernels without OpenBLAS"), so every GEMM uses it.
 func defaultBF16Max(gemmPath string) int {
 	if gemmPath == "go" {
 		return math.MaxInt
@@ -514,12 +510,11 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 
 // attnInlineMACs is the attention work (multiply-adds: 2·headDim per
 // query head and context position) below which attention runs on the
-// caller alone: waking the attention workers through their channels cost
-// 5-50 µs on the 2-vCPU VM, more than a decode step's attention at a
-// small batch takes (batch 1 at 40 tokens of context, 6 heads of 64:
-// 31k multiply-adds, a few µs). Set for those channel wakes; the kernel
-// pool's hand-off (now used) is a few µs when its workers spin; not
-// re-tuned.
+// caller alone: waking the attention workers can cost more than a decode
+// step's attention at a small batch takes (batch 1 at 40 tokens of
+// context, 6 heads of 64: 31k multiply-adds, a few µs). Set for
+// channel-woken workers and not re-tuned for the spinning pool
+// (docs/DECISIONS.md, "Attention inline below attnInlineMACs").
 const attnInlineMACs = 1 << 16
 
 // attention fills att for every token of b in layer l, one work item per

@@ -572,8 +572,9 @@ const (
 //
 // The whole order is fixed by the keys (sortKey: ids are distinct), so
 // any exact sort gives sortByProb's result; this one is a bucket sort
-// (bucketize) instead of a comparison sort with a closure (which was
-// ~40% of the service's CPU on flat rows): each bucket up to the cut is
+// (bucketize) instead of a comparison sort with a closure (which dominated
+// the service's CPU on flat rows; docs/DECISIONS.md, "Top-p without a full
+// sort"): each bucket up to the cut is
 // sorted on its own (insertion sort, or slices.Sort past bucketSortMax
 // keys), and the rest is never sorted. Bucket sums and a sequential sum
 // of the same float32s in sorted order differ by at most ~n·2^-53

@@ -23,11 +23,10 @@
 // down to the cut are sorted (sortPrefix). Either way the kept set, its
 // walk order (probability descending, ties by lower id), the totals and
 // so the seeded tokens are exactly those of a full sort
-// (TestKeptMatchesFullSort, TestDrawMatchesFullSort). A flat couplet row
-// (σ 1.5 normal logits, T 0.8, top-p 0.95) went from ~290 to ~34 µs of
-// CPU (BenchmarkSampleRow flat: ~8x), a Zipf-like couplet row (V = 6294,
-// T 0.8, top-p 0.95, processor, LSE known) from ~62 µs to ~4 µs
-// (BenchmarkSampleRow, the presort fast path). The same
+// (TestKeptMatchesFullSort, TestDrawMatchesFullSort), at a fraction of
+// a full sort's cost on flat rows, whose nucleus holds thousands of
+// tokens (BenchmarkSampleRow; docs/DECISIONS.md, "top-p without a full
+// sort"). The same
 // seed gives the same tokens on one kernel set; between sets (or versus
 // the scalar code before) draws may differ where float rounding moves a
 // boundary.
@@ -36,10 +35,10 @@
 // touched, that a step allows exactly one token (a couplet's template
 // punctuation, <sep>, a forced 横批 candidate): the Sampler then returns
 // that token with its raw log-prob without copying, processing or
-// scanning the row (only the log-sum-exp remains when it is not given):
-// ~45 ns instead of ~2.4 µs per forced row with the LSE known
-// (BenchmarkSampleRow forced/lse vs forced/lse/full), bit-identical
-// results and random stream.
+// scanning the row (only the log-sum-exp remains when it is not given),
+// with bit-identical results and random stream. Most of a couplet's rows
+// are forced, so this path matters (BenchmarkSampleRow forced/lse vs
+// forced/lse/full).
 package sampler
 
 import "errors"

@@ -1,5 +1,5 @@
 """bf16 safetensors files with numpy only (no torch, safetensors or
-transformers): what average.py and calibrate.py read, convert and write."""
+transformers): what calibrate.py reads, converts and writes."""
 import json
 import struct
 

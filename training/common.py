@@ -145,7 +145,7 @@ def _ngrams(seq, n):
 def clipped_matches(h, ref, max_n=4):
     """[(clipped matches, hypothesis n-grams) for n = 1..max_n] of one
     hypothesis against one reference (sequences of tokens): corpus_bleu's
-    sums, and scst.py's per-line reward."""
+    sums."""
     out = []
     for n in range(1, max_n + 1):
         hn, rn = _ngrams(h, n), _ngrams(ref, n)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Print the Markdown tables of docs/EVAL.md from an eval.json written by
-training/evaluate.py:  python3 training/eval_md.py training/results/eval.json"""
+training/evaluate.py:  python3 training/eval_md.py training/eval.json"""
 import json
 import sys
 

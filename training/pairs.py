@@ -40,7 +40,7 @@ def read_rows(path):
 def read_packed(folder, name):
     """read_rows of folder/name.xz, or of folder/name.gz where there is no
     .xz: prep.py writes the large files as xz to keep the carried tree under
-    the device tool's 64 MiB (pseudo_train since session 8), and an older
+    the device tool's 64 MiB, and an older
     .carry folder still has them gzipped."""
     xz = os.path.join(folder, name + ".xz")
     return read_rows(xz if os.path.exists(xz) else os.path.join(folder, name + ".gz"))

@@ -203,8 +203,7 @@ def main():
     nokw = 0
     # xz, not gzip: 21.3 MB at preset 9e (23.1 MB at 6, 33.6 MB gzipped), so
     # that the carried data and the repo (shipped model, docs) fit the
-    # device tool's 64 MiB together; 9e was needed once the tree reached
-    # 41.6 MB (session 7). It costs ~2 minutes more here.
+    # device tool's 64 MiB together. It costs ~2 minutes more here.
     with lzma.open(os.path.join(args.out, "pairs_train.tsv.xz"), "wt", encoding="utf-8",
                    preset=9 | lzma.PRESET_EXTREME) as f:
         for u, l in train:
@@ -235,8 +234,7 @@ def main():
     held = set((u, l) for u, l, _ in tri_eval)
     spring = load_pairs(os.path.join(D, "spring/newyear_no_banner.tsv"))
     npseudo = 0
-    # xz at 9e like pairs_train: 2.0 MB instead of 2.8 MB gzipped (session 8: the repo plus
-    # the carried data had grown past the device tool's 64 MiB again).
+    # xz at 9e like pairs_train: 2.0 MB instead of 2.8 MB gzipped, for the same limit.
     with lzma.open(os.path.join(args.out, "pseudo_train.tsv.xz"), "wt", encoding="utf-8",
                    preset=9 | lzma.PRESET_EXTREME) as f:
         for p in spring:

@@ -20,17 +20,10 @@ attention mask (plain causal attention). The loss covers every token after
 <up> (upper line, <sep>, lower line, banner, <eos>); the prompt itself
 (<bos>, mode, keyword/heads, <len_N>, <up>) is not a target.
 
-With --kd FILE (training/distill.py make), a share --kd-frac of the pairs
-carries the teacher's 下联 instead of the real one in each epoch
-(sequence-level distillation, REPORT.md "Run 18"). With --rl W, every step
-also adds W x a self-critical policy loss on sampled 下联s (scst.py); with
---swap-frac F, a share F of the lower-mode examples is drawn reversed
-(REPORT.md "Runs 19 and 20"; with less dropout in "Runs 21 and 22": best on
-validation, worst on test).
-
 The exported checkpoint: --select nll (lowest validation NLL), bleu (highest
-validation BLEU-4 under an NLL bound) or last (no selection; the shipped run
-22c, one of three seeds compared without the bias of a maximum of checks).
+validation BLEU-4 under an NLL bound) or last (no selection: what the
+shipped recipe uses, so that seeds compare without the bias of a maximum of
+noisy checks).
 """
 import argparse
 import csv
@@ -49,7 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import llama as L  # noqa: E402
-from pairs import Group, amp, read_packed, read_rows, sequences, subset, to_groups  # noqa: E402
+from pairs import amp, read_packed, read_rows, sequences, subset, to_groups  # noqa: E402
 from valid import VAL_NLL_BOUND, val_bleu, val_calibrated, validate  # noqa: E402
 
 
@@ -68,16 +61,6 @@ class Data:
             rows = rows[:20000]
         self.pairs = to_groups(v, rows, False)
         self.n_pairs = len(rows)
-        self.kd = None
-        if args.kd:
-            # distill.py make's teacher 下联 for every training pair, in
-            # pairs_train's order: grouped the same way, so that group n's
-            # row i of self.kd is group n's row i of self.pairs.
-            kd = read_rows(args.kd)[:len(rows)]
-            assert len(kd) == len(rows), (args.kd, len(kd), len(rows))
-            for r, k in zip(rows, kd):
-                assert r[0] == k[0] and len(k[1]) == len(r[0]), (r, k)
-            self.kd = {n: g.L for n, g in to_groups(v, [[k[0], k[1]] for k in kd], False).items()}
         self.val = to_groups(v, read_rows(os.path.join(folder, "pairs_val.tsv.gz")), False)
         self.triples = to_groups(v, read_rows(os.path.join(folder, "triples_train.tsv")), True)
         prow = read_packed(folder, "pseudo_train.tsv")
@@ -100,24 +83,12 @@ class Data:
             for k, name in enumerate(("lower", "keyword", "acrostic")):
                 idx = np.nonzero(mode == k)[0]
                 if len(idx):
-                    sg = subset(g, idx)
-                    if name == "lower" and a.swap_frac > 0:
-                        # Reversed pairs: the 下联 given, the 上联 to write. The
-                        # given line's tone tells the direction (a 平 ending
-                        # asks for a 仄 one), so the task stays coherent.
-                        sw = (rng.random(len(idx)) < a.swap_frac)[:, None]
-                        sg = Group(np.where(sw, sg.L, sg.U), np.where(sw, sg.U, sg.L), sg.K, sg.kn, sg.B)
-                    ids, ft = sequences(sg, n, name, rng)
+                    ids, ft = sequences(subset(g, idx), n, name, rng)
                     if name == "lower" and a.lower_targets == "lower":
                         ft += n + 1  # the upper line is given in lower mode: targets start at L1
                     seqs.setdefault((ids.shape[1], ft), []).append(ids)
 
         for n, g in self.pairs.items():
-            if self.kd is not None and a.kd_frac > 0:
-                # This epoch's share of pairs learns the teacher's 下联
-                # instead of the real one (in whichever mode it is drawn).
-                swap = rng.random(g.U.shape[0]) < a.kd_frac
-                g = Group(g.U, np.where(swap[:, None], self.kd[n], g.L), g.K, g.kn, g.B)
             add(g, n)
         spring = a.spring_mix or a.mix
         for n, g in self.triples.items():
@@ -155,15 +126,14 @@ def make_config(vocab_size, args):
     )
 
 
-def loss_on(model, trunk, x, ft, label_smoothing=0.0):
+def loss_on(model, trunk, x, ft):
     """Mean cross-entropy of the tokens at positions >= ft (x: int64 [b, T])
     and the number of such tokens. trunk is model.model (its layers possibly
     compiled); the LM head runs on the target positions only."""
     h = trunk(x)[:, ft - 1:-1]  # [b, T-ft, d]
     tgt = x[:, ft:]
     lg = model.head(h).float()  # [b, T-ft, V]
-    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
-                           label_smoothing=label_smoothing), tgt.numel()
+    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1)), tgt.numel()
 
 
 # ---------------------------------------------------------------- export
@@ -249,21 +219,6 @@ def parse(argv=None):
     ap.add_argument("--triple-repeat", type=int, default=20)
     ap.add_argument("--pseudo-per-epoch", type=int, default=20000)
     ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--kd", default="", help="distill.py make's file: a teacher 下联 for every training pair")
-    ap.add_argument("--kd-frac", type=float, default=0.5,
-                    help="--kd: the share of training pairs drawn with the teacher's 下联 each epoch")
-    ap.add_argument("--swap-frac", type=float, default=0.0,
-                    help="share of lower-mode examples drawn reversed each epoch (the 下联 given, the 上联 "
-                         "as the target): data augmentation, REPORT.md \"Runs 19 and 20\"")
-    ap.add_argument("--rl", type=float, default=0.0,
-                    help="add this weight x scst.py's self-critical policy loss (linearised corpus BLEU-4 of "
-                         "sampled against greedy 下联s of training pairs) to every step; 0: off")
-    ap.add_argument("--rl-rows", type=int, default=256, help="--rl: training 上联s per step (one line length)")
-    ap.add_argument("--rl-samples", type=int, default=4, help="--rl: sampled 下联s per 上联")
-    ap.add_argument("--rl-temp", type=float, default=1.0, help="--rl: sampling temperature")
-    ap.add_argument("--rl-baseline", choices=["greedy", "mean"], default="greedy",
-                    help="--rl: a sample's reward is taken relative to the greedy line's, or to the mean of "
-                         "the other samples' (scst.advantages)")
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
     ap.add_argument("--spring-mix", default="",
@@ -272,14 +227,12 @@ def parse(argv=None):
     ap.add_argument("--mix", default="0.5,0.3,0.2",
                     help="shares of lower, keyword, acrostic mode per epoch (keyword falls back to lower without a word)")
     ap.add_argument("--dropout", type=float, default=0.0,
-                    help="residual dropout after attention and MLP while training (run 3 overfitted without)")
+                    help="residual dropout after attention and MLP while training (the model overfits without)")
     ap.add_argument("--ema", type=float, default=0.0,
                     help="keep an exponential moving average of the weights with this decay (e.g. 0.999); "
                          "validation, the best checkpoint and the export then use the average")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="torch.compile the transformer trunk on the GPU")
-    ap.add_argument("--label-smoothing", type=float, default=0.0,
-                    help="training loss only (validation is plain NLL); --calibrate then refits the temperature")
     ap.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                     help="after the export, fit one logit scale on the validation pairs and bake it into "
                          "model.norm.weight (training/calibrate.py)")
@@ -370,14 +323,6 @@ def train(args):
         finally:
             swap()
 
-    rl = None
-    if args.rl > 0:
-        import scst
-        rl = scst.SCST(data.pairs, args.rl_rows, args.rl_samples, args.rl_temp, dev,
-                       np.random.default_rng(args.seed + 1), seed=args.seed, baseline=args.rl_baseline)
-        log(f"self-critical term: weight {args.rl}, {args.rl_rows} rows x {args.rl_samples} samples "
-            f"at temperature {args.rl_temp}, {args.rl_baseline} baseline")
-
     total = args.steps if args.steps > 0 else None
     budget = args.minutes * 60
 
@@ -437,7 +382,7 @@ def train(args):
                 g["lr"] = lr_at(step)
             try:
                 with amp(dev):
-                    loss, ntok = loss_on(model, trunk, x, ft, args.label_smoothing)
+                    loss, ntok = loss_on(model, trunk, x, ft)
                 loss.backward()
             except Exception as e:  # a torch.compile failure must not cost the device call
                 if not compiled:
@@ -448,14 +393,8 @@ def train(args):
                 compiled = False
                 opt.zero_grad(set_to_none=True)
                 with amp(dev):
-                    loss, ntok = loss_on(model, trunk, x, ft, args.label_smoothing)
+                    loss, ntok = loss_on(model, trunk, x, ft)
                 loss.backward()
-            if rl is not None:
-                # A second backward pass: the gradients add up, and the
-                # likelihood batch's graph is already freed.
-                pl = rl.loss(model, trunk)
-                if pl is not None:
-                    (args.rl * pl).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -491,8 +430,6 @@ def train(args):
                 log(f"step {step}/{total} ep {epoch} tok {tokens / 1e6:.1f}M lr {lr_at(step):.2e} "
                     f"train {tl:.4f} val {vl:.4f} val_lower {vlow:.4f} (ppl {math.exp(vlow):.2f}) "
                     f"{tokens / el / 1e6:.2f}M tok/s {el:.0f}s")
-                if rl is not None:
-                    log(rl.report())
                 if args.select == "nll" or step % args.select_every == 0 or last:
                     k = select_key(vlow, step)
                     if k < best[0]:

@@ -13,7 +13,7 @@
 //	banner_candidates.txt   4-character idioms suitable as 横批 (MIT, from THUOCL and chinese-xinhua)
 //
 // The files are produced by training/ (see training/README.md for the
-// command, the data and their licenses, and training/REPORT.md for the run).
+// recipe, the data and their licenses).
 // They are read-only data; nothing here changes at run time.
 package weights
 

@@ -58,8 +58,9 @@ func defaultStackConfig() stackConfig {
 		DeviceSampling:      true,
 		OverlapSteps:        true,
 		// One sample per couplet: the rules already guarantee the form, and a
-		// second ranked sample costs ~2× the decode work for a small gain in
-		// quality (docs/BENCHMARKS.md); raise it for quality over throughput.
+		// second ranked sample costs about twice the decode work for a small
+		// gain in quality (docs/DECISIONS.md, "one sample per couplet"); raise
+		// it for quality over throughput.
 		SamplesPerCouplet: 1,
 		// 横批: the model's own plus the 4 retrieved candidates (of a
 		// lexical pool of 32) whose first character the model finds
@@ -103,7 +104,7 @@ func (c *stackConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step [CHUNLIAN_MAX_NUM_BATCHED_TOKENS]")
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503) [CHUNLIAN_MAX_QUEUE]")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU backend threads; 0 = all cores [CHUNLIAN_THREADS]")
-	fs.BoolVar(&c.CPUInt8, "cpu-int8", c.CPUInt8, "CPU backend: run GEMMs of 1..256 rows on int8 copies of the weights (per-row scales; ~1.3x faster decode here, logits differ from bf16 by up to ~0.4, see docs/BENCHMARKS.md) [CHUNLIAN_INT8]")
+	fs.BoolVar(&c.CPUInt8, "cpu-int8", c.CPUInt8, "CPU backend: run GEMMs of 1..256 rows on int8 copies of the weights (per-row scales; faster decode, but logits differ from bf16: docs/DECISIONS.md) [CHUNLIAN_INT8]")
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
 	fs.BoolVar(&c.DeviceSampling, "device-sampling", c.DeviceSampling, "cuda backend: draw tokens on the GPU (masks, top-k/top-p/min-p) so that only 8 bytes per row reach the host; false = copy every logits row and sample on the host [CHUNLIAN_DEVICE_SAMPLING]")
 	fs.BoolVar(&c.OverlapSteps, "overlap-steps", c.OverlapSteps, "cuda backend with --device-sampling: from 128 sequences on, keep two engine steps in flight, so that the host consumes one while the GPU computes the other; false = one step at a time [CHUNLIAN_OVERLAP_STEPS]")
@@ -291,15 +292,12 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 
 // The default KV block size of each backend (--block-size 0).
 //
-// The engine issue specifies 16 tokens, vLLM's default; the CUDA backend
-// keeps it. On the CPU, 16-token blocks left ~40 % of the allocated slots
-// empty under a couplet load (a couplet's sequences are 21–26 tokens, so
-// each wastes most of a block), against the issue's goal of ≥ 96 % live;
-// 1-token blocks hold only live tokens (100 %) and were as fast or faster
-// on the 2-core machine, since more of each prompt is found in cached
-// full blocks. On the H200, block size 1 was 8 % faster at 10 users but
-// 20 % slower at 1000, where the engine goroutine's per-block host work
-// is the limit. Figures: docs/BENCHMARKS.md, session 7.
+// The CUDA backend keeps vLLM's 16 tokens: at a thousand users and more
+// the engine goroutine's per-block host work is the limit there, and
+// smaller blocks multiply it. On the CPU a couplet's sequences (21–26
+// tokens) would leave most of a 16-token block empty; 1-token blocks hold
+// only live tokens and are as fast or faster, since more of each prompt is
+// found in cached full blocks. Figures: docs/DECISIONS.md, "KV block size".
 const (
 	cpuDefaultBlockSize  = 1
 	cudaDefaultBlockSize = 16

@@ -74,10 +74,9 @@ func GemmBF16Acc(m, n, k int, x []float32, w []uint16, y []float32) {
 }
 
 // chooseBF16 picks the bf16 kernel: assembly, else archsimd, else plain
-// Go (see HasFastBF16). The assembly kernels measured faster than the
-// archsimd ones at every small-M model shape (docs in
-// /work/notes/bench-kernels.md → docs/BENCHMARKS.md), so they win also in
-// the GOEXPERIMENT=simd build.
+// Go (see HasFastBF16). The assembly kernels are faster than the archsimd
+// ones at every small-M model shape, so they win also in the
+// GOEXPERIMENT=simd build.
 func chooseBF16() bf16Impl {
 	switch {
 	case !HasFastBF16():
@@ -175,11 +174,9 @@ func (g *bf16Job) run(p, np int) {
 }
 
 // bf16SplitBytes is the least weight bytes a bf16 or int8 GEMM must read
-// to be split over the pool. With the channel-woken pool (tens of µs per
-// hand-off) this was 1 MiB; with the spinning hand-off (pool.go) a split
-// pays from about 200 KB: measured at M=1 on int8 weights in cache, one
-// thread vs split in two: [384,384] 147 KB 2.7 vs 2.8 µs, [1152,384] 442
-// KB 8.5 vs 5.9 µs, [2048,384] 786 KB 15 vs 9.4 µs.
+// to be split over the pool: below it the hand-off to a spinning worker
+// (pool.go) costs as much as the second core saves. Figures:
+// docs/DECISIONS.md, "GEMM split thresholds".
 const bf16SplitBytes = 192 << 10
 
 // splitFlops is the least work (flops) that makes a bf16 or int8 GEMM
@@ -232,7 +229,7 @@ func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im
 // for l < 16, zero beyond k.
 //
 // The whole chunks go to permuteAVX2 where permuteAsm is set (amd64 with
-// AVX2: it was ~2% of the server's CPU at 10 users as a scalar loop, run
+// AVX2: as a scalar loop it showed in the server's CPU profile, run
 // serially before each GEMM is split); the rest is the scalar loop.
 func permuteX(m, k int, x, xs []float32) {
 	kp := (k + 31) &^ 31

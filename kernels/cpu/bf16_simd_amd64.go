@@ -46,10 +46,9 @@ func tailW8(p unsafe.Pointer, base, k8, k1 int) archsimd.Float32x8 {
 // u&0xffff0000 that of the odd ones, two cheap ops per 32 weights and no
 // widening shuffle. x must then come deinterleaved the same way: the
 // caller permutes it once per call into permuteX's layout (see bf16Impl).
-// This replaced a 16-at-a-time widening (VPMOVZXWD) kernel that, through
-// the Go compiler's register allocation, ran at ~33 GFLOP/s per core in
-// cache and streamed weights from memory slower in bytes/s than the
-// float32 kernels.
+// A 16-at-a-time widening (VPMOVZXWD) kernel is slower: through the Go
+// compiler's register allocation it streamed weights from memory slower
+// in bytes/s than the float32 kernels.
 
 // gemmBF16ZRect computes y[i0:i1, j0:j1] (row stride n) over all of k;
 // x is in permuteX's layout, [m, kp] with kp = roundUp(k, 32).

@@ -185,13 +185,12 @@ var blasHandoff = true
 // y = w·x, a streaming kernel that skips GEMM's packing.
 func gemmBLAS(m, n, k int, x, w, y []float32, acc bool) {
 	if m > 1 && blasHandoff && simdAvailable() && (m < blasMinM || simdWide) {
-		// OpenBLAS sgemm is slow for a handful of rows (measured 6-15
-		// GFLOP/s at M=8 on 2 threads, against 20-35 for the AVX2 kernel,
-		// which also reads each weight row once for all M rows where a
-		// loop of sgemv calls would read it M times). With AVX-512 the Go
-		// kernel beats OpenBLAS 0.3.21's sgemm at every M ≥ 2 measured
-		// (M=32..512 at d=512 shapes, best of 3 runs: +8-27%), so only M=1 (sgemv,
-		// 1.5-2× faster than the Go kernels) is left to OpenBLAS.
+		// OpenBLAS sgemm is slow for a handful of rows; the AVX2 kernel
+		// also reads each weight row once for all M rows, where a loop of
+		// sgemv calls would read it M times. With AVX-512 the Go kernel
+		// beats OpenBLAS's sgemm at every M ≥ 2, so only M=1 (sgemv,
+		// faster than the Go kernels there) is left to OpenBLAS.
+		// Figures: docs/DECISIONS.md, "GEMM path by row count".
 		gemmSIMD(m, n, k, x, w, y, acc)
 		return
 	}

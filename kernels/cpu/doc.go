@@ -16,8 +16,8 @@
 //     token) goes to sgemv; larger M to sgemm, except that where the SIMD
 //     path is also compiled in, 2 ≤ M < 16 goes to the SIMD kernel (OpenBLAS
 //     sgemm is slow for a handful of rows), and on AVX-512 CPUs every M ≥ 2
-//     does (the AVX-512 kernel measured 8-27% faster than OpenBLAS 0.3.21
-//     sgemm at the model's shapes).
+//     does (the AVX-512 kernel beats OpenBLAS sgemm at the model's shapes:
+//     docs/DECISIONS.md, "GEMM path by row count").
 //   - "simd": pure Go with simd/archsimd, compiled only with
 //     GOEXPERIMENT=simd on amd64 and used only if the CPU reports AVX2 and
 //     FMA at run time. A 2×4 dot-product microkernel on 8-lane vectors, or on
@@ -66,7 +66,7 @@
 // in the default build (elementwise_amd64.s), and so does SiLUMul
 // (siluMulAVX2 in sample_amd64.s, on the vector exp below: same formula
 // and order as the Go loop, within 2.4e-7 relative of it and 1.6e-7 of
-// float64 silu; 0.41 vs 6.0 µs for one 1024-float row).
+// float64 silu).
 //
 // # Softmax and the sampler's kernels
 //
@@ -96,14 +96,12 @@
 // kept floats with VPERMPS on the same row. Branch-free but for skipping
 // 16-float blocks with nothing kept.
 //
-// On a 6294-float Zipf-like row (BenchmarkSampleKernels) asm vs Go:
-// Softmax 3.3 vs 40 µs, ScanMax 0.3 vs 5.5 µs, ExpSum 2.7 vs 39 µs, Exp
-// 2.1 vs 34 µs, CompactGreater 0.87 vs 5.9 µs (a third kept; 0.32 vs 4.8
-// µs with 3 kept), CompactGreaterVals 0.9 µs. Fusing the compaction into
-// Exp measured slower (3.7-4.2 µs vs 3.2 for the two passes) and was
-// dropped. The GOEXPERIMENT=simd set uses the same assembly for these
-// (its archsimd Softmax took 110 µs and gave finite rows for rows with a
-// NaN).
+// The assembly is an order of magnitude faster than the Go loops on a
+// vocabulary-sized row (BenchmarkSampleKernels; docs/DECISIONS.md,
+// "sampler kernels"). Compaction stays a pass of its own: fused into Exp
+// it was slower. The GOEXPERIMENT=simd set uses the same assembly for
+// these, because its archsimd Softmax was slower and gave finite rows for
+// rows with a NaN.
 //
 // # Threads
 //

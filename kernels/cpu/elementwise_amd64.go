@@ -5,12 +5,13 @@ package cpu
 // Dot and Axpy in assembly (elementwise_amd64.s; AVX2+FMA, checked at run
 // time) for the default build, which otherwise has only plain-Go loops:
 // attention calls them once per (query head, context position) on
-// head-sized vectors (64 floats for the shipped model), and in plain Go
-// they took ~15% of a batch-1 decode step. SiLUMul's loop is assembly too
-// (siluMulAsm, sample_amd64.s, on the sampler's vector exp): in plain Go it
-// was ~5% of the server's CPU at 10 users, run serially by the engine
-// goroutine. The other elementwise kernels (RMSNorm's sum of squares and
-// scale, RoPE, Add) stay plain Go here: each under 0.5% of that profile.
+// head-sized vectors (64 floats for the shipped model), where plain Go is
+// a visible share of a batch-1 decode step. SiLUMul's loop is assembly too
+// (siluMulAsm, sample_amd64.s, on the sampler's vector exp): it runs
+// serially on the engine goroutine. The other elementwise kernels
+// (RMSNorm's sum of squares and scale, RoPE, Add) stay plain Go here: they
+// barely show in a server profile (docs/DECISIONS.md, "Elementwise
+// kernels in assembly").
 // Where the build also has GOEXPERIMENT=simd, the archsimd set
 // (elementwise_simd_amd64.go, initialised after this file) takes over.
 

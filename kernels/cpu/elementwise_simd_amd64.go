@@ -16,10 +16,10 @@ import "simd/archsimd"
 // multiple allocations").
 
 // Softmax and the sampler's kernels (sample.go) are the assembly ones
-// (same CPU requirement, AVX2+FMA): the archsimd softmax measured 110 µs
-// on a 6294-float row against 4.9 µs for the assembly (one pass for exp
-// and sum), and gave a finite row for a row with a NaN where softmaxGo
-// gives NaNs.
+// (same CPU requirement, AVX2+FMA): the archsimd softmax is much slower
+// than the assembly (one pass for exp and sum; docs/DECISIONS.md, "Sampler
+// kernels in assembly"), and gave a finite row for a row with a NaN where
+// softmaxGo gives NaNs.
 var simdElem = elemKernels{
 	name: "simd", dot: dotSIMD, axpy: axpySIMD, sumSq: sumSqSIMD, scaleMul: scaleMulSIMD,
 	siluMul: siluMulSIMD, add: addSIMD, rope: ropeSIMD, softmax: asmElem.softmax,

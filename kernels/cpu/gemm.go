@@ -42,8 +42,9 @@ func availablePaths() []string {
 // flip it). That is not the same as Path() == "go": a default build (no
 // GOEXPERIMENT=simd) on a machine without OpenBLAS also gets the plain-Go
 // float32 GEMM, and there the assembly kernels (bf16, int8, elementwise,
-// sampling) must stay on; until session 9 HasFastBF16 tested Path() and
-// such a machine ran every GEMM in plain Go, ~5× slower per couplet.
+// sampling) must stay on: tying them to Path() would run every GEMM of
+// such a machine in plain Go (docs/DECISIONS.md, "bf16 kernels without
+// OpenBLAS").
 var goForced = os.Getenv("CHUNLIAN_GEMM") == "go"
 
 func choosePath() {

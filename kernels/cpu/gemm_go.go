@@ -3,9 +3,9 @@ package cpu
 // Plain-Go GEMM. y = x·wᵀ is a grid of dot products of x rows with w rows,
 // both contiguous in k, so no packing is needed. The Go compiler does not
 // interleave loads and multiply-adds well and has 16 float registers, so
-// small tiles win: measured per core (GFLOP per CPU-second, k=256 in L1),
-// 2×2 ≈ 9, 1×4 ≈ 8, 2×4 ≈ 6, 4×4 ≈ 3 (it spills). The main tile is 2×2; an
-// odd last row uses 1×4. K is blocked so the row segments stay in L1.
+// small tiles win (4×4 spills; docs/DECISIONS.md, "GEMM tiles and
+// blocking"). The main tile is 2×2; an odd last row uses 1×4. K is blocked
+// so the row segments stay in L1.
 
 const goKB = 512 // k block (floats): 6 rows × 2 KiB in a 32 KiB L1
 

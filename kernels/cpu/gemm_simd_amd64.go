@@ -14,11 +14,10 @@ import (
 // each sum are reduced once at the end (per k block).
 //
 // Where the CPU has AVX-512F the same 2×4 tile runs on Float32x16 vectors
-// (micro2x4z): measured single-core on this machine's AMD EPYC with k=256 in
-// L1, 2×4 AVX2 ≈ 66 GFLOP/s and 2×4 AVX-512 ≈ 134 GFLOP/s. (Bigger tiles
-// lose: the Go 1.26 register allocator uses only 16 vector registers and
-// always picks the VFMADD213 form, which destroys a multiplicand, so 3×4 or
-// 4×4 tiles spill; 3×4 AVX2 measured ≈ 45, 4×4 AVX-512 ≈ 37.)
+// (micro2x4z), about twice as fast per core. Bigger tiles lose: the Go
+// register allocator uses only 16 vector registers and always picks the
+// VFMADD213 form, which destroys a multiplicand, so 3×4 or 4×4 tiles
+// spill (docs/DECISIONS.md, "GEMM tiles and blocking").
 //
 // Blocking: rows of x in blocks of simdMB, k in blocks of simdKB, so the
 // x slab being swept stays in L2 and the 4 w rows of the current tile column
@@ -92,10 +91,9 @@ func store4v(y []float32, v archsimd.Float32x4, acc bool) {
 
 // simdMB bounds the x rows swept per k block: simdMB × simdKB floats =
 // 256 KiB stays in L2 while the 4 w rows of a tile column (16 KiB) stay in
-// L1. Measured (AVX-512, 2 threads, M=32 and 512 at the model's shapes):
-// KB/MB of 512/128, 1024/128, 1024/64, 2048/64 and 2048/128 all land within
-// noise of each other (170-190 GFLOP/s at M=512); 256/128 was ~30% slower
-// (more partial-sum reductions and y round trips).
+// L1. Larger k blocks and x-row blocks than these measure the same; a k
+// block of 256 is slower (more partial-sum reductions and y round trips):
+// docs/DECISIONS.md, "GEMM tiles and blocking".
 const simdMB = 64
 
 // gemmSIMDRect computes y[i0:i1, j0:j1] (row stride n) over the full k.
@@ -162,7 +160,7 @@ func tailLoad(p unsafe.Pointer, base, k8, k1 int) archsimd.Float32x8 {
 // micro2x4: y[i+r, j+c] (+)= Σ_{p∈[k0,k1)} x[i+r, p]·w[j+c, p], r<2, c<4.
 // 8 accumulators + 2 x vectors + 1 w vector fit the 16 registers that the Go
 // register allocator uses; bigger tiles (3×4, 2×6, 4×4 with Float32x16) spill
-// and measured 25-40% slower single-threaded.
+// and are slower.
 func micro2x4(xp, wp unsafe.Pointer, i, j, k, k0, k8, k1 int, y []float32, n int, acc bool) {
 	x0, x1 := i*k, (i+1)*k
 	w0, w1, w2, w3 := j*k, (j+1)*k, (j+2)*k, (j+3)*k

@@ -7,7 +7,7 @@ import "fmt"
 // with its variant, simd for the GOEXPERIMENT=simd ones, or go) and the
 // elementwise set, e.g. "gemm=openblas bf16=asm-avx512 int8=asm-avx512
 // elementwise=asm". A slow machine is then one log line away from its
-// cause: session 9's machine without OpenBLAS ran bf16=go until the fix.
+// cause (bf16=go where assembly was expected, for instance).
 func Kernels() string {
 	bf16, int8 := "go", "go"
 	if HasFastBF16() {

@@ -12,15 +12,14 @@ import (
 
 // The worker pool: a fixed set of goroutines that run parts of one parallel
 // call. Starting goroutines per call costs a few µs each, and waking a
-// parked goroutine (channel send, futex) costs 10-50 µs on this 2-vCPU VM,
-// as long as a whole decode-time GEMM. So a worker that finishes a part
+// parked goroutine (channel send, futex) can cost as long as a whole
+// decode-time GEMM on a small VM. So a worker that finishes a part
 // keeps polling for the next one for up to poolSpin (calling
 // runtime.Gosched every 64 polls, so that goroutines waiting for its P
 // still run) and only then parks on its channel: the GEMMs of one forward
 // pass follow each other a few µs apart and find the worker awake; between
-// steps it parks and costs nothing. Measured at M=1 (int8 weights, quiet
-// machine): the LM head split in two took 95 µs with the channel hand-off
-// and 28 µs with this one; see /work/notes/bench-kernels.md.
+// steps it parks and costs nothing. Figures: docs/DECISIONS.md, "kernel
+// pool hand-off".
 //
 // Invariants:
 //   - poolMu is held for the whole of a parallel call: it serialises parallel
@@ -70,11 +69,10 @@ var (
 // (runParts). CHUNLIAN_POOL overrides them for same-binary A/B runs, e.g.
 // CHUNLIAN_POOL=spin=50us,yield=64,chunks=1,steal=0 (parsePoolEnv).
 //
-// Chunks (4 per part) and steal-back measured best end to end on the
-// 2-vCPU VM, same run, with attention on the pool too (Parallel): 10
-// users 59.0 couplets/s with fixed parts (2 runs) vs 65.0 with chunks=4
-// (4 runs); see /work/notes/bench-kernels2.md. Shorter spins, PAUSE-based
-// polling and parking between forward passes measured no better.
+// Chunks (4 per part) and steal-back are the defaults because they served
+// the most couplets end to end, with attention on the pool too (Parallel);
+// shorter spins, PAUSE-based polling and parking between forward passes
+// were no better (docs/DECISIONS.md, "kernel pool hand-off").
 var (
 	poolSpin   = 200 * time.Microsecond // read by the workers: set only at init
 	poolYield  = 64                     // ditto
@@ -225,10 +223,10 @@ func (w *poolWorker) post(it workItem) {
 func runParts(j job, parts int) { runPartsChunked(j, parts, poolChunks) }
 
 // gemmChunks is the chunks per part for a GEMM of m x rows: poolChunks,
-// except fixed parts (1) for m = 1, where the chunks measured ~5% slower
-// (engine BenchmarkDecode batch=1, 6 interleaved rounds: 1201 vs 1268
-// tok/s): a one-row GEMM streams its weights once, and cutting the stream
-// into more pieces costs more than a late worker does there.
+// except fixed parts (1) for m = 1, where chunks are slower (docs/DECISIONS.md,
+// "Kernel pool hand-off"): a one-row GEMM streams its weights once, and
+// cutting the stream into more pieces costs more than a late worker does
+// there.
 func gemmChunks(m int) int {
 	if m <= 1 {
 		return 1

@@ -7,9 +7,8 @@ package cpu
 import "math"
 
 // Softmax and the sampler's kernels (sample.go) in AVX2/FMA assembly
-// (sample_amd64.s) for every amd64 build, part of asmElem: sampling a row
-// of the 6,294-token vocabulary was ~80% of the host CPU of the CUDA
-// backend at 1000 users, nearly all of it in these scalar loops. Each
+// (sample_amd64.s) for every amd64 build, part of asmElem: as scalar loops
+// they dominated the host CPU of the CUDA backend under load. Each
 // wrapper hands the first len &^ 7 entries to the assembly and does the
 // rest in Go with the same formulas.
 
