@@ -58,7 +58,8 @@ func WithBanners(list ...string) Option {
 func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
 
 // WithOversample sets how many samples are drawn per requested candidate in
-// constrained mode, for ranking and diversity (default 2; total capped at 32).
+// constrained mode, for ranking and diversity (default DefaultSamples;
+// total capped at 32).
 func WithOversample(k int) Option { return func(o *options) { o.oversample = k } }
 
 // WithBannerTopK sets how many retrieved 横批 are scored per couplet besides
@@ -119,7 +120,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: 2, weights: DefaultWeights, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
+	o := options{maxAttempts: 4, oversample: DefaultSamples, weights: DefaultWeights, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}

@@ -39,9 +39,19 @@ type Weights struct {
 	LogProb, Tone, POS, Festive, Reverse, Bad, Repeated float64
 }
 
-// DefaultWeights is the ranking the service ships; docs/DECISIONS.md
-// records the reading that chose it.
-var DefaultWeights = Weights{LogProb: 1, Tone: 0.5, POS: 0.6, Festive: 0.5, Reverse: 0, Bad: 3, Repeated: 0.15}
+// DefaultSamples is how many constrained samples Generate draws and ranks
+// per returned couplet unless WithOversample says otherwise: the readers'
+// odd share of the top-ranked couplet stops falling past it
+// (docs/DECISIONS.md, "Samples per couplet").
+const DefaultSamples = 8
+
+// DefaultWeights is the ranking the service ships: the weights fitted to
+// blind readers' verdicts on ranked candidates (docs/DECISIONS.md,
+// "Candidate ranking weights"), except Bad, which is a rule rather than a
+// fit: a couplet with an unsuitable word ranks below every clean one.
+// Tone and Reverse carried no signal the fit could use and stay 0 (Tone
+// still breaks no rule: the constraints enforce 平仄 at the line ends).
+var DefaultWeights = Weights{LogProb: 1, POS: 0.1, Festive: 0.1, Bad: 3, Repeated: 0.45}
 
 // Score is the weighted sum: higher is better; Bad and Repeated count
 // against a candidate.
@@ -66,12 +76,22 @@ func WithWeights(w Weights) Option { return func(o *options) { o.weights = w } }
 
 // features fills every signal of cd except Reverse.
 func (g *Generator) features(p *plan, cd *candidate) Features {
-	f := Features{LogProb: cd.lineLP, Tone: parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)}
-	f.Repeated = repeats(cd.c.Upper, cd.c.Lower)
-	if j := g.o.judge; j != nil {
-		f.POS = j.Parallelism(cd.c.Upper, cd.c.Lower)
-		f.Festive = j.Festive(cd.c.Upper + cd.c.Lower)
-		f.Bad = len(j.Unsuitable(cd.c.Upper)) + len(j.Unsuitable(cd.c.Lower))
+	f := TextFeatures(cd.c.Upper, cd.c.Lower, cd.lineLP, g.o.judge)
+	f.Tone = parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)
+	return f
+}
+
+// TextFeatures are the Features that follow from a couplet's text and its
+// mean log-prob alone: Repeated and, with a judge (nil = none), POS,
+// Festive and Bad. Tone and Reverse need the model's tables and stay 0.
+// Ranking recorded readings (quality's tests) goes through it, so the
+// service and the measurement compute the signals one way.
+func TextFeatures(upper, lower string, logProb float64, j Judge) Features {
+	f := Features{LogProb: logProb, Repeated: repeats(upper, lower)}
+	if j != nil {
+		f.POS = j.Parallelism(upper, lower)
+		f.Festive = j.Festive(upper + lower)
+		f.Bad = len(j.Unsuitable(upper)) + len(j.Unsuitable(lower))
 	}
 	return f
 }
