@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"chunlian/couplet"
+	"chunlian/critic"
 	"chunlian/engine"
 	"chunlian/forward"
 	"chunlian/model"
@@ -57,11 +58,9 @@ func defaultStackConfig() stackConfig {
 		PrefixCaching:       true,
 		DeviceSampling:      true,
 		OverlapSteps:        true,
-		// One sample per couplet: the rules already guarantee the form, and a
-		// second ranked sample costs about twice the decode work for a small
-		// gain in quality (docs/DECISIONS.md, "one sample per couplet"); raise
-		// it for quality over throughput.
-		SamplesPerCouplet: 1,
+		// Ranked samples per couplet: readers find the top-ranked of 8 odd
+		// far less often than a single sample (docs/DECISIONS.md).
+		SamplesPerCouplet: couplet.DefaultSamples,
 		// 横批: the model's own plus the 4 retrieved candidates (of a
 		// lexical pool of 32) whose first character the model finds
 		// likeliest; ranks better than 8 lexical ones at half the rows
@@ -119,6 +118,7 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 		couplet.WithBannerSources(bannerSources(c.ModelDir)...), // generate.go
 		couplet.WithOversample(c.SamplesPerCouplet),
 		couplet.WithBannerTopK(c.BannerCandidates),
+		couplet.WithJudge(critic.Judge{}),
 	}
 }
 
@@ -182,8 +182,8 @@ func (c *stackConfig) Validate() error {
 	if c.MaxQueue < 0 {
 		errs = append(errs, fmt.Errorf("--max-queue %d: must be ≥ 0", c.MaxQueue))
 	}
-	if c.SamplesPerCouplet < 1 || c.SamplesPerCouplet > 8 {
-		errs = append(errs, fmt.Errorf("--samples-per-couplet %d: want 1..8", c.SamplesPerCouplet))
+	if c.SamplesPerCouplet < 1 || c.SamplesPerCouplet > 32 {
+		errs = append(errs, fmt.Errorf("--samples-per-couplet %d: want 1..32", c.SamplesPerCouplet))
 	}
 	if c.BannerCandidates < 0 || c.BannerCandidates > 64 {
 		errs = append(errs, fmt.Errorf("--banner-candidates %d: want 0..64", c.BannerCandidates))
