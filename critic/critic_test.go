@@ -224,3 +224,25 @@ func BenchmarkUnsuitable(b *testing.B) {
 		Unsuitable("新春柳绿千山绿\t盛世花红万户红\t万象更新")
 	}
 }
+
+// The reranker scores candidates from many request goroutines at once.
+func TestConcurrentUse(t *testing.T) {
+	want := Parallelism("新春柳绿千山绿", "盛世花红万户红")
+	done := make(chan float64)
+	for g := 0; g < 8; g++ {
+		go func() {
+			var p float64
+			for i := 0; i < 200; i++ {
+				p = Parallelism("新春柳绿千山绿", "盛世花红万户红")
+				Unsuitable("离别愁绪泪满襟")
+				Festive("新春柳绿千山绿")
+			}
+			done <- p
+		}()
+	}
+	for g := 0; g < 8; g++ {
+		if p := <-done; p != want {
+			t.Errorf("concurrent Parallelism = %v, want %v", p, want)
+		}
+	}
+}
