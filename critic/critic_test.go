@@ -246,3 +246,16 @@ func TestConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+func TestAssess(t *testing.T) {
+	a := Assess("一岸春风花溅泪", "三江月色水凝愁", "春风一度")
+	if !slices.Equal(a.Unsuitable, []string{"泪", "愁", "春风一度"}) || !a.BannerUnsuitable {
+		t.Errorf("Assess = %+v, want 泪 愁 春风一度 and an unsuitable 横批", a)
+	}
+	if a.Parallelism != Parallelism("一岸春风花溅泪", "三江月色水凝愁") || a.Festive != Festive("一岸春风花溅泪\t三江月色水凝愁") {
+		t.Errorf("Assess = %+v disagrees with the single scores", a)
+	}
+	if b := Assess("天增岁月人增寿", "春满乾坤福满楼", ""); b.BannerUnsuitable || len(b.Unsuitable) > 0 {
+		t.Errorf("Assess of a clean couplet without 横批 = %+v", b)
+	}
+}
