@@ -28,8 +28,14 @@ func TestParallelismClearCases(t *testing.T) {
 	if p := Parallelism("", ""); p != 0 {
 		t.Errorf("empty lines = %v, want 0", p)
 	}
-	if p := Parallelism("春风，春雨", "福气，福星"); p < 0 || p > 1 {
-		t.Errorf("score %v outside [0,1]", p)
+	if p := Parallelism("，", "，"); p != 1 {
+		t.Errorf("the same mark facing itself = %v, want 1", p)
+	}
+	if p := Parallelism("，", "福"); p != 0 {
+		t.Errorf("a mark facing a character = %v, want 0", p)
+	}
+	if p, q := Parallelism("春风，春雨", "福气，福星"), Parallelism("春风，春雨", "福，气福星"); p <= q || p > 1 || q < 0 {
+		t.Errorf("marks aligned %v, misaligned %v: want aligned higher, both in [0,1]", p, q)
 	}
 }
 
