@@ -28,8 +28,14 @@ func TestParallelismClearCases(t *testing.T) {
 	if p := Parallelism("", ""); p != 0 {
 		t.Errorf("empty lines = %v, want 0", p)
 	}
-	if p := Parallelism("春风，春雨", "福气，福星"); p < 0 || p > 1 {
-		t.Errorf("score %v outside [0,1]", p)
+	if p := Parallelism("，", "，"); p != 1 {
+		t.Errorf("the same mark facing itself = %v, want 1", p)
+	}
+	if p := Parallelism("，", "福"); p != 0 {
+		t.Errorf("a mark facing a character = %v, want 0", p)
+	}
+	if p, q := Parallelism("春风，春雨", "福气，福星"), Parallelism("春风，春雨", "福，气福星"); p <= q || p > 1 || q < 0 {
+		t.Errorf("marks aligned %v, misaligned %v: want aligned higher, both in [0,1]", p, q)
 	}
 }
 
@@ -222,5 +228,40 @@ func BenchmarkUnsuitable(b *testing.B) {
 	loadLists()
 	for i := 0; i < b.N; i++ {
 		Unsuitable("新春柳绿千山绿\t盛世花红万户红\t万象更新")
+	}
+}
+
+// The reranker scores candidates from many request goroutines at once.
+func TestConcurrentUse(t *testing.T) {
+	want := Parallelism("新春柳绿千山绿", "盛世花红万户红")
+	done := make(chan float64)
+	for g := 0; g < 8; g++ {
+		go func() {
+			var p float64
+			for i := 0; i < 200; i++ {
+				p = Parallelism("新春柳绿千山绿", "盛世花红万户红")
+				Unsuitable("离别愁绪泪满襟")
+				Festive("新春柳绿千山绿")
+			}
+			done <- p
+		}()
+	}
+	for g := 0; g < 8; g++ {
+		if p := <-done; p != want {
+			t.Errorf("concurrent Parallelism = %v, want %v", p, want)
+		}
+	}
+}
+
+func TestAssess(t *testing.T) {
+	a := Assess("一岸春风花溅泪", "三江月色水凝愁", "春风一度")
+	if !slices.Equal(a.Unsuitable, []string{"泪", "愁", "春风一度"}) || !a.BannerUnsuitable {
+		t.Errorf("Assess = %+v, want 泪 愁 春风一度 and an unsuitable 横批", a)
+	}
+	if a.Parallelism != Parallelism("一岸春风花溅泪", "三江月色水凝愁") || a.Festive != Festive("一岸春风花溅泪\t三江月色水凝愁") {
+		t.Errorf("Assess = %+v disagrees with the single scores", a)
+	}
+	if b := Assess("天增岁月人增寿", "春满乾坤福满楼", ""); b.BannerUnsuitable || len(b.Unsuitable) > 0 {
+		t.Errorf("Assess of a clean couplet without 横批 = %+v", b)
 	}
 }

@@ -7,9 +7,12 @@
 // lazily, on first use (Load forces that early).
 //
 // Its tables are embedded: words.txt (the segmenter's dictionary),
-// unsuitable.txt, banners_unsuitable.txt and festive.txt. words.txt and
-// festive.txt are derived by critic/internal/gen from ../shared and the
-// gse module (`go generate ./critic`); the two lists are written by hand.
+// unsuitable.txt, banners_unsuitable.txt, festive.txt and charclass.txt.
+// words.txt and festive.txt are derived by critic/internal/gen from
+// ../shared and the gse module, charclass.txt by
+// critic/internal/gen/classes from the training pairs (`go generate
+// ./critic` runs both, in that order); the two lists are written by hand.
 package critic
 
 //go:generate go run ./internal/gen -shared ../../shared -out .
+//go:generate go run ./internal/gen/classes -shared ../../shared -out charclass.txt

@@ -44,7 +44,7 @@ func loadFestive() map[string]float64 {
 // On the couplet pairs themselves the score separates the spring subset
 // from the rest with a held-out AUC of 0.69, and the 285 real 春联 of
 // spring/with_banner.tsv from test.tsv's pairs with 0.79
-// (docs/DECISIONS.md).
+// (docs/EVAL.md, "Reading as a reader does").
 func Festive(text string) float64 {
 	t := loadFestive()
 	r := []rune(text)

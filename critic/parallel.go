@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"strings"
 	"sync"
+	"unicode"
 
 	"github.com/go-ego/gse"
 )
@@ -152,8 +153,10 @@ func SegmentDict(line string) []Word {
 // the n−1 gaps between characters where both lines have a word boundary
 // or neither has. Class agreement is the share of the n character
 // positions whose words in the two lines have the same coarse class; a
-// position where either word's class is unknown counts one half.
-// Punctuation at the same position agrees in both measures.
+// position where either word's class is unknown counts one half. A
+// punctuation mark is a word of its own: the same mark at the same
+// position agrees in both measures, a mark facing a character agrees in
+// neither.
 //
 // Lines of different length (in characters) score 0; lines of one
 // character score their class agreement alone.
@@ -167,7 +170,11 @@ func Parallelism(upper, lower string) float64 {
 	lb, lc := layout(Segment(lower), n)
 	var cls float64
 	for i := 0; i < n; i++ {
-		switch {
+		switch pu, pl := unicode.IsPunct(u[i]), unicode.IsPunct(l[i]); {
+		case pu || pl:
+			if u[i] == l[i] {
+				cls++
+			}
 		case uc[i] == ClassUnknown || lc[i] == ClassUnknown:
 			cls += 0.5
 		case uc[i] == lc[i]:

@@ -37,9 +37,10 @@ type Couplet struct {
 
 // ReadHuman reads the human spring couplets: the triples of withBanner
 // (upper<TAB>lower<TAB>横批) and the pairs of pairs (upper<TAB>lower),
-// a pair that is also a triple's kept once, as the triple. A triple whose
-// lines are reversed by the 仄/平 rule (上联 ends on 平, 下联 on 仄) is
-// swapped. Word is left empty; Source is SourceHuman.
+// a pair that is also a triple's kept once, as the triple. A couplet
+// whose lines are reversed by the 仄/平 rule (上联 ends on 平, 下联 on 仄;
+// about a tenth of the triples) is swapped. Word is left empty; Source is
+// SourceHuman.
 func ReadHuman(withBanner, pairs string) ([]Couplet, error) {
 	var out []Couplet
 	seen := map[string]bool{}

@@ -7,4 +7,9 @@
 //
 // Each function runs on a CPU backend of its own, never on an engine's
 // backend, which belongs to the engine goroutine.
+//
+// It also holds the reader's instruments (docs/EVAL.md, "Reading as a
+// reader does"): the blind reading kit (WriteBlindSheet, ScoreSheet,
+// Wilson) and the automatic signals of chunlian's couplets against human
+// ones of the same words (ComputeSignals, with package critic's scores).
 package quality

@@ -46,6 +46,7 @@ func runEvalReader(args []string, stdout io.Writer) (handled bool, err error) {
 	score := fs.String("score", "", "score a filled sheet (with --key): hang / acceptable / odd and 横批 fit per side")
 	key := fs.String("key", "", "--score: the sheet's key")
 	signals := fs.Bool("signals", false, "automatic signals of chunlian's couplets and human ones of the same words, side by side (Markdown)")
+	signalsOut := fs.String("signals-out", "", "--signals: also write the couplets compared, as source<TAB>word<TAB>上联<TAB>下联<TAB>横批 lines")
 	perWord := fs.Int("per-word", 100, "--signals: chunlian couplets per blessing word (distinct-2 is over these); human ones: all of the word's, at most as many")
 	wordList := fs.String("word-list", strings.Join(evalWords[:15], ","), "comma-separated blessing words")
 	length := fs.Int("length", couplet.DefaultLength, "line length of chunlian's couplets and of the human ones picked")
@@ -82,7 +83,7 @@ func runEvalReader(args []string, stdout io.Writer) (handled bool, err error) {
 		}
 		return true, writeBlind(g, pool, words, *blind, *length, *seed, rng, *sheetOut, *keyOut, stdout)
 	case *signals:
-		return true, writeSignals(g, pool, words, *perWord, *length, *seed, rng, *shared, stdout, sc.SamplesPerCouplet)
+		return true, writeSignals(g, pool, signalsConfig{words, *perWord, *length, *seed, *shared, *signalsOut, sc.SamplesPerCouplet}, rng, stdout)
 	}
 	return true, errors.New("--blind needs N > 0")
 }
@@ -167,7 +168,7 @@ func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n,
 		return err
 	}
 	// Round-robin over the words; a human couplet that holds several of
-	// the words is used once.
+	// the words is used once, and so is a line that two variants share.
 	var pickedOurs, pickedHuman []quality.Couplet
 	used := map[string]bool{}
 	next := make([]int, len(usable)) // per word: next human candidate
@@ -175,14 +176,14 @@ func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n,
 	for k := 0; k < per && len(pickedOurs) < half; k++ {
 		for w := 0; w < len(usable) && len(pickedOurs) < half; w++ {
 			hs := human[usable[w]]
-			for next[w] < len(hs) && used[hs[next[w]].Upper+hs[next[w]].Lower] {
+			for next[w] < len(hs) && (used[hs[next[w]].Upper] || used[hs[next[w]].Lower]) {
 				next[w]++
 			}
 			if next[w] == len(hs) {
 				continue
 			}
 			h := hs[next[w]]
-			used[h.Upper+h.Lower] = true
+			used[h.Upper], used[h.Lower] = true, true
 			pickedOurs = append(pickedOurs, ours[w*per+k])
 			pickedHuman = append(pickedHuman, h)
 			if !contains(picked, usable[w]) {
@@ -207,23 +208,47 @@ func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n,
 	return nil
 }
 
-func writeSignals(g *couplet.Generator, pool []quality.Couplet, words []string, per, length int, seed uint64, rng *rand.Rand, shared string, stdout io.Writer, samples int) error {
+// signalsConfig is the --signals run's settings.
+type signalsConfig struct {
+	words             []string
+	perWord, length   int
+	seed              uint64
+	shared, out       string
+	samplesPerCouplet int
+}
+
+func writeSignals(g *couplet.Generator, pool []quality.Couplet, c signalsConfig, rng *rand.Rand, stdout io.Writer) error {
 	critic.Load()
-	ours, err := generateFor(g, words, per, length, seed)
+	ours, err := generateFor(g, c.words, c.perWord, c.length, c.seed)
 	if err != nil {
 		return err
 	}
 	var human []quality.Couplet
-	for _, w := range words {
-		human = append(human, quality.HumanFor(pool, w, length, per, rng)...)
+	used := map[string]bool{} // a human couplet that holds two of the words counts for the first
+	for _, w := range c.words {
+		for _, h := range quality.HumanFor(pool, w, c.length, c.perWord, rng) {
+			if !used[h.Upper+h.Lower] {
+				used[h.Upper+h.Lower] = true
+				human = append(human, h)
+			}
+		}
 	}
-	real := realBanners(shared)
-	train, err := readTrainPairs(filepath.Join(shared, "couplets/train.tsv"))
+	if c.out != "" {
+		var b strings.Builder
+		for _, x := range append(append([]quality.Couplet(nil), ours...), human...) {
+			fmt.Fprintf(&b, "%s\t%s\t%s\t%s\t%s\n", x.Source, x.Word, x.Upper, x.Lower, x.Banner)
+		}
+		if err := os.WriteFile(c.out, []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	real := realBanners(c.shared)
+	train, err := readTrainPairs(filepath.Join(c.shared, "couplets/train.tsv"))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "chunlian eval: copied share skipped: %v\n", err)
 	}
-	fmt.Fprintf(stdout, "Automatic signals, keyword mode, %d-character lines, words %s; chunlian: %d couplets per word (--samples-per-couplet %d, seed %d); human: the spring couplets of ../shared that hold the word, of the same length.\n\n",
-		length, strings.Join(words, " "), per, samples, seed)
+	fmt.Fprintf(stdout, "Automatic signals, keyword mode, %d-character lines, words %s; chunlian: %d couplets per word (--samples-per-couplet %d, seed %d); human: the spring couplets of ../shared that hold the word, of the same length (one that holds two of the words counts for the first).\n\n",
+		c.length, strings.Join(c.words, " "), c.perWord, c.samplesPerCouplet, c.seed)
 	quality.WriteSignals(stdout, []quality.Signals{
 		quality.ComputeSignals(quality.SourceOurs, ours, real, train),
 		quality.ComputeSignals(quality.SourceHuman, human, real, train),
