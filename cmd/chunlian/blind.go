@@ -256,27 +256,24 @@ func writeSignals(g *couplet.Generator, pool []quality.Couplet, c signalsConfig,
 	return nil
 }
 
-// realBanners is the interim test of "a real phrase" until package
-// couplet provides one: the 横批 of spring/banners.txt, the idioms of
-// idioms.txt and the embedded model's banner_candidates.txt.
+// realBanners is the test of "a real phrase": the service's curated list
+// (couplet.BannerList, the only source of chunlian's 横批) and the 横批 people
+// hung (spring/with_banner.tsv's third column), so a human 横批 is real by
+// construction. Idiom lists are not enough: they hold variants that are
+// not 横批 (安家乐业).
 func realBanners(shared string) func(string) bool {
 	set := map[string]bool{}
-	add := func(r io.Reader) {
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			if l := strings.TrimSpace(sc.Text()); l != "" && !strings.HasPrefix(l, "#") {
-				set[l] = true
-			}
-		}
-	}
-	for _, p := range []string{filepath.Join(shared, "spring/banners.txt"), filepath.Join(shared, "idioms.txt")} {
-		if f, err := os.Open(p); err == nil {
-			add(f)
-			f.Close()
-		}
-	}
 	for _, b := range couplet.BannerList() {
 		set[b] = true
+	}
+	if f, err := os.Open(filepath.Join(shared, "spring/with_banner.tsv")); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if c := strings.Split(sc.Text(), "\t"); len(c) == 3 {
+				set[strings.TrimSpace(c[2])] = true
+			}
+		}
+		f.Close()
 	}
 	return func(b string) bool { return set[b] }
 }
