@@ -316,6 +316,9 @@ func WriteScores(w io.Writer, scores []SideScore) {
 	fmt.Fprintln(w, "| side | couplets | would hang | acceptable | odd | 横批 fits |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|")
 	for _, s := range scores {
+		if s.N == 0 {
+			continue // a standard side the key does not use
+		}
 		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s |\n", s.Source, s.N, pc(s.Hang, s.N, s.HangCI),
 			pc(s.Acceptable, s.N, s.AcceptCI), pc(s.Odd, s.N, s.OddCI), pc(s.BannerFits, s.BannerRows, s.BannerCI))
 	}
