@@ -2,6 +2,7 @@ package quality
 
 import (
 	"bufio"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -120,4 +121,117 @@ func TestDefaultWeightsTrackReaders(t *testing.T) {
 	if odd > 0.6*oddRandom {
 		t.Errorf("the default weights' pick is odd %.3f of the time, a random candidate %.3f: ranking barely helps", odd, oddRandom)
 	}
+}
+
+// fitWeights fits LogProb, POS, Festive, Repeated and Bad by pairwise
+// logistic regression: within a word, every pair of couplets the readers
+// marked differently (mean of h = 2, a = 1, o = 0) is one example that the
+// better one should score higher. Plain gradient descent, L2 0.1, from 0:
+// deterministic.
+func fitWeights(byWord map[string][]reading, words []string, feats func(reading) [5]float64) [5]float64 {
+	var diffs [][5]float64
+	for _, w := range words {
+		rs := byWord[w]
+		for i := range rs {
+			for j := range rs {
+				if rs[i].mark() > rs[j].mark() {
+					a, b := feats(rs[i]), feats(rs[j])
+					var d [5]float64
+					for k := range d {
+						d[k] = a[k] - b[k]
+					}
+					diffs = append(diffs, d)
+				}
+			}
+		}
+	}
+	var wt [5]float64
+	for it := 0; it < 150; it++ {
+		var g [5]float64
+		for k := range g {
+			g[k] = 0.1 * wt[k]
+		}
+		for _, d := range diffs {
+			z := 0.0
+			for k := range d {
+				z += wt[k] * d[k]
+			}
+			p := 1 / (1 + math.Exp(-z))
+			for k := range d {
+				g[k] -= (1 - p) * d[k] / float64(len(diffs))
+			}
+		}
+		for k := range wt {
+			wt[k] -= 0.5 * g[k]
+		}
+	}
+	return wt
+}
+
+// mark is the readers' mean mark: h = 2, a = 1, o = 0.
+func (r reading) mark() float64 {
+	s := 0.0
+	for _, v := range r.verdicts {
+		s += map[string]float64{"h": 2, "a": 1}[v]
+	}
+	return s / float64(len(r.verdicts))
+}
+
+// TestReadingsLeaveOneWordOut: weights fitted without a word rank that
+// word's candidates; the odd share of the top-ranked of k candidates falls
+// from one sample to eight (docs/DECISIONS.md, "Samples per couplet",
+// prints the table with -v).
+func TestReadingsLeaveOneWordOut(t *testing.T) {
+	rows := readReadings(t, "testdata/readings/tuning.tsv")
+	byWord := map[string][]reading{}
+	var words []string
+	for _, r := range rows {
+		if byWord[r.word] == nil {
+			words = append(words, r.word)
+		}
+		byWord[r.word] = append(byWord[r.word], r)
+	}
+	judge := critic.Judge{}
+	feats := func(r reading) [5]float64 {
+		f := couplet.TextFeatures(r.upper, r.lower, r.logProb, judge)
+		return [5]float64{f.LogProb, f.POS, f.Festive, float64(f.Repeated), float64(f.Bad)}
+	}
+	odd := map[int]float64{}
+	for _, held := range words {
+		var rest []string
+		for _, w := range words {
+			if w != held {
+				rest = append(rest, w)
+			}
+		}
+		wt := fitWeights(byWord, rest, feats)
+		score := func(r reading) float64 {
+			f, s := feats(r), 0.0
+			for k := range f {
+				s += wt[k] * f[k]
+			}
+			return s
+		}
+		rng := rand.New(rand.NewPCG(3, 4))
+		cands := byWord[held]
+		for _, k := range []int{1, 4, 8, 16} {
+			const trials = 200
+			for trial := 0; trial < trials; trial++ {
+				perm := rng.Perm(len(cands))[:k]
+				best := cands[perm[0]]
+				for _, i := range perm[1:] {
+					if score(cands[i]) > score(best) {
+						best = cands[i]
+					}
+				}
+				odd[k] += best.oddShare() / trials / float64(len(words))
+			}
+		}
+	}
+	t.Logf("odd share of the top-ranked candidate, leave-one-word-out: 1: %.3f  4: %.3f  8: %.3f  16: %.3f", odd[1], odd[4], odd[8], odd[16])
+	if !(odd[8] < odd[4] && odd[4] < odd[1]) {
+		t.Errorf("ranking more candidates does not lower the odd share: %v", odd)
+	}
+	all := fitWeights(byWord, words, feats)
+	t.Logf("weights fitted on all words (LogProb, POS, Festive, Repeated, Bad): %.3f", all)
 }
