@@ -37,6 +37,7 @@ type options struct {
 	extraBanners []string
 	judge        Judge
 	weights      Weights
+	selectTemp   float64
 }
 
 // Option configures a Generator.
@@ -120,7 +121,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: DefaultSamples, weights: DefaultWeights, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
+	o := options{maxAttempts: 4, oversample: DefaultSamples, weights: DefaultWeights, selectTemp: DefaultSelectionTemperature, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -193,6 +194,7 @@ type candidate struct {
 	upperIDs, lowerIDs []int32 // [lineLen] each when well formed
 	c                  Couplet
 	lineLP             float64 // mean raw log-prob of the generated line tokens
+	key                float64 // selection key: c.Score + Gumbel noise (selectDiverse)
 	attempt, sample    int     // where it came from (streaming)
 }
 
@@ -266,8 +268,10 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			return nil, err
 		}
 	}
+	noise := rand.New(rand.NewPCG(p.seed, 0x5E1EC7))
 	for i, cd := range cands {
 		cd.c.Score = g.o.weights.Score(feats[i])
+		cd.key = cd.c.Score + g.o.selectTemp*gumbel(noise)
 	}
 	chosen := selectDiverse(cands, p.n)
 	stage.end()
@@ -556,7 +560,13 @@ func similarity(a, b *candidate) float64 {
 	return float64(same) / float64(n)
 }
 
-// selectDiverse picks n candidates greedily by score minus diversityCost ×
+// gumbel draws a standard Gumbel variate: argmax of score + τ·gumbel picks
+// a candidate with probability ∝ exp(score/τ).
+func gumbel(r *rand.Rand) float64 {
+	return -math.Log(-math.Log(1 - r.Float64()))
+}
+
+// selectDiverse picks n candidates greedily by selection key minus diversityCost ×
 // the highest similarity to one already picked (maximal marginal relevance).
 func selectDiverse(c []*candidate, n int) []*candidate {
 	left := append([]*candidate(nil), c...)
@@ -564,9 +574,9 @@ func selectDiverse(c []*candidate, n int) []*candidate {
 	for len(out) < n && len(left) > 0 {
 		bi, bv := 0, math.Inf(-1)
 		for i, cd := range left {
-			v := cd.c.Score
+			v := cd.key
 			for _, o := range out {
-				v = min(v, cd.c.Score-diversityCost*similarity(cd, o))
+				v = min(v, cd.key-diversityCost*similarity(cd, o))
 			}
 			if v > bv {
 				bi, bv = i, v

@@ -28,7 +28,7 @@ func TestParallelismAndDiversity(t *testing.T) {
 
 	mk := func(u, l string, score float64) *candidate {
 		c := &candidate{upperIDs: ids(u), lowerIDs: ids(l)}
-		c.c.Score = score
+		c.c.Score, c.key = score, score
 		c.c.Upper, c.c.Lower = u, l
 		return c
 	}

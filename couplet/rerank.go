@@ -71,6 +71,19 @@ type Scored struct {
 // WithJudge sets the reader-side signals used in ranking and 横批 choice.
 func WithJudge(j Judge) Option { return func(o *options) { o.judge = j } }
 
+// DefaultSelectionTemperature is the Gumbel noise added to each score
+// before the best candidate is picked: the pick is a draw with probability
+// ∝ exp(score/τ) instead of the argmax, so that repeated requests for one
+// word do not keep returning its few likeliest couplets (docs/DECISIONS.md,
+// "Selection temperature"). Seeded by the request's seed.
+const DefaultSelectionTemperature = 0.1
+
+// WithSelectionTemperature replaces DefaultSelectionTemperature (0 = the
+// argmax).
+func WithSelectionTemperature(t float64) Option {
+	return func(o *options) { o.selectTemp = max(t, 0) }
+}
+
 // WithWeights replaces DefaultWeights.
 func WithWeights(w Weights) Option { return func(o *options) { o.weights = w } }
 

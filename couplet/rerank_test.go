@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"context"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -179,5 +180,31 @@ func TestBannerList(t *testing.T) {
 		if seen[bad] {
 			t.Errorf("%q must not be a 横批", bad)
 		}
+	}
+}
+
+// TestSelectionTemperature: with τ = 0 the best-scored candidate always
+// wins; with the default τ a clearly better candidate still wins almost
+// always, and near-ties are shared between requests of different seeds.
+func TestSelectionTemperature(t *testing.T) {
+	count := func(tau float64, gap float64) int {
+		wins := 0
+		for seed := uint64(1); seed <= 400; seed++ {
+			r := rand.New(rand.NewPCG(seed, 0x5E1EC7))
+			a, b := 0.0+tau*gumbel(r), -gap+tau*gumbel(r)
+			if a > b {
+				wins++
+			}
+		}
+		return wins
+	}
+	if w := count(0, 0.01); w != 400 {
+		t.Errorf("τ = 0: the better candidate won %d of 400", w)
+	}
+	if w := count(DefaultSelectionTemperature, 0.5); w < 390 {
+		t.Errorf("default τ, gap 0.5: the better candidate won only %d of 400", w)
+	}
+	if w := count(DefaultSelectionTemperature, 0.02); w > 300 || w < 200 {
+		t.Errorf("default τ, gap 0.02: the better candidate won %d of 400, want a near-even split", w)
 	}
 }
