@@ -139,6 +139,18 @@ func TestBrowserPage(t *testing.T) {
 	if err != nil || !layout {
 		t.Errorf("上联 not on the right in vertical text (err %v)", err)
 	}
+	// The 横批 follows the same convention: read right to left, its first
+	// character rightmost, and the page says so.
+	rtl, err := chromedp.Run(step, chromedp.Evaluate[bool](`(() => {
+		const b = document.getElementById("banner"), r = document.createRange();
+		const t = b.firstChild; if (!t || t.length < 2) return false;
+		r.setStart(t, 0); r.setEnd(t, 1); const first = r.getBoundingClientRect();
+		r.setStart(t, t.length - 1); r.setEnd(t, t.length); const last = r.getBoundingClientRect();
+		return first.left > last.left && document.querySelector(".convention").textContent.includes("自右向左");
+	})()`))
+	if err != nil || !rtl {
+		t.Errorf("横批 not drawn right to left, or the convention not stated (err %v)", err)
+	}
 	// PNG export draws a real image (saved as an artifact too).
 	dataURL, err := chromedp.Run(step, chromedp.Evaluate[string](`window.chunlian.drawPNG(window.chunlian.current()).toDataURL("image/png")`))
 	const prefix = "data:image/png;base64,"

@@ -199,11 +199,12 @@
     };
     g.textAlign = "center"; g.textBaseline = "middle";
     g.font = "bold 48px " + font;
-    // 横批 across the top.
+    // 横批 across the top, read right to left like the scrolls below
+    // (上联 on the right): its first character is the rightmost.
     const bw = ban.length * cell + 60, bx = (W - bw) / 2;
     paper(bx, 20, bw, bannerH - 10);
     g.fillStyle = "#141414";
-    ban.forEach((ch, i) => g.fillText(ch, bx + 30 + cell * i + cell / 2, 20 + (bannerH - 10) / 2));
+    ban.forEach((ch, i) => g.fillText(ch, bx + 30 + cell * (ban.length - 1 - i) + cell / 2, 20 + (bannerH - 10) / 2));
     // 上联 on the right, 下联 on the left, top to bottom.
     const top = bannerH + 40, colH = lines * cell + 2 * pad;
     const vertical = (chars, x) => {
