@@ -49,6 +49,7 @@ const (
 	codeInternal        = "internal"
 	codeNoCouplet       = "no_couplet"
 	codeUnsupportedType = "unsupported_media_type"
+	codeBodyTimeout     = "request_timeout"
 )
 
 // writeJSON writes v with status; encoding errors can only be I/O errors of

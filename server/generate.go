@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"runtime/debug"
 	"strings"
@@ -63,17 +64,24 @@ type usageJSON struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
-// readJSON reads a JSON request body into v: bounded by MaxBodyBytes (413),
-// valid UTF-8, a JSON media type if one is given, exactly one value, and
-// (when strict) no unknown fields. Errors are bilingual API errors.
+// readJSON reads a JSON request body into v: a JSON media type (415
+// otherwise: text/plain and form bodies are what a foreign web page can
+// send without a CORS preflight, so accepting them would let any page make
+// a visitor's local server generate), bounded by MaxBodyBytes (413, at once
+// from the Content-Length when it is declared, so an "Expect:
+// 100-continue" client is refused before it sends the body), read within
+// bodyReadTimeout (408), valid UTF-8, exactly one value, and (when strict)
+// no unknown fields. Errors are bilingual API errors without internal
+// details.
 func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, strict bool) *apiError {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		// curl -d sends application/x-www-form-urlencoded by default; the body
-		// is still JSON, so accept it rather than fail the most common call.
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json") && mt != "text/plain" && mt != "application/x-www-form-urlencoded") {
-			return errf(http.StatusUnsupportedMediaType, codeUnsupportedType, "请求体须为 JSON（Content-Type: application/json）", "the body must be JSON (Content-Type: application/json), got %q", ct)
-		}
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return errf(http.StatusUnsupportedMediaType, codeUnsupportedType, "请求体须为 JSON（Content-Type: application/json）", "the body must be JSON sent with Content-Type: application/json (got %q)", ct)
+	}
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		w.Header().Set("Connection", "close")
+		return errf(http.StatusRequestEntityTooLarge, codeBodyTooLarge, "请求体过大（上限 %d 字节）", "request body too large (limit %d bytes)", s.cfg.MaxBodyBytes, s.cfg.MaxBodyBytes)
 	}
 	// Bound the body read in time too (a trickling client must not pin a
 	// goroutine), then lift the deadline so the generation is not cut.
@@ -89,10 +97,14 @@ func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, strict 
 	}
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		var ne net.Error
+		switch {
+		case errors.As(err, &mbe):
 			return errf(http.StatusRequestEntityTooLarge, codeBodyTooLarge, "请求体过大（上限 %d 字节）", "request body too large (limit %d bytes)", mbe.Limit, mbe.Limit)
+		case errors.As(err, &ne) && ne.Timeout():
+			return errf(http.StatusRequestTimeout, codeBodyTimeout, "读取请求体超时（%v）", "the request body did not arrive within %v", bodyReadTimeout, bodyReadTimeout)
 		}
-		return errf(http.StatusBadRequest, codeInvalidJSON, "读取请求体失败", "could not read the request body: %v", err)
+		return errf(http.StatusBadRequest, codeInvalidJSON, "读取请求体失败", "could not read the request body")
 	}
 	if !utf8.Valid(body) {
 		return errf(http.StatusBadRequest, codeInvalidUTF8, "请求体不是有效的 UTF-8", "request body is not valid UTF-8")

@@ -60,9 +60,13 @@ type Backend struct {
 // Config configures the HTTP layer. Zero values mean the documented default.
 type Config struct {
 	// APIKey, when set, is required as "Authorization: Bearer KEY" on the API
-	// (/generate, /v1/*). The web pages, static files, /health, /ready,
-	// /metrics and /api/stats stay open.
+	// (/generate, /v1/*) and on /metrics and /api/stats (the dashboard's
+	// data; see PublicMetrics). The web pages, static files, /health and
+	// /ready stay open.
 	APIKey string
+	// PublicMetrics leaves /metrics and /api/stats open even with APIKey set
+	// (for a scraper on a trusted network).
+	PublicMetrics bool
 	// CORSOrigins lists allowed browser origins ("*" = any). Empty = CORS off:
 	// no Access-Control-* headers are ever sent.
 	CORSOrigins []string
@@ -77,6 +81,17 @@ type Config struct {
 	// (default 1280); beyond it → 503 + Retry-After without queueing, so memory
 	// stays bounded even before the engine's own --max-queue check.
 	MaxInFlight int
+	// MaxConns caps open client connections (default 2048); see
+	// ProbeReserveConns. Past both, new connections wait in the kernel's
+	// backlog.
+	MaxConns int
+	// ProbeReserveConns are extra connections beyond MaxConns that may only
+	// ask /health and /ready (default 32), so probes get through a flood.
+	ProbeReserveConns int
+	// WriteTimeout bounds every single write of a response (default 30s;
+	// renewed before each write, so streams and long generations are not
+	// cut): a client that stops reading loses its request.
+	WriteTimeout time.Duration
 	// Logger for structured logs (default slog.Default()).
 	Logger *slog.Logger
 	// Pprof mounts Go's runtime profiles (net/http/pprof) under
@@ -100,6 +115,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("max body bytes %d: must be ≥ 0", c.MaxBodyBytes))
+	}
+	if c.MaxConns < 0 || c.ProbeReserveConns < 0 {
+		errs = append(errs, fmt.Errorf("--max-conns %d / --probe-reserve-conns %d: must be ≥ 0", c.MaxConns, c.ProbeReserveConns))
+	}
+	if c.WriteTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--write-timeout %v: must be ≥ 0", c.WriteTimeout))
 	}
 	if c.MaxInFlight < 0 {
 		errs = append(errs, fmt.Errorf("--max-in-flight %d: must be ≥ 0", c.MaxInFlight))
@@ -146,6 +167,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = 1280
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 2048
+	}
+	if cfg.ProbeReserveConns == 0 {
+		cfg.ProbeReserveConns = 32
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -212,8 +242,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		// the handler runs and cancels the request context when it passes,
 		// which would cut long generations; readJSON bounds the body read
 		// itself. No WriteTimeout either: streams legitimately last long
-		// (generation time is bounded by --request-timeout).
+		// (generation time is bounded by --request-timeout); instead every
+		// write has WriteTimeout (statusWriter).
 		ReadHeaderTimeout: 10 * time.Second,
+		ConnContext:       connContext,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
@@ -222,6 +254,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopTick()
 	go s.stats.run(tickCtx, s.sampleGauges)
 
+	ln = newLimitListener(ln, s.cfg.MaxConns, s.cfg.ProbeReserveConns)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	s.log.Info("listening", "addr", ln.Addr().String())
