@@ -10,7 +10,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -20,11 +19,12 @@ import (
 	"chunlian/couplet"
 )
 
-// Limits checked by the HTTP layer before the generator sees a request (the
-// generator validates again, with its own model-specific rules).
+// Limits checked by the HTTP layer before the generator sees a request.
+// The line length range is the generator's alone (it depends on the
+// model's max_line_length): admit asks the generator to validate before
+// anything is sent, so streamed and plain requests get the same 4xx.
 const (
 	maxN          = 10
-	maxLineLength = 32
 	maxPromptRune = 64
 )
 
@@ -191,9 +191,11 @@ type genParams struct {
 }
 
 // validate checks ranges and the prompt's shape and builds the couplet
-// request. Prompt whitespace is trimmed.
+// request. The prompt is normalised first with couplet.Normalize (the
+// function every interface uses: whitespace and zero-width characters
+// stripped, traditional characters simplified).
 func (p *genParams) validate() (couplet.Request, *apiError) {
-	p.Prompt = strings.TrimSpace(p.Prompt)
+	p.Prompt = couplet.Normalize(p.Prompt)
 	req := couplet.Request{Mode: p.Mode, Text: p.Prompt, N: p.N, Length: p.Length}
 	if p.Mode == "" {
 		req.Mode = couplet.ModeKeyword
@@ -202,26 +204,26 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	switch req.Mode {
 	case couplet.ModeKeyword, couplet.ModeAcrostic, couplet.ModeLower:
 	default:
-		return req, errf(http.StatusBadRequest, codeInvalidField, "mode 须为 keyword（吉祥词）、acrostic（藏头）或 lower（对下联）", "mode must be keyword, acrostic or lower, got %q", p.Mode)
+		return req, errf(http.StatusBadRequest, codeInvalidField, "mode 须为 keyword（吉祥词）、acrostic（藏头）或 lower（对下联）", "mode must be keyword, acrostic or lower, got %q", p.Mode).withParam("mode")
 	}
 	n := utf8.RuneCountInString(p.Prompt)
 	switch {
 	case n == 0:
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入两个汉字的吉祥词，例如“平安”", "prompt is required: a two-character Chinese blessing word such as 平安")
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入两个汉字的吉祥词，例如“平安”", "prompt is required: a two-character Chinese blessing word such as 平安").withParam("prompt")
 	case n > maxPromptRune:
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "输入过长（最多 %d 字）", "prompt too long (at most %d characters)", maxPromptRune, maxPromptRune)
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "输入过长（最多 %d 字）", "prompt too long (at most %d characters)", maxPromptRune, maxPromptRune).withParam("prompt")
 	case req.Mode != couplet.ModeLower && (n != 2 || !isHanString(p.Prompt)):
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入恰好两个汉字，例如“平安”（收到 %q）", "prompt must be exactly two Chinese characters, e.g. 平安 (got %q)", p.Prompt, p.Prompt)
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入恰好两个汉字，例如“平安”（收到 %q）", "prompt must be exactly two Chinese characters, e.g. 平安 (got %q)", p.Prompt, p.Prompt).withParam("prompt")
 	}
 	if p.N < 1 || p.N > maxN {
-		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN)
+		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN).withParam("n")
 	}
-	if p.Length != 0 && (p.Length < 1 || p.Length > maxLineLength) {
-		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须在 1 到 %d 之间（常用 5、7、9、11）", "length must be between 1 and %d (usual: 5, 7, 9, 11)", maxLineLength, maxLineLength)
+	if p.Length < 0 {
+		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须为正整数（常用 5、7、9、11）", "length must be a positive integer (usual: 5, 7, 9, 11)").withParam("length")
 	}
 	if t := p.Temperature; t != nil {
 		if *t < 0 || *t > 2 {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 2 之间", "temperature must be between 0 and 2")
+			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 2 之间", "temperature must be between 0 and 2").withParam("temperature")
 		}
 		if *t == 0 { // OpenAI meaning: greedy. The generator's 0 means "default", so ask for top-k 1.
 			req.Temperature, req.TopK = 1, 1
@@ -231,13 +233,13 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	}
 	if tp := p.TopP; tp != nil {
 		if !(*tp > 0 && *tp <= 1) {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "top_p 须在 (0, 1] 之间", "top_p must be in (0, 1]")
+			return req, errf(http.StatusBadRequest, codeInvalidField, "top_p 须在 (0, 1] 之间", "top_p must be in (0, 1]").withParam("top_p")
 		}
 		req.TopP = float32(*tp)
 	}
 	if k := p.TopK; k != nil {
 		if *k < 0 || *k > 100000 {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "top_k 须 ≥ 0（0 表示关闭）", "top_k must be ≥ 0 (0 = off)")
+			return req, errf(http.StatusBadRequest, codeInvalidField, "top_k 须 ≥ 0（0 表示关闭）", "top_k must be ≥ 0 (0 = off)").withParam("top_k")
 		}
 		if req.TopK == 0 {
 			req.TopK = *k
@@ -249,15 +251,23 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	return req, nil
 }
 
-// acquire takes an in-flight slot or reports why not (not ready, draining,
-// overloaded). release must be called when acquire returned nil.
-// admit validates p and takes an in-flight slot for it: the common start of
-// every generation endpoint. When ok is false the error response has been
-// written; otherwise the caller must call release when done.
+// admit validates p (the HTTP layer's checks, then the generator's own,
+// which know the model: line length range, characters) and takes an
+// in-flight slot for it: the common start of every generation endpoint,
+// run before any byte of the answer is written. When ok is false the error
+// response has been written; otherwise the caller must call release when
+// done.
 func (s *Server) admit(w http.ResponseWriter, p *genParams) (req couplet.Request, b *Backend, release func(), ok bool) {
 	req, e := p.validate()
 	if e == nil {
-		b, release, e = s.acquire()
+		if v, isV := s.generator().(interface{ Validate(couplet.Request) error }); isV {
+			if err := v.Validate(req); err != nil {
+				e = mapGenError(err, s.cfg.RequestTimeout)
+			}
+		}
+	}
+	if e == nil {
+		b, release, e = s.acquire(req)
 	}
 	if e != nil {
 		writeError(w, e)
@@ -266,7 +276,17 @@ func (s *Server) admit(w http.ResponseWriter, p *genParams) (req couplet.Request
 	return req, b, release, true
 }
 
-func (s *Server) acquire() (*Backend, func(), *apiError) {
+// generator is the attached generator, or nil while loading.
+func (s *Server) generator() Generator {
+	if b := s.backend.Load(); b != nil {
+		return b.Generator
+	}
+	return nil
+}
+
+// acquire takes an in-flight slot for req or reports why not (not ready,
+// draining, overloaded). release must be called when acquire returned nil.
+func (s *Server) acquire(req couplet.Request) (*Backend, func(), *apiError) {
 	switch s.state.Load() {
 	case stateDraining:
 		e := errf(http.StatusServiceUnavailable, codeShuttingDown, "服务正在关闭", "server is shutting down")
@@ -452,52 +472,13 @@ func (s *Server) streamGenerate(w http.ResponseWriter, r *http.Request, b *Backe
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	ew.send("start", map[string]string{"request_id": requestID(r.Context()), "prompt": p.Prompt, "mode": string(p.Mode)})
-	// The engine calls OnToken on its goroutine and it must not block:
-	// hand tokens to a buffered channel drained here; drop when full (they
-	// are progress only — the result event carries the answer).
-	toks := make(chan couplet.TokenEvent, 256)
-	req.OnToken = func(ev couplet.TokenEvent) {
-		select {
-		case toks <- ev:
-		default:
-		}
-	}
-	done := make(chan struct{})
-	var res *genResult
-	var e *apiError
-	go func() {
-		defer close(done)
-		// This goroutine is outside withRecover's reach: a panic here would
-		// kill the process, so turn it into an error event instead.
-		defer func() {
-			if v := recover(); v != nil {
-				s.metrics.panics.Inc()
-				s.log.Error("stream panic", "request_id", requestID(r.Context()), "panic", v, "stack", string(debug.Stack()))
-				res, e = nil, errf(http.StatusInternalServerError, codeInternal, "内部错误", "internal server error")
-			}
-		}()
-		res, e = s.run(r.Context(), b, req)
-	}()
-	for {
-		select {
-		case ev := <-toks:
-			ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
-			continue
-		case <-done:
-		}
-		break
-	}
-	// Drain what is buffered, then the final event.
-	for {
-		select {
-		case ev := <-toks:
-			ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
-			continue
-		default:
-		}
-		break
-	}
+	res, e := s.runStreaming(r.Context(), b, req, func(ev couplet.TokenEvent) {
+		ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
+	})
 	if e != nil {
+		if e.Type == "" {
+			e.Type = errorType(e.Status)
+		}
 		ew.send("error", map[string]*apiError{"error": e})
 		return
 	}

@@ -36,6 +36,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/completions", methods(s.requireKey(s.handleCompletions), http.MethodPost))
 	mux.HandleFunc("/v1/chat/completions", methods(s.requireKey(s.handleChat), http.MethodPost))
 	mux.HandleFunc("/v1/models", methods(s.requireKey(s.handleModels), http.MethodGet))
+	mux.HandleFunc("/v1/models/{id...}", methods(s.requireKey(s.handleModel), http.MethodGet))
 	mux.HandleFunc("/health", methods(s.handleHealth, http.MethodGet))
 	mux.HandleFunc("/ready", methods(s.handleReady, http.MethodGet))
 	// Operational data needs the key too (unless PublicMetrics): it reveals

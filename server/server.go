@@ -55,6 +55,9 @@ type Backend struct {
 	ModelName string
 	// EngineName is informational (paged|naive), shown on the dashboard.
 	EngineName string
+	// MaxModelLen is the model's context length in tokens
+	// (max_position_embeddings), reported by /v1/models; 0 = not reported.
+	MaxModelLen int
 }
 
 // Config configures the HTTP layer. Zero values mean the documented default.

@@ -201,7 +201,8 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 				name = "chunlian"
 			}
 			srv.Attach(server.Backend{Generator: st.Gen, Stats: st.Engine.Stats, ModelName: name, EngineName: stackCfg.Engine,
-				GPU: gpuHook(st)}) // gpuHook: stack_cuda.go
+				MaxModelLen: st.Model.Config.MaxPositions,
+				GPU:         gpuHook(st)}) // gpuHook: stack_cuda.go
 			log.Info("model loaded", "model", name, "engine", stackCfg.Engine, "backend", stackCfg.Backend,
 				"kv_blocks", st.Backend.NumBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
 			if cb, ok := st.Backend.(*forward.CPU); ok {
