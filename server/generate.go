@@ -303,13 +303,25 @@ func (s *Server) acquire(req couplet.Request) (*Backend, func(), *apiError) {
 	}
 	select {
 	case s.inflight <- struct{}{}:
-		return b, func() { <-s.inflight }, nil
 	default:
 		e := errf(http.StatusServiceUnavailable, codeOverloaded, "服务繁忙，请稍后重试", "server overloaded (%d requests in flight), retry later", cap(s.inflight))
 		e.RetryAfter = 1
 		s.metrics.rejected.WithLabelValues(codeOverloaded).Inc()
 		return nil, nil, e
 	}
+	cost, steps := requestCost(req), requestSteps(req)
+	if ok, retry := s.adm.tryAdmit(cost); !ok {
+		<-s.inflight
+		e := errf(http.StatusServiceUnavailable, codeOverloaded, "服务繁忙，请稍后重试", "server at capacity: this request would wait too long, retry later")
+		e.RetryAfter = retry
+		s.metrics.rejected.WithLabelValues("capacity").Inc()
+		return nil, nil, e
+	}
+	t0 := time.Now()
+	return b, func() {
+		s.adm.done(cost, steps, time.Since(t0))
+		<-s.inflight
+	}, nil
 }
 
 // genResult is one finished generation with its accounting.

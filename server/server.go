@@ -80,10 +80,12 @@ type Config struct {
 	DrainTimeout time.Duration
 	// MaxBodyBytes bounds request bodies (default 64 KiB); larger → 413.
 	MaxBodyBytes int64
-	// MaxInFlight bounds concurrent generation requests in the HTTP layer
-	// (default 1280); beyond it → 503 + Retry-After without queueing, so memory
-	// stays bounded even before the engine's own --max-queue check.
+	// MaxInFlight is a hard bound on concurrent generation requests in the
+	// HTTP layer (default 256); beyond it → 503 + Retry-After without
+	// queueing. Admission (adaptive, cost-aware) usually refuses well before.
 	MaxInFlight int
+	// Admission tunes the adaptive, cost-aware admission (admission.go).
+	Admission AdmissionConfig
 	// MaxConns caps open client connections (default 2048); see
 	// ProbeReserveConns. Past both, new connections wait in the kernel's
 	// backlog.
@@ -153,6 +155,7 @@ type Server struct {
 	backend  atomic.Pointer[Backend]
 	state    atomic.Int32
 	inflight chan struct{} // semaphore: one token per generation in progress; cap MaxInFlight
+	adm      *admission
 	handler  http.Handler
 	started  time.Time
 }
@@ -169,7 +172,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxBodyBytes = 64 << 10
 	}
 	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = 1280
+		cfg.MaxInFlight = 256
 	}
 	if cfg.MaxConns == 0 {
 		cfg.MaxConns = 2048
@@ -188,6 +191,7 @@ func New(cfg Config) (*Server, error) {
 		log:      cfg.Logger,
 		stats:    newRollingStats(),
 		inflight: make(chan struct{}, cfg.MaxInFlight),
+		adm:      newAdmission(cfg.Admission, nil),
 		started:  time.Now(),
 	}
 	s.metrics = newMetrics(cfg.Registry, s)

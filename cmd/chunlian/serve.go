@@ -46,7 +46,7 @@ type serveConfig struct {
 	CORSOrigin     string // comma-separated
 	RequestTimeout time.Duration
 	DrainTimeout   time.Duration
-	MaxInFlight    int // 0 = max-num-seqs + max-queue
+	MaxInFlight    int // 0 = the server's default
 	Pprof          bool
 	LogLevel       string
 	LogFormat      string
@@ -73,7 +73,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "per-request generation deadline (0 = none); past it: HTTP 504 [CHUNLIAN_REQUEST_TIMEOUT]")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM/SIGINT, how long in-flight requests may finish [CHUNLIAN_DRAIN_TIMEOUT]")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go runtime profiles under /debug/pprof/ (CPU profile: /debug/pprof/profile?seconds=10); needs --api-key's key when one is set [CHUNLIAN_PPROF]")
-	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "max concurrent generation requests in the HTTP layer (0 = max-num-seqs + max-queue); beyond: 503 [CHUNLIAN_MAX_IN_FLIGHT]")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "hard cap on concurrent generation requests in the HTTP layer (0 = 256); adaptive admission usually refuses earlier; beyond: 503 [CHUNLIAN_MAX_IN_FLIGHT]")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error [CHUNLIAN_LOG_LEVEL]")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json [CHUNLIAN_LOG_FORMAT]")
 }
@@ -120,10 +120,7 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 			origins = append(origins, o)
 		}
 	}
-	inflight := c.MaxInFlight
-	if inflight == 0 {
-		inflight = c.stack.MaxNumSeqs + c.stack.MaxQueue
-	}
+	inflight := c.MaxInFlight // 0 = the server's default; admission adapts below it
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
 		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
