@@ -43,19 +43,10 @@ func artifactDir(t *testing.T) string {
 	return t.TempDir()
 }
 
-// TestBrowserPage drives headless Chromium against the real stack on the
-// random test model: it types 平安, clicks 生成 and waits for a couplet
-// whose two lines have the same (non-zero) length; it also checks the
-// as-you-type validation, the PNG export and that the dashboard draws its
-// charts. Screenshots go to the artifact dir.
-func TestBrowserPage(t *testing.T) {
-	chrome := findChromium(t)
-	if testing.Short() {
-		t.Skip("browser test skipped in -short mode")
-	}
-	rs := newRealStack(t, stackOpts{})
-	dir := artifactDir(t)
-
+// startBrowser starts headless Chromium with a w×h viewport and returns a
+// context bounding every step (90 s); it is closed at test cleanup.
+func startBrowser(t *testing.T, chrome string, w, h int64) context.Context {
+	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chrome),
 		chromedp.Flag("headless", true),
@@ -69,19 +60,36 @@ func TestBrowserPage(t *testing.T) {
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1200, 900),
+		chromedp.WindowSize(int(w), int(h)),
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
 	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
 	// Start the browser on a context without a deadline (see chromedp.Run),
 	// then bound every later step.
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1200, 900)); err != nil {
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(w, h)); err != nil {
+		cancel()
+		cancelAlloc()
 		t.Fatalf("starting Chromium (%s): %v", chrome, err)
 	}
 	step, stop := context.WithTimeout(ctx, 90*time.Second)
-	defer stop()
+	t.Cleanup(func() { stop(); cancel(); cancelAlloc() })
+	return step
+}
+
+// TestBrowserPage drives headless Chromium against the real stack on the
+// random test model: it types 平安, clicks 生成 and waits for a couplet
+// whose two lines have the same (non-zero) length; it also checks the
+// as-you-type validation, the PNG export and that the dashboard draws its
+// charts. Screenshots go to the artifact dir.
+func TestBrowserPage(t *testing.T) {
+	chrome := findChromium(t)
+	if testing.Short() {
+		t.Skip("browser test skipped in -short mode")
+	}
+	rs := newRealStack(t, stackOpts{})
+	dir := artifactDir(t)
+
+	step := startBrowser(t, chrome, 1200, 900)
 
 	// Validation as you type: Latin input disables 生成.
 	err := chromedp.Do(step,

@@ -270,6 +270,7 @@ func (s *Server) admit(w http.ResponseWriter, p *genParams) (req couplet.Request
 		b, release, e = s.acquire(req)
 	}
 	if e != nil {
+		s.stats.record(time.Now(), 0, e.Status) // the dashboard counts refusals and client errors too
 		writeError(w, e)
 		return req, nil, nil, false
 	}
