@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -194,5 +195,40 @@ func TestStalledReaderIsCancelled(t *testing.T) {
 	case <-cancelled:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the generation of a client that never reads was not cancelled")
+	}
+}
+
+// Serving on a non-loopback address without an API key logs a warning;
+// loopback, or a key, does not.
+func TestWarnExposedWithoutKey(t *testing.T) {
+	for _, tc := range []struct {
+		addr, key string
+		warn      bool
+	}{
+		{"0.0.0.0:0", "", true},
+		{"127.0.0.1:0", "", false},
+		{"0.0.0.0:0", "k", false},
+	} {
+		var buf syncBuffer
+		cfg := Config{APIKey: tc.key, Logger: slog.New(slog.NewTextHandler(&buf, nil))}
+		srv, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", tc.addr)
+		if err != nil {
+			t.Skipf("cannot listen on %s: %v", tc.addr, err)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { srv.Serve(ctx, ln); close(done) }()
+		for i := 0; i < 200 && !strings.Contains(buf.String(), "listening"); i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+		stop()
+		<-done
+		if got := strings.Contains(buf.String(), "without an API key"); got != tc.warn {
+			t.Errorf("%s key %q: warning %v, want %v\n%s", tc.addr, tc.key, got, tc.warn, buf.String())
+		}
 	}
 }

@@ -265,6 +265,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	s.log.Info("listening", "addr", ln.Addr().String())
+	if exposedWithoutKey(ln.Addr(), s.cfg.APIKey) {
+		s.log.Warn("listening on a non-loopback address without an API key: anyone who can reach it can generate and read the dashboard data; set --api-key", "addr", ln.Addr().String())
+	}
 
 	select {
 	case err := <-errc:
@@ -305,4 +308,12 @@ func (s *Server) sampleGauges(now time.Time) {
 		}
 	}
 	s.stats.sample(now, g)
+}
+
+// exposedWithoutKey reports a TCP listener reachable from other hosts
+// (not loopback: a specific outside address or the unspecified 0.0.0.0/::)
+// with no API key set.
+func exposedWithoutKey(a net.Addr, key string) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && key == "" && !ta.IP.IsLoopback()
 }

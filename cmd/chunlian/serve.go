@@ -224,6 +224,7 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 			}
 			return b.err
 		}
+		setMemoryLimit(log, 0) // model and KV cache are loaded: size GOMEMLIMIT from them
 		log.Info("ready", "url", "http://"+addr+"/")
 	case err := <-served: // signal before the model finished loading
 		return err
