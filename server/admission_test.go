@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,21 +34,32 @@ func TestRequestCost(t *testing.T) {
 	}
 }
 
+// admitN admits n default requests and returns their tickets; it fails
+// the test if one is refused.
+func admitN(t *testing.T, a *admission, n int) []ticket {
+	t.Helper()
+	var ts []ticket
+	for i := 0; i < n; i++ {
+		tk, ok, _ := a.tryAdmit(defaultCost)
+		if !ok {
+			t.Fatalf("request %d refused", i)
+		}
+		ts = append(ts, tk)
+	}
+	return ts
+}
+
 // Within the budget everything is admitted; past it requests are refused
 // with a Retry-After; finishing frees the budget.
 func TestAdmissionBudget(t *testing.T) {
 	a, _ := newTestAdmission(AdmissionConfig{InitialBudget: 4 * defaultCost})
-	for i := 0; i < 4; i++ {
-		if ok, _ := a.tryAdmit(defaultCost); !ok {
-			t.Fatalf("request %d refused within the budget", i)
-		}
-	}
-	ok, retry := a.tryAdmit(defaultCost)
+	ts := admitN(t, a, 4)
+	_, ok, retry := a.tryAdmit(defaultCost)
 	if ok || retry < 1 {
 		t.Fatalf("past the budget: ok=%v retry=%d, want refused with Retry-After ≥ 1", ok, retry)
 	}
-	a.done(defaultCost, 22, 0)
-	if ok, _ := a.tryAdmit(defaultCost); !ok {
+	a.done(ts[0], 22, 0)
+	if _, ok, _ := a.tryAdmit(defaultCost); !ok {
 		t.Error("refused after a request finished")
 	}
 }
@@ -57,91 +69,104 @@ func TestAdmissionBudget(t *testing.T) {
 func TestAdmissionCostAware(t *testing.T) {
 	a, _ := newTestAdmission(AdmissionConfig{InitialBudget: 8 * defaultCost})
 	huge := requestCost(couplet.Request{N: 10, Length: 28})
-	if ok, _ := a.tryAdmit(huge); !ok {
+	tk, ok, _ := a.tryAdmit(huge)
+	if !ok {
 		t.Fatal("an idle server refused a large request")
 	}
-	if ok, _ := a.tryAdmit(defaultCost); ok {
+	if _, ok, _ := a.tryAdmit(defaultCost); ok {
 		t.Error("a default request was admitted while a request above the whole budget runs")
 	}
-	a.done(huge, 64, 0)
-	for i := 0; i < 8; i++ {
-		if ok, _ := a.tryAdmit(defaultCost); !ok {
-			t.Fatalf("default request %d refused", i)
-		}
-	}
-	if ok, _ := a.tryAdmit(huge); ok {
+	a.done(tk, 64, 0)
+	admitN(t, a, 8)
+	if _, ok, _ := a.tryAdmit(huge); ok {
 		t.Error("a large request was admitted on top of a full budget")
 	}
 }
 
-// Latency per step above LatencyFactor × baseline shrinks the budget (at
-// most once per shrinkEvery); fast completions while the budget is in use
-// grow it; fast completions on an idle budget do not.
-func TestAdmissionAdapts(t *testing.T) {
-	a, clk := newTestAdmission(AdmissionConfig{InitialBudget: 10 * defaultCost, LatencyFactor: 2})
-	steps := requestSteps(couplet.Request{})
-	fast := time.Duration(steps) * 10 * time.Millisecond // 10 ms a step: the baseline
-	run := func(lat time.Duration) {
-		if ok, _ := a.tryAdmit(defaultCost); !ok {
-			t.Fatal("refused")
-		}
-		clk.advance(lat)
-		a.done(defaultCost, steps, lat)
+// The baseline is the mean per-step latency of requests that ran alone:
+// requests that overlapped another do not count. Before minAlone such
+// requests there is no baseline.
+func TestAdmissionBaseline(t *testing.T) {
+	a, _ := newTestAdmission(AdmissionConfig{})
+	alone := func(per time.Duration) {
+		tk, _, _ := a.tryAdmit(1)
+		a.done(tk, 1, per)
 	}
-	run(fast) // idle: sets the baseline, does not grow (budget unused)
-	b0, _ := a.snapshot()
-	if b0 != 10*defaultCost {
-		t.Fatalf("budget %v after one request on an idle server, want unchanged %v", b0, 10*defaultCost)
+	alone(10 * time.Millisecond)
+	alone(10 * time.Millisecond)
+	if _, known := a.baseline(); known {
+		t.Fatal("a baseline after two samples")
 	}
-	// Slow completions (3× baseline): shrink once per shrinkEvery.
-	run(3 * fast)
-	b1, _ := a.snapshot()
-	if b1 >= b0 {
-		t.Fatalf("budget %v did not shrink after a slow completion (was %v)", b1, b0)
+	// Two overlapping requests: neither ran alone.
+	t1, _, _ := a.tryAdmit(1)
+	t2, _, _ := a.tryAdmit(1)
+	a.done(t1, 1, 500*time.Millisecond)
+	a.done(t2, 1, 500*time.Millisecond)
+	if _, known := a.baseline(); known {
+		t.Fatal("overlapping requests counted as unloaded")
 	}
-	run(3 * fast / 2) // 1.5× baseline: within the factor, budget unused → unchanged
-	if b, _ := a.snapshot(); b != b1 {
-		t.Errorf("budget changed to %v on an unused budget", b)
-	}
-	a.tryAdmit(defaultCost) // a burst of slow completions within shrinkEvery: one shrink
-	for i := 0; i < 2; i++ {
-		a.tryAdmit(defaultCost)
-	}
-	clk.advance(shrinkEvery)
-	for i := 0; i < 3; i++ {
-		a.done(defaultCost, steps, 3*fast)
-	}
-	if b, _ := a.snapshot(); b != b1*shrinkFactor {
-		t.Errorf("budget %v after a burst of slow completions, want one shrink to %v", b, b1*shrinkFactor)
-	}
-	// Fast completions with the budget in use grow it.
-	b2, _ := a.snapshot()
-	for a.inflight+defaultCost <= b2 {
-		a.tryAdmit(defaultCost)
-	}
-	a.done(defaultCost, steps, fast)
-	if b, _ := a.snapshot(); b <= b2 {
-		t.Errorf("budget %v did not grow on a fast completion with the budget in use (was %v)", b, b2)
+	alone(40 * time.Millisecond)
+	if base, known := a.baseline(); !known || math.Abs(base-0.020) > 1e-12 {
+		t.Errorf("baseline %v (known %v), want the mean 0.020", base, known)
 	}
 }
 
-// The baseline is a windowed minimum: a faster past is forgotten after two
-// windows, so the budget recovers when the machine got slower for good.
-func TestAdmissionBaselineWindow(t *testing.T) {
-	a, clk := newTestAdmission(AdmissionConfig{Window: time.Minute})
-	a.tryAdmit(1)
-	a.done(1, 1, 10*time.Millisecond)
-	clk.advance(time.Minute)
-	a.tryAdmit(1)
-	a.done(1, 1, 40*time.Millisecond)
-	if got := a.baseline(); got != 0.010 {
-		t.Errorf("baseline %v within two windows, want 0.010", got)
+// With a baseline, smoothed per-step latency above LatencyFactor × baseline
+// shrinks the budget, at most once per shrinkEvery; fast completions while
+// the budget is in use grow it; without a baseline nothing shrinks.
+func TestAdmissionAdapts(t *testing.T) {
+	a, clk := newTestAdmission(AdmissionConfig{InitialBudget: 10 * defaultCost, LatencyFactor: 2})
+	steps := requestSteps(couplet.Request{})
+	fast := time.Duration(steps) * 10 * time.Millisecond // 10 ms a step
+	slow := 4 * fast
+	budget := func() float64 { b, _ := a.snapshot(); return b }
+	// No baseline yet: slow completions under load do not shrink.
+	for _, tk := range admitN(t, a, 4) {
+		clk.advance(shrinkEvery)
+		a.done(tk, steps, slow)
 	}
-	clk.advance(time.Minute)
-	a.tryAdmit(1)
-	a.done(1, 1, 40*time.Millisecond)
-	if got := a.baseline(); got != 0.040 {
-		t.Errorf("baseline %v after two windows, want 0.040", got)
+	if b := budget(); b < 10*defaultCost {
+		t.Fatalf("budget shrank to %v without a baseline", b)
+	}
+	a.ewma = 0
+	for i := 0; i < minAlone; i++ { // the unloaded speed: 10 ms a step
+		tk := admitN(t, a, 1)[0]
+		a.done(tk, steps, fast)
+	}
+	b0 := budget()
+	// A burst of slow completions within shrinkEvery: one shrink.
+	clk.advance(shrinkEvery)
+	for _, tk := range admitN(t, a, 3) {
+		a.done(tk, steps, slow)
+	}
+	if b := budget(); b != b0*shrinkFactor {
+		t.Fatalf("budget %v after a burst of slow completions, want one shrink to %v", b, b0*shrinkFactor)
+	}
+	// Still slow after shrinkEvery: another shrink (two overlapping
+	// requests, so the slow ones are not taken for the unloaded speed).
+	clk.advance(shrinkEvery)
+	for _, tk := range admitN(t, a, 2) {
+		a.done(tk, steps, slow)
+	}
+	if b := budget(); b != b0*shrinkFactor*shrinkFactor {
+		t.Fatalf("budget %v, want a second shrink to %v", b, b0*shrinkFactor*shrinkFactor)
+	}
+	// Fast again, with the budget in use: once the smoothed latency is
+	// back under the factor the budget grows.
+	b1 := budget()
+	var ts []ticket
+	for {
+		tk, ok, _ := a.tryAdmit(defaultCost)
+		if !ok {
+			break
+		}
+		ts = append(ts, tk)
+	}
+	for _, tk := range ts {
+		a.done(tk, steps, fast)
+	}
+	if b := budget(); b <= b1 {
+		t.Errorf("budget %v did not grow on fast completions with the budget in use (was %v)", b, b1)
 	}
 }
 

@@ -310,8 +310,8 @@ func (s *Server) acquire(req couplet.Request) (*Backend, func(), *apiError) {
 		s.metrics.rejected.WithLabelValues(codeOverloaded).Inc()
 		return nil, nil, e
 	}
-	cost, steps := requestCost(req), requestSteps(req)
-	if ok, retry := s.adm.tryAdmit(cost); !ok {
+	tk, ok, retry := s.adm.tryAdmit(requestCost(req))
+	if !ok {
 		<-s.inflight
 		e := errf(http.StatusServiceUnavailable, codeOverloaded, "服务繁忙，请稍后重试", "server at capacity: this request would wait too long, retry later")
 		e.RetryAfter = retry
@@ -320,7 +320,7 @@ func (s *Server) acquire(req couplet.Request) (*Backend, func(), *apiError) {
 	}
 	t0 := time.Now()
 	return b, func() {
-		s.adm.done(cost, steps, time.Since(t0))
+		s.adm.done(tk, requestSteps(req), time.Since(t0))
 		<-s.inflight
 	}, nil
 }
