@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -80,7 +81,8 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 
 func (w *statusWriter) Flush() {
 	extendWriteDeadline(w.ResponseWriter, w.writeTimeout)
-	if err := http.NewResponseController(w.ResponseWriter).Flush(); err != nil && w.cancel != nil {
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if err != nil && !errors.Is(err, http.ErrNotSupported) && w.cancel != nil {
 		w.cancel()
 	}
 }
