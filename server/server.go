@@ -138,6 +138,9 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// DefaultMaxConns is Config.MaxConns's default.
+const DefaultMaxConns = 2048
+
 // readiness states.
 const (
 	stateLoading int32 = iota
@@ -175,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxInFlight = 256
 	}
 	if cfg.MaxConns == 0 {
-		cfg.MaxConns = 2048
+		cfg.MaxConns = DefaultMaxConns
 	}
 	if cfg.ProbeReserveConns == 0 {
 		cfg.ProbeReserveConns = 32

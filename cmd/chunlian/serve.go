@@ -124,6 +124,7 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
 		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
+		MaxConns: maxConnsForFDs(server.DefaultMaxConns), // stay under the open-file limit
 	}
 	if c.DrainTimeout == 0 {
 		errs = append(errs, errors.New("--drain-timeout 0: must be > 0"))
