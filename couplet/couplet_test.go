@@ -600,3 +600,21 @@ func testStreaming(t *testing.T, e engine.Engine) {
 		t.Errorf("streamed pieces %v do not contain the returned 上联 %q", got, cs[0].Upper)
 	}
 }
+
+// Normalize converts traditional characters to simplified and strips
+// zero-width characters, identically for every interface.
+func TestNormalizeTraditionalAndZeroWidth(t *testing.T) {
+	for in, want := range map[string]string{
+		"福壽":             "福寿",
+		"萬事如意":           "万事如意",
+		"國泰民安":           "国泰民安",
+		"乾坤":             "乾坤",
+		"平\u200b安":       "平安",
+		"\ufeff平安\u2060": "平安",
+		"平安":             "平安",
+	} {
+		if got := Normalize(in); got != want {
+			t.Errorf("Normalize(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -3,8 +3,11 @@ package couplet
 import (
 	"math"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/longbridgeapp/opencc"
 )
 
 // asciiPunct maps ASCII punctuation users type to the full-width marks of
@@ -12,10 +15,14 @@ import (
 var asciiPunct = map[rune]rune{',': '，', ';': '；', ':': '：', '!': '！', '?': '？'}
 
 // Normalize cleans user text the way the training data was cleaned: all
-// whitespace (incl. U+3000, BOM, zero-width spaces) removed, ASCII ,;:!?
-// mapped to full-width, and trailing "。" / "." dropped. It does not
-// validate.
+// whitespace (incl. U+3000, BOM, zero-width spaces) removed, traditional
+// characters converted to simplified (OpenCC t2s, phrase-aware: 福壽 → 福寿,
+// 乾坤 stays), ASCII ,;:!? mapped to full-width, and trailing "。" / "."
+// dropped. It does not validate. Every interface (HTTP /generate, the
+// OpenAI endpoints, the CLI through Generate) normalises with it, so the
+// same text means the same request everywhere.
 func Normalize(s string) string {
+	s = toSimplified(s)
 	var b strings.Builder
 	for _, r := range s {
 		if unicode.IsSpace(r) || r == '\ufeff' || (r >= '\u200b' && r <= '\u200d') || r == '\u2060' {
@@ -27,6 +34,38 @@ func Normalize(s string) string {
 		b.WriteRune(r)
 	}
 	return strings.TrimRight(b.String(), "。.")
+}
+
+// t2s is OpenCC's traditional → simplified converter (dictionaries embedded
+// in the binary); nil if it could not be built, which only a broken build
+// of the dependency can cause.
+var t2s = sync.OnceValue(func() *opencc.OpenCC {
+	c, err := opencc.New("t2s")
+	if err != nil {
+		return nil
+	}
+	return c
+})
+
+// toSimplified converts s to simplified characters; text without any
+// non-ASCII character is returned as is.
+func toSimplified(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			ascii = false
+			break
+		}
+	}
+	c := t2s()
+	if ascii || c == nil {
+		return s
+	}
+	out, err := c.Convert(s)
+	if err != nil {
+		return s
+	}
+	return out
 }
 
 // plan is a validated, normalised request.

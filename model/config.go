@@ -76,7 +76,7 @@ func ParseConfig(data []byte) (Config, error) {
 	if c.NumKVHeads == 0 {
 		c.NumKVHeads = c.NumHeads
 	}
-	if c.HeadDim == 0 && c.NumHeads > 0 {
+	if c.HeadDim == 0 && c.NumHeads > 0 && c.NumHeads <= MaxHeads {
 		c.HeadDim = c.HiddenSize / c.NumHeads
 	}
 	if err := c.Validate(); err != nil {
@@ -85,21 +85,11 @@ func ParseConfig(data []byte) (Config, error) {
 	return c, nil
 }
 
-// Validate checks that the dimensions are positive and consistent. It
-// expects the defaults already filled in (HeadDim, NumKVHeads set).
+// Validate checks that the dimensions are within bounds (see limits.go)
+// and consistent. It expects the defaults already filled in (HeadDim, NumKVHeads set).
 func (c Config) Validate() error {
-	for _, f := range []struct {
-		name string
-		v    int
-	}{
-		{"vocab_size", c.VocabSize}, {"hidden_size", c.HiddenSize},
-		{"intermediate_size", c.IntermediateSize}, {"num_hidden_layers", c.NumLayers},
-		{"num_attention_heads", c.NumHeads}, {"num_key_value_heads", c.NumKVHeads},
-		{"head_dim", c.HeadDim},
-	} {
-		if f.v <= 0 {
-			return fmt.Errorf("%s must be positive, got %d", f.name, f.v)
-		}
+	if err := c.checkBounds(); err != nil {
+		return err
 	}
 	if c.NumHeads%c.NumKVHeads != 0 {
 		return fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.NumHeads, c.NumKVHeads)

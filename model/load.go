@@ -109,39 +109,46 @@ func (m *Model) Validate() error {
 			}
 		}
 	}
-	if m.Tok == nil {
-		errs = append(errs, errors.New("no tokenizer"))
-	} else {
-		if m.Tok.Size() > v {
-			errs = append(errs, fmt.Errorf("tokenizer has %d ids, vocab_size is %d", m.Tok.Size(), v))
-		}
-		for _, role := range Roles {
-			text, ok := m.Meta.SpecialTokens[role]
-			if !ok {
-				errs = append(errs, fmt.Errorf("chunlian.json: special token role %q missing", role))
-				continue
-			}
-			if _, ok := m.Tok.ID(text); !ok {
-				errs = append(errs, fmt.Errorf("chunlian.json: special token %s=%q not in the vocabulary", role, text))
-			}
-		}
-		if strings.Count(m.Meta.LengthToken, "%d") != 1 {
-			errs = append(errs, fmt.Errorf("chunlian.json: length_token %q needs exactly one %%d", m.Meta.LengthToken))
-		} else if m.Meta.MaxLineLength < 1 {
-			errs = append(errs, fmt.Errorf("chunlian.json: max_line_length %d must be ≥ 1", m.Meta.MaxLineLength))
-		} else {
-			for n := 1; n <= m.Meta.MaxLineLength; n++ {
-				if _, ok := m.LengthToken(n); !ok {
-					errs = append(errs, fmt.Errorf("chunlian.json: length token %q not in the vocabulary", fmt.Sprintf(m.Meta.LengthToken, n)))
-					break
-				}
-			}
-		}
+	if err := m.validateVocab(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("model %s: %w", m.Name, err)
 	}
 	return nil
+}
+
+// validateVocab checks the tokenizer against vocab_size and that
+// chunlian.json's special tokens and length tokens exist in it.
+func (m *Model) validateVocab() error {
+	if m.Tok == nil {
+		return errors.New("no tokenizer")
+	}
+	var errs []error
+	if m.Tok.Size() > m.Config.VocabSize {
+		errs = append(errs, fmt.Errorf("tokenizer has %d ids, vocab_size is %d", m.Tok.Size(), m.Config.VocabSize))
+	}
+	for _, role := range Roles {
+		text, ok := m.Meta.SpecialTokens[role]
+		if !ok {
+			errs = append(errs, fmt.Errorf("chunlian.json: special token role %q missing", role))
+			continue
+		}
+		if _, ok := m.Tok.ID(text); !ok {
+			errs = append(errs, fmt.Errorf("chunlian.json: special token %s=%q not in the vocabulary", role, text))
+		}
+	}
+	if err := m.Meta.validate(); err != nil {
+		errs = append(errs, err)
+	} else {
+		for n := 1; n <= m.Meta.MaxLineLength; n++ {
+			if _, ok := m.LengthToken(n); !ok {
+				errs = append(errs, fmt.Errorf("chunlian.json: length token %q not in the vocabulary", fmt.Sprintf(m.Meta.LengthToken, n)))
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Load reads a Hugging Face model directory from disk (config.json,
@@ -161,6 +168,10 @@ func Load(dir string) (*Model, error) {
 
 // LoadFS reads a model directory from fsys (e.g. the embedded weights.FS).
 // Weights are converted to float32 (F32, F16 and BF16 files are accepted).
+// The directory is untrusted: every size in config.json, tokenizer.json and
+// chunlian.json is checked against bounds (limits.go) and against each
+// other, and the config's parameter count against the weights file's size,
+// before anything is allocated from them; errors name the file and field.
 func LoadFS(fsys fs.FS, dir string) (*Model, error) {
 	read := func(name string) ([]byte, error) {
 		b, err := fs.ReadFile(fsys, path.Join(dir, name))
@@ -170,28 +181,14 @@ func LoadFS(fsys fs.FS, dir string) (*Model, error) {
 		return b, nil
 	}
 	m := &Model{Name: path.Base(dir)}
-	b, err := read("config.json")
-	if err != nil {
+	if err := m.loadSmallFiles(read); err != nil {
 		return nil, err
-	}
-	if m.Config, err = ParseConfig(b); err != nil {
-		return nil, err
-	}
-	if b, err = read("tokenizer.json"); err != nil {
-		return nil, err
-	}
-	if m.Tok, err = ParseTokenizer(b); err != nil {
-		return nil, err
-	}
-	if b, err = read("chunlian.json"); err != nil {
-		return nil, err
-	}
-	if err = json.Unmarshal(b, &m.Meta); err != nil {
-		return nil, fmt.Errorf("chunlian.json: %w", err)
 	}
 	// The weights file is memory-mapped when it is on disk (Load): it is
 	// only read once, to convert to float32, so mapping avoids a transient
 	// heap copy of the whole file. parseWeights keeps no reference to it.
+	var b []byte
+	var err error
 	release := func() error { return nil }
 	if dfs, ok := fsys.(diskFS); ok {
 		b, release, err = mapFile(filepath.Join(dfs.root, filepath.FromSlash(path.Join(dir, "model.safetensors"))))
@@ -201,7 +198,12 @@ func LoadFS(fsys fs.FS, dir string) (*Model, error) {
 	} else if b, err = read("model.safetensors"); err != nil {
 		return nil, err
 	}
-	m.Weights, err = parseWeights(b, m.Config)
+	// Every supported dtype takes at least 2 bytes a value.
+	if need := m.Config.ParamCount(); need > int64(len(b))/2 {
+		err = fmt.Errorf("config.json describes %d parameters (at least %d bytes) but the file has %d bytes", need, 2*need, len(b))
+	} else {
+		m.Weights, err = parseWeights(b, m.Config)
+	}
 	if rerr := release(); err == nil && rerr != nil {
 		err = rerr
 	}
@@ -212,6 +214,38 @@ func LoadFS(fsys fs.FS, dir string) (*Model, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// loadSmallFiles reads and cross-checks config.json, tokenizer.json and
+// chunlian.json: the tokenizer's id space must fit vocab_size and
+// chunlian.json's tokens must exist, all before the weights are read.
+func (m *Model) loadSmallFiles(read func(string) ([]byte, error)) error {
+	b, err := read("config.json")
+	if err != nil {
+		return err
+	}
+	if m.Config, err = ParseConfig(b); err != nil {
+		return err
+	}
+	if b, err = read("tokenizer.json"); err != nil {
+		return err
+	}
+	if m.Tok, err = ParseTokenizer(b); err != nil {
+		return err
+	}
+	if m.Tok.Size() > m.Config.VocabSize {
+		return fmt.Errorf("tokenizer.json: largest id %d does not fit config.json vocab_size %d", m.Tok.Size()-1, m.Config.VocabSize)
+	}
+	if b, err = read("chunlian.json"); err != nil {
+		return err
+	}
+	if err = json.Unmarshal(b, &m.Meta); err != nil {
+		return fmt.Errorf("chunlian.json: %w", err)
+	}
+	if err := m.Meta.validate(); err != nil {
+		return err
+	}
+	return m.validateVocab()
 }
 
 // diskFS is the fs.FS Load uses: a directory on disk, whose root path lets

@@ -71,13 +71,17 @@ func ParseTokenizer(data []byte) (*Tokenizer, error) {
 }
 
 // NewTokenizer builds a tokenizer from a vocabulary and added tokens. The
-// id space is 0..max id; gaps are allowed (Token returns "" there).
+// id space is 0..max id; gaps are allowed (Token returns "" there). Ids
+// must be below MaxVocabSize.
 func NewTokenizer(vocab map[string]int32, added []AddedToken) (*Tokenizer, error) {
 	t := &Tokenizer{vocab: make(map[string]int32, len(vocab)+len(added)), unk: -1}
 	maxID := int32(-1)
 	put := func(text string, id int32) error {
 		if id < 0 {
 			return fmt.Errorf("token %q has negative id %d", text, id)
+		}
+		if id >= MaxVocabSize { // the id space is allocated densely below
+			return fmt.Errorf("token %q has id %d, above the limit %d", text, id, MaxVocabSize-1)
 		}
 		if text == "" {
 			return fmt.Errorf("empty token text for id %d", id)

@@ -99,7 +99,6 @@ func TestGenerateRejectsMalformed(t *testing.T) {
 		{"n zero", `{"prompt":"平安","n":0}`, "", 400, codeInvalidField},
 		{"n huge", `{"prompt":"平安","n":1000}`, "", 400, codeInvalidField},
 		{"length zero", `{"prompt":"平安","length":0}`, "", 400, codeInvalidField},
-		{"length huge", `{"prompt":"平安","length":99}`, "", 400, codeInvalidField},
 		{"temperature", `{"prompt":"平安","temperature":3}`, "", 400, codeInvalidField},
 		{"top_p zero", `{"prompt":"平安","top_p":0}`, "", 400, codeInvalidField},
 		{"top_k negative", `{"prompt":"平安","top_k":-2}`, "", 400, codeInvalidField},
@@ -141,6 +140,9 @@ func TestGenerateInputErrorFromGenerator(t *testing.T) {
 	for _, tc := range []struct{ body, code string }{
 		{`{"prompt":"春春","mode":"acrostic"}`, couplet.CodeSameHeads},
 		{`{"prompt":"春回大地abc","mode":"lower"}`, couplet.CodeBadChar},
+		{`{"prompt":"平安","length":99}`, couplet.CodeBadLength},
+		{`{"prompt":"平安","length":32}`, couplet.CodeBadLength},
+		{`{"prompt":"平安","length":2}`, couplet.CodeBadLength},
 	} {
 		code, _, body := post(t, rs.base+"/generate", tc.body)
 		if code != http.StatusBadRequest {
@@ -219,14 +221,19 @@ func TestGenerateStream(t *testing.T) {
 			t.Errorf("first event %q", first.Event)
 		}
 	})
-	t.Run("error event", func(t *testing.T) {
-		// A generator error after the headers are sent arrives as an error event.
-		code, _, body := post(t, rs.base+"/generate", map[string]any{"prompt": "春春", "mode": "acrostic", "stream": true})
-		evs, datas := sseEvents(t, body)
-		if code != 200 || evs[len(evs)-1] != "error" {
-			t.Fatalf("status %d events %v", code, evs)
+	t.Run("bad input is a 4xx before streaming", func(t *testing.T) {
+		// The generator's own checks run before the headers: a streamed
+		// request with bad input gets the status a plain one gets.
+		for _, body := range []map[string]any{
+			{"prompt": "春春", "mode": "acrostic", "stream": true},
+			{"prompt": "平安", "length": 32, "stream": true},
+		} {
+			code, hdr, b := post(t, rs.base+"/generate", body)
+			if code != 400 || strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
+				t.Fatalf("%v: status %d type %q", body, code, hdr.Get("Content-Type"))
+			}
+			checkError(t, b, "")
 		}
-		checkError(t, []byte(datas[len(datas)-1]), couplet.CodeSameHeads)
 	})
 }
 
@@ -287,43 +294,9 @@ func TestOpenAICompatible(t *testing.T) {
 			t.Errorf("lower mode kept upper %q, want 春回大地", up)
 		}
 	})
-	t.Run("completions stream", func(t *testing.T) {
-		code, hdr, body := post(t, rs.base+"/v1/completions", map[string]any{"prompt": "平安", "stream": true})
-		if code != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
-			t.Fatalf("status %d", code)
-		}
-		_, datas := sseEvents(t, body)
-		if len(datas) < 2 || datas[len(datas)-1] != "[DONE]" {
-			t.Fatalf("stream does not end with [DONE]: %q", datas)
-		}
-		var text strings.Builder
-		for i, d := range datas[:len(datas)-1] {
-			var ch struct {
-				Object  string
-				Choices []struct {
-					Text         string
-					FinishReason *string `json:"finish_reason"`
-				}
-				Usage json.RawMessage
-			}
-			if err := json.Unmarshal([]byte(d), &ch); err != nil || ch.Object != "text_completion" {
-				t.Fatalf("chunk %q: %v", d, err)
-			}
-			text.WriteString(ch.Choices[0].Text)
-			if i == len(datas)-2 {
-				if ch.Choices[0].FinishReason == nil || *ch.Choices[0].FinishReason != "stop" {
-					t.Error("final chunk without finish_reason stop")
-				}
-				checkUsage(t, ch.Usage)
-			} else if ch.Usage != nil {
-				t.Errorf("usage before the final chunk: %s", d)
-			}
-		}
-		checkCoupletText(t, text.String())
-	})
 	t.Run("chat", func(t *testing.T) {
 		code, _, body := post(t, rs.base+"/v1/chat/completions", map[string]any{
-			"model": "x", "messages": []map[string]any{
+			"model": "chunlian-test", "messages": []map[string]any{
 				{"role": "system", "content": "你是春联助手"},
 				{"role": "user", "content": []map[string]string{{"type": "text", "text": "吉祥"}}},
 			}})
@@ -343,54 +316,7 @@ func TestOpenAICompatible(t *testing.T) {
 		checkCoupletText(t, res.Choices[0].Message.Content)
 		checkUsage(t, res.Usage)
 	})
-	t.Run("chat stream", func(t *testing.T) {
-		code, _, body := post(t, rs.base+"/v1/chat/completions", map[string]any{
-			"messages": []map[string]any{{"role": "user", "content": "平安"}}, "stream": true, "stream_options": map[string]bool{"include_usage": true}})
-		_, datas := sseEvents(t, body)
-		if code != 200 || datas[len(datas)-1] != "[DONE]" {
-			t.Fatalf("status %d: %q", code, datas)
-		}
-		var text strings.Builder
-		var lastUsage json.RawMessage
-		for _, d := range datas[:len(datas)-1] {
-			var ch struct {
-				Object  string
-				Choices []struct {
-					Delta struct{ Role, Content string }
-				}
-				Usage json.RawMessage
-			}
-			if err := json.Unmarshal([]byte(d), &ch); err != nil || ch.Object != "chat.completion.chunk" {
-				t.Fatalf("chunk %q: %v", d, err)
-			}
-			text.WriteString(ch.Choices[0].Delta.Content)
-			lastUsage = ch.Usage
-		}
-		checkCoupletText(t, text.String())
-		checkUsage(t, lastUsage)
-	})
-	t.Run("errors", func(t *testing.T) {
-		for _, tc := range []struct {
-			path, body, code string
-			status           int
-		}{
-			{"/v1/completions", `{"prompt":5}`, codeInvalidField, 400},
-			{"/v1/completions", `{"prompt":"ab"}`, codeInvalidPrompt, 400},
-			{"/v1/completions", `{"prompt":"平安","n":"x"}`, codeInvalidField, 400},
-			{"/v1/chat/completions", `{"messages":[{"role":"system","content":"hi"}]}`, codeInvalidPrompt, 400},
-			{"/v1/chat/completions", `{"messages":"平安"}`, codeInvalidField, 400},
-		} {
-			code, _, body := post(t, rs.base+tc.path, tc.body)
-			if code != tc.status {
-				t.Errorf("%s %s: status %d: %s", tc.path, tc.body, code, body)
-				continue
-			}
-			checkError(t, body, tc.code)
-		}
-		if code, _, _ := get(t, rs.base+"/v1/completions"); code != 405 {
-			t.Errorf("GET /v1/completions: %d", code)
-		}
-	})
+
 }
 
 func TestHealthAndReadiness(t *testing.T) {
@@ -465,4 +391,106 @@ func TestPprofEndpoints(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOpenAIErrors checks the OpenAI endpoints' input errors on the real
+// stack.
+func TestOpenAIErrors(t *testing.T) {
+	rs := newRealStack(t, stackOpts{})
+	for _, tc := range []struct {
+		path, body, code string
+		status           int
+	}{
+		{"/v1/completions", `{"prompt":5}`, codeInvalidField, 400},
+		{"/v1/completions", `{"prompt":"ab"}`, codeInvalidPrompt, 400},
+		{"/v1/completions", `{"prompt":"平安","n":"x"}`, codeInvalidField, 400},
+		{"/v1/chat/completions", `{"messages":[{"role":"system","content":"hi"}]}`, codeInvalidPrompt, 400},
+		{"/v1/chat/completions", `{"messages":"平安"}`, codeInvalidField, 400},
+	} {
+		code, _, body := post(t, rs.base+tc.path, tc.body)
+		if code != tc.status {
+			t.Errorf("%s %s: status %d: %s", tc.path, tc.body, code, body)
+			continue
+		}
+		checkError(t, body, tc.code)
+	}
+	if code, _, _ := get(t, rs.base+"/v1/completions"); code != 405 {
+		t.Errorf("GET /v1/completions: %d", code)
+	}
+}
+
+// TestOpenAIStreams checks the streamed answers of both OpenAI endpoints.
+func TestOpenAIStreams(t *testing.T) {
+	rs := newRealStack(t, stackOpts{})
+	checkUsage := func(t *testing.T, raw json.RawMessage) {
+		var u struct {
+			P int `json:"prompt_tokens"`
+			C int `json:"completion_tokens"`
+			T int `json:"total_tokens"`
+		}
+		if err := json.Unmarshal(raw, &u); err != nil || u.P <= 0 || u.C <= 0 || u.T != u.P+u.C {
+			t.Errorf("usage %s", raw)
+		}
+	}
+	t.Run("completions stream", func(t *testing.T) {
+		code, hdr, body := post(t, rs.base+"/v1/completions", map[string]any{"prompt": "平安", "stream": true})
+		if code != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
+			t.Fatalf("status %d", code)
+		}
+		_, datas := sseEvents(t, body)
+		if len(datas) < 2 || datas[len(datas)-1] != "[DONE]" {
+			t.Fatalf("stream does not end with [DONE]: %q", datas)
+		}
+		var text strings.Builder
+		for i, d := range datas[:len(datas)-1] {
+			var ch struct {
+				Object  string
+				Choices []struct {
+					Text         string
+					FinishReason *string `json:"finish_reason"`
+				}
+				Usage json.RawMessage
+			}
+			if err := json.Unmarshal([]byte(d), &ch); err != nil || ch.Object != "text_completion" {
+				t.Fatalf("chunk %q: %v", d, err)
+			}
+			text.WriteString(ch.Choices[0].Text)
+			if i == len(datas)-2 {
+				if ch.Choices[0].FinishReason == nil || *ch.Choices[0].FinishReason != "stop" {
+					t.Error("final chunk without finish_reason stop")
+				}
+				checkUsage(t, ch.Usage)
+			} else if ch.Usage != nil {
+				t.Errorf("usage before the final chunk: %s", d)
+			}
+		}
+		checkCoupletText(t, text.String())
+	})
+	t.Run("chat stream", func(t *testing.T) {
+		code, _, body := post(t, rs.base+"/v1/chat/completions", map[string]any{
+			"messages": []map[string]any{{"role": "user", "content": "平安"}}, "stream": true, "stream_options": map[string]bool{"include_usage": true}})
+		_, datas := sseEvents(t, body)
+		if code != 200 || datas[len(datas)-1] != "[DONE]" {
+			t.Fatalf("status %d: %q", code, datas)
+		}
+		var text strings.Builder
+		var lastUsage json.RawMessage
+		for _, d := range datas[:len(datas)-1] {
+			var ch struct {
+				Object  string
+				Choices []struct {
+					Delta struct{ Role, Content string }
+				}
+				Usage json.RawMessage
+			}
+			if err := json.Unmarshal([]byte(d), &ch); err != nil || ch.Object != "chat.completion.chunk" {
+				t.Fatalf("chunk %q: %v", d, err)
+			}
+			text.WriteString(ch.Choices[0].Delta.Content)
+			lastUsage = ch.Usage
+		}
+		checkCoupletText(t, text.String())
+		checkUsage(t, lastUsage)
+	})
+
 }

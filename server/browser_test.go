@@ -43,19 +43,10 @@ func artifactDir(t *testing.T) string {
 	return t.TempDir()
 }
 
-// TestBrowserPage drives headless Chromium against the real stack on the
-// random test model: it types 平安, clicks 生成 and waits for a couplet
-// whose two lines have the same (non-zero) length; it also checks the
-// as-you-type validation, the PNG export and that the dashboard draws its
-// charts. Screenshots go to the artifact dir.
-func TestBrowserPage(t *testing.T) {
-	chrome := findChromium(t)
-	if testing.Short() {
-		t.Skip("browser test skipped in -short mode")
-	}
-	rs := newRealStack(t, stackOpts{})
-	dir := artifactDir(t)
-
+// startBrowser starts headless Chromium with a w×h viewport and returns a
+// context bounding every step (90 s); it is closed at test cleanup.
+func startBrowser(t *testing.T, chrome string, w, h int64) context.Context {
+	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chrome),
 		chromedp.Flag("headless", true),
@@ -69,19 +60,36 @@ func TestBrowserPage(t *testing.T) {
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1200, 900),
+		chromedp.WindowSize(int(w), int(h)),
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
 	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
 	// Start the browser on a context without a deadline (see chromedp.Run),
 	// then bound every later step.
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1200, 900)); err != nil {
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(w, h)); err != nil {
+		cancel()
+		cancelAlloc()
 		t.Fatalf("starting Chromium (%s): %v", chrome, err)
 	}
 	step, stop := context.WithTimeout(ctx, 90*time.Second)
-	defer stop()
+	t.Cleanup(func() { stop(); cancel(); cancelAlloc() })
+	return step
+}
+
+// TestBrowserPage drives headless Chromium against the real stack on the
+// random test model: it types 平安, clicks 生成 and waits for a couplet
+// whose two lines have the same (non-zero) length; it also checks the
+// as-you-type validation, the PNG export and that the dashboard draws its
+// charts. Screenshots go to the artifact dir.
+func TestBrowserPage(t *testing.T) {
+	chrome := findChromium(t)
+	if testing.Short() {
+		t.Skip("browser test skipped in -short mode")
+	}
+	rs := newRealStack(t, stackOpts{})
+	dir := artifactDir(t)
+
+	step := startBrowser(t, chrome, 1200, 900)
 
 	// Validation as you type: Latin input disables 生成.
 	err := chromedp.Do(step,
@@ -151,6 +159,68 @@ func TestBrowserPage(t *testing.T) {
 	if err != nil || !rtl {
 		t.Errorf("横批 not drawn right to left, or the convention not stated (err %v)", err)
 	}
+	checkExportAndPick(t, step, dir)
+	// 换一副 sends a new request (new request → new latency line).
+	before := text("#latency")
+	if err := chromedp.Do(step, chromedp.WaitEnabled("#another"), chromedp.Click("#another")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.getElementById("latency").textContent !== `+strconv.Quote(before)+` && !document.getElementById("generate").disabled`,
+		chromedp.WithPollingTimeout(60*time.Second))); err != nil {
+		t.Errorf("换一副 did not produce a new couplet: %v", err)
+	}
+	if u, l := text("#upper"), text("#lower"); utf8.RuneCountInString(u) == 0 || utf8.RuneCountInString(u) != utf8.RuneCountInString(l) {
+		t.Errorf("after 换一副: upper %q lower %q", u, l)
+	}
+	shot, err := chromedp.Run(step, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "browser-page.png")
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
+
+	checkDashboard(t, step, rs.base, dir)
+}
+
+// checkDashboard opens the dashboard after two requests: charts exist, the
+// tiles fill from /api/stats, nothing overflows; a screenshot is saved.
+func checkDashboard(t *testing.T, step context.Context, base, dir string) {
+	t.Helper()
+	// Dashboard: charts exist and the tiles fill from /api/stats.
+	err := chromedp.Do(step, chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible("#c-qps .uplot"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.getElementById("t-tot").textContent.startsWith("2/")`,
+		chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Errorf("dashboard tiles did not show the request: %v", err)
+	}
+	fits, err := chromedp.Run(step, chromedp.Evaluate[bool](`document.documentElement.scrollWidth <= document.documentElement.clientWidth`))
+	if err != nil || !fits {
+		t.Errorf("dashboard overflows horizontally (err %v)", err)
+	}
+	charts, err := chromedp.Run(step, chromedp.Evaluate[int](`document.querySelectorAll(".uplot canvas").length`))
+	if err != nil || charts != 5 {
+		t.Errorf("dashboard has %d chart canvases, want 5 (err %v)", charts, err)
+	}
+	shot, err := chromedp.Run(step, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "browser-dashboard.png")
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
+}
+
+// checkExportAndPick checks the PNG export (saved as an artifact) and that
+// clicking the second candidate shows it.
+func checkExportAndPick(t *testing.T, step context.Context, dir string) {
+	t.Helper()
 	// PNG export draws a real image (saved as an artifact too).
 	dataURL, err := chromedp.Run(step, chromedp.Evaluate[string](`window.chunlian.drawPNG(window.chunlian.current()).toDataURL("image/png")`))
 	const prefix = "data:image/png;base64,"
@@ -176,52 +246,4 @@ func TestBrowserPage(t *testing.T) {
 	if err != nil || !picked {
 		t.Errorf("clicking the second candidate did not show it (err %v)", err)
 	}
-	// 换一副 sends a new request (new request → new latency line).
-	before := text("#latency")
-	if err := chromedp.Do(step, chromedp.WaitEnabled("#another"), chromedp.Click("#another")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.getElementById("latency").textContent !== `+strconv.Quote(before)+` && !document.getElementById("generate").disabled`,
-		chromedp.WithPollingTimeout(60*time.Second))); err != nil {
-		t.Errorf("换一副 did not produce a new couplet: %v", err)
-	}
-	if u, l := text("#upper"), text("#lower"); utf8.RuneCountInString(u) == 0 || utf8.RuneCountInString(u) != utf8.RuneCountInString(l) {
-		t.Errorf("after 换一副: upper %q lower %q", u, l)
-	}
-	shot, err := chromedp.Run(step, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "browser-page.png")
-	if err := os.WriteFile(path, shot, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("screenshot: %s", path)
-
-	// Dashboard: charts exist and the tiles fill from /api/stats.
-	err = chromedp.Do(step, chromedp.Navigate(rs.base+"/dashboard"), chromedp.WaitVisible("#c-qps .uplot"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.getElementById("t-tot").textContent.startsWith("2/")`,
-		chromedp.WithPollingTimeout(20*time.Second))); err != nil {
-		t.Errorf("dashboard tiles did not show the request: %v", err)
-	}
-	fits, err := chromedp.Run(step, chromedp.Evaluate[bool](`document.documentElement.scrollWidth <= document.documentElement.clientWidth`))
-	if err != nil || !fits {
-		t.Errorf("dashboard overflows horizontally (err %v)", err)
-	}
-	charts, err := chromedp.Run(step, chromedp.Evaluate[int](`document.querySelectorAll(".uplot canvas").length`))
-	if err != nil || charts != 5 {
-		t.Errorf("dashboard has %d chart canvases, want 5 (err %v)", charts, err)
-	}
-	shot, err = chromedp.Run(step, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	path = filepath.Join(dir, "browser-dashboard.png")
-	if err := os.WriteFile(path, shot, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("screenshot: %s", path)
 }

@@ -12,12 +12,17 @@ import (
 	"chunlian/engine"
 )
 
-// apiError is the body of every error response: {"error":{"code","message"}}.
-// Message is bilingual: Chinese first, then " / " and English.
+// apiError is the body of every error response, in OpenAI's shape:
+// {"error":{"message","type","param","code"}}. Message is bilingual:
+// Chinese first, then " / " and English. Type is OpenAI's error class,
+// derived from the status when not set; Param names the offending request
+// field, or is null.
 type apiError struct {
-	Status  int    `json:"-"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
+	Status  int     `json:"-"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
 	// RetryAfter, when > 0, is sent as a Retry-After header (seconds).
 	RetryAfter int `json:"-"`
 }
@@ -49,6 +54,9 @@ const (
 	codeInternal        = "internal"
 	codeNoCouplet       = "no_couplet"
 	codeUnsupportedType = "unsupported_media_type"
+	codeBodyTimeout     = "request_timeout"
+	codeModelNotFound   = "model_not_found"
+	codeUnsupported     = "unsupported_parameter"
 )
 
 // writeJSON writes v with status; encoding errors can only be I/O errors of
@@ -61,7 +69,36 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
+// errorType is OpenAI's error type for a status (the Python SDK maps
+// statuses to exception classes; the type string is informational).
+func errorType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusNotFound:
+		return "not_found_error"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status == http.StatusServiceUnavailable:
+		return "overloaded_error"
+	case status >= 500:
+		return "server_error"
+	}
+	return "invalid_request_error"
+}
+
+// withParam returns e naming the request field it is about.
+func (e *apiError) withParam(p string) *apiError {
+	e.Param = &p
+	return e
+}
+
 func writeError(w http.ResponseWriter, e *apiError) {
+	if e.Type == "" {
+		e.Type = errorType(e.Status)
+	}
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", fmt.Sprint(e.RetryAfter))
 	}
@@ -77,7 +114,7 @@ func mapGenError(err error, timeout time.Duration) *apiError {
 	case errors.As(err, &ae):
 		return ae
 	case errors.As(err, &ie):
-		return &apiError{Status: http.StatusBadRequest, Code: ie.Code, Message: ie.Message}
+		return &apiError{Status: http.StatusBadRequest, Code: ie.Code, Message: ie.Message, Param: inputParam(ie.Code)}
 	case errors.Is(err, engine.ErrQueueFull):
 		e := errf(http.StatusServiceUnavailable, codeQueueFull, "服务繁忙，排队已满，请稍后重试", "server busy: the request queue is full, retry later")
 		e.RetryAfter = 1
@@ -98,4 +135,19 @@ func mapGenError(err error, timeout time.Duration) *apiError {
 	default:
 		return errf(http.StatusInternalServerError, codeInternal, "内部错误：%v", "internal error: %v", err, err)
 	}
+}
+
+// inputParam names the request field a generator input error is about.
+func inputParam(code string) *string {
+	switch code {
+	case couplet.CodeBadLength:
+		return strPtr("length")
+	case couplet.CodeBadN:
+		return strPtr("n")
+	case couplet.CodeBadMode:
+		return strPtr("mode")
+	case couplet.CodeBadSampling:
+		return nil // temperature, top_p or top_k: the message says which
+	}
+	return strPtr("prompt")
 }

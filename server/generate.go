@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -19,11 +19,12 @@ import (
 	"chunlian/couplet"
 )
 
-// Limits checked by the HTTP layer before the generator sees a request (the
-// generator validates again, with its own model-specific rules).
+// Limits checked by the HTTP layer before the generator sees a request.
+// The line length range is the generator's alone (it depends on the
+// model's max_line_length): admit asks the generator to validate before
+// anything is sent, so streamed and plain requests get the same 4xx.
 const (
 	maxN          = 10
-	maxLineLength = 32
 	maxPromptRune = 64
 )
 
@@ -63,17 +64,24 @@ type usageJSON struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
-// readJSON reads a JSON request body into v: bounded by MaxBodyBytes (413),
-// valid UTF-8, a JSON media type if one is given, exactly one value, and
-// (when strict) no unknown fields. Errors are bilingual API errors.
+// readJSON reads a JSON request body into v: a JSON media type (415
+// otherwise: text/plain and form bodies are what a foreign web page can
+// send without a CORS preflight, so accepting them would let any page make
+// a visitor's local server generate), bounded by MaxBodyBytes (413, at once
+// from the Content-Length when it is declared, so an "Expect:
+// 100-continue" client is refused before it sends the body), read within
+// bodyReadTimeout (408), valid UTF-8, exactly one value, and (when strict)
+// no unknown fields. Errors are bilingual API errors without internal
+// details.
 func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, strict bool) *apiError {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		// curl -d sends application/x-www-form-urlencoded by default; the body
-		// is still JSON, so accept it rather than fail the most common call.
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json") && mt != "text/plain" && mt != "application/x-www-form-urlencoded") {
-			return errf(http.StatusUnsupportedMediaType, codeUnsupportedType, "请求体须为 JSON（Content-Type: application/json）", "the body must be JSON (Content-Type: application/json), got %q", ct)
-		}
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return errf(http.StatusUnsupportedMediaType, codeUnsupportedType, "请求体须为 JSON（Content-Type: application/json）", "the body must be JSON sent with Content-Type: application/json (got %q)", ct)
+	}
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		w.Header().Set("Connection", "close")
+		return errf(http.StatusRequestEntityTooLarge, codeBodyTooLarge, "请求体过大（上限 %d 字节）", "request body too large (limit %d bytes)", s.cfg.MaxBodyBytes, s.cfg.MaxBodyBytes)
 	}
 	// Bound the body read in time too (a trickling client must not pin a
 	// goroutine), then lift the deadline so the generation is not cut.
@@ -89,10 +97,14 @@ func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, strict 
 	}
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		var ne net.Error
+		switch {
+		case errors.As(err, &mbe):
 			return errf(http.StatusRequestEntityTooLarge, codeBodyTooLarge, "请求体过大（上限 %d 字节）", "request body too large (limit %d bytes)", mbe.Limit, mbe.Limit)
+		case errors.As(err, &ne) && ne.Timeout():
+			return errf(http.StatusRequestTimeout, codeBodyTimeout, "读取请求体超时（%v）", "the request body did not arrive within %v", bodyReadTimeout, bodyReadTimeout)
 		}
-		return errf(http.StatusBadRequest, codeInvalidJSON, "读取请求体失败", "could not read the request body: %v", err)
+		return errf(http.StatusBadRequest, codeInvalidJSON, "读取请求体失败", "could not read the request body")
 	}
 	if !utf8.Valid(body) {
 		return errf(http.StatusBadRequest, codeInvalidUTF8, "请求体不是有效的 UTF-8", "request body is not valid UTF-8")
@@ -179,9 +191,11 @@ type genParams struct {
 }
 
 // validate checks ranges and the prompt's shape and builds the couplet
-// request. Prompt whitespace is trimmed.
+// request. The prompt is normalised first with couplet.Normalize (the
+// function every interface uses: whitespace and zero-width characters
+// stripped, traditional characters simplified).
 func (p *genParams) validate() (couplet.Request, *apiError) {
-	p.Prompt = strings.TrimSpace(p.Prompt)
+	p.Prompt = couplet.Normalize(p.Prompt)
 	req := couplet.Request{Mode: p.Mode, Text: p.Prompt, N: p.N, Length: p.Length}
 	if p.Mode == "" {
 		req.Mode = couplet.ModeKeyword
@@ -190,26 +204,26 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	switch req.Mode {
 	case couplet.ModeKeyword, couplet.ModeAcrostic, couplet.ModeLower:
 	default:
-		return req, errf(http.StatusBadRequest, codeInvalidField, "mode 须为 keyword（吉祥词）、acrostic（藏头）或 lower（对下联）", "mode must be keyword, acrostic or lower, got %q", p.Mode)
+		return req, errf(http.StatusBadRequest, codeInvalidField, "mode 须为 keyword（吉祥词）、acrostic（藏头）或 lower（对下联）", "mode must be keyword, acrostic or lower, got %q", p.Mode).withParam("mode")
 	}
 	n := utf8.RuneCountInString(p.Prompt)
 	switch {
 	case n == 0:
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入两个汉字的吉祥词，例如“平安”", "prompt is required: a two-character Chinese blessing word such as 平安")
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入两个汉字的吉祥词，例如“平安”", "prompt is required: a two-character Chinese blessing word such as 平安").withParam("prompt")
 	case n > maxPromptRune:
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "输入过长（最多 %d 字）", "prompt too long (at most %d characters)", maxPromptRune, maxPromptRune)
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "输入过长（最多 %d 字）", "prompt too long (at most %d characters)", maxPromptRune, maxPromptRune).withParam("prompt")
 	case req.Mode != couplet.ModeLower && (n != 2 || !isHanString(p.Prompt)):
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入恰好两个汉字，例如“平安”（收到 %q）", "prompt must be exactly two Chinese characters, e.g. 平安 (got %q)", p.Prompt, p.Prompt)
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入恰好两个汉字，例如“平安”（收到 %q）", "prompt must be exactly two Chinese characters, e.g. 平安 (got %q)", p.Prompt, p.Prompt).withParam("prompt")
 	}
 	if p.N < 1 || p.N > maxN {
-		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN)
+		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN).withParam("n")
 	}
-	if p.Length != 0 && (p.Length < 1 || p.Length > maxLineLength) {
-		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须在 1 到 %d 之间（常用 5、7、9、11）", "length must be between 1 and %d (usual: 5, 7, 9, 11)", maxLineLength, maxLineLength)
+	if p.Length < 0 {
+		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须为正整数（常用 5、7、9、11）", "length must be a positive integer (usual: 5, 7, 9, 11)").withParam("length")
 	}
 	if t := p.Temperature; t != nil {
 		if *t < 0 || *t > 2 {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 2 之间", "temperature must be between 0 and 2")
+			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 2 之间", "temperature must be between 0 and 2").withParam("temperature")
 		}
 		if *t == 0 { // OpenAI meaning: greedy. The generator's 0 means "default", so ask for top-k 1.
 			req.Temperature, req.TopK = 1, 1
@@ -219,13 +233,13 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	}
 	if tp := p.TopP; tp != nil {
 		if !(*tp > 0 && *tp <= 1) {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "top_p 须在 (0, 1] 之间", "top_p must be in (0, 1]")
+			return req, errf(http.StatusBadRequest, codeInvalidField, "top_p 须在 (0, 1] 之间", "top_p must be in (0, 1]").withParam("top_p")
 		}
 		req.TopP = float32(*tp)
 	}
 	if k := p.TopK; k != nil {
 		if *k < 0 || *k > 100000 {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "top_k 须 ≥ 0（0 表示关闭）", "top_k must be ≥ 0 (0 = off)")
+			return req, errf(http.StatusBadRequest, codeInvalidField, "top_k 须 ≥ 0（0 表示关闭）", "top_k must be ≥ 0 (0 = off)").withParam("top_k")
 		}
 		if req.TopK == 0 {
 			req.TopK = *k
@@ -237,24 +251,43 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	return req, nil
 }
 
-// acquire takes an in-flight slot or reports why not (not ready, draining,
-// overloaded). release must be called when acquire returned nil.
-// admit validates p and takes an in-flight slot for it: the common start of
-// every generation endpoint. When ok is false the error response has been
-// written; otherwise the caller must call release when done.
+// admit validates p (the HTTP layer's checks, then the generator's own,
+// which know the model: line length range, characters) and takes an
+// in-flight slot for it: the common start of every generation endpoint,
+// run before any byte of the answer is written. When ok is false the error
+// response has been written; otherwise the caller must call release when
+// done.
 func (s *Server) admit(w http.ResponseWriter, p *genParams) (req couplet.Request, b *Backend, release func(), ok bool) {
 	req, e := p.validate()
 	if e == nil {
-		b, release, e = s.acquire()
+		if v, isV := s.generator().(interface{ Validate(couplet.Request) error }); isV {
+			if err := v.Validate(req); err != nil {
+				e = mapGenError(err, s.cfg.RequestTimeout)
+			}
+		}
+	}
+	if e == nil {
+		b, release, e = s.acquire(req)
 	}
 	if e != nil {
+		s.stats.record(time.Now(), 0, e.Status) // the dashboard counts refusals and client errors too
 		writeError(w, e)
 		return req, nil, nil, false
 	}
 	return req, b, release, true
 }
 
-func (s *Server) acquire() (*Backend, func(), *apiError) {
+// generator is the attached generator, or nil while loading.
+func (s *Server) generator() Generator {
+	if b := s.backend.Load(); b != nil {
+		return b.Generator
+	}
+	return nil
+}
+
+// acquire takes an in-flight slot for req or reports why not (not ready,
+// draining, overloaded). release must be called when acquire returned nil.
+func (s *Server) acquire(req couplet.Request) (*Backend, func(), *apiError) {
 	switch s.state.Load() {
 	case stateDraining:
 		e := errf(http.StatusServiceUnavailable, codeShuttingDown, "服务正在关闭", "server is shutting down")
@@ -271,13 +304,25 @@ func (s *Server) acquire() (*Backend, func(), *apiError) {
 	}
 	select {
 	case s.inflight <- struct{}{}:
-		return b, func() { <-s.inflight }, nil
 	default:
 		e := errf(http.StatusServiceUnavailable, codeOverloaded, "服务繁忙，请稍后重试", "server overloaded (%d requests in flight), retry later", cap(s.inflight))
 		e.RetryAfter = 1
 		s.metrics.rejected.WithLabelValues(codeOverloaded).Inc()
 		return nil, nil, e
 	}
+	tk, ok, retry := s.adm.tryAdmit(requestCost(req))
+	if !ok {
+		<-s.inflight
+		e := errf(http.StatusServiceUnavailable, codeOverloaded, "服务繁忙，请稍后重试", "server at capacity: this request would wait too long, retry later")
+		e.RetryAfter = retry
+		s.metrics.rejected.WithLabelValues("capacity").Inc()
+		return nil, nil, e
+	}
+	t0 := time.Now()
+	return b, func() {
+		s.adm.done(tk, requestSteps(req), time.Since(t0))
+		<-s.inflight
+	}, nil
 }
 
 // genResult is one finished generation with its accounting.
@@ -440,52 +485,13 @@ func (s *Server) streamGenerate(w http.ResponseWriter, r *http.Request, b *Backe
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	ew.send("start", map[string]string{"request_id": requestID(r.Context()), "prompt": p.Prompt, "mode": string(p.Mode)})
-	// The engine calls OnToken on its goroutine and it must not block:
-	// hand tokens to a buffered channel drained here; drop when full (they
-	// are progress only — the result event carries the answer).
-	toks := make(chan couplet.TokenEvent, 256)
-	req.OnToken = func(ev couplet.TokenEvent) {
-		select {
-		case toks <- ev:
-		default:
-		}
-	}
-	done := make(chan struct{})
-	var res *genResult
-	var e *apiError
-	go func() {
-		defer close(done)
-		// This goroutine is outside withRecover's reach: a panic here would
-		// kill the process, so turn it into an error event instead.
-		defer func() {
-			if v := recover(); v != nil {
-				s.metrics.panics.Inc()
-				s.log.Error("stream panic", "request_id", requestID(r.Context()), "panic", v, "stack", string(debug.Stack()))
-				res, e = nil, errf(http.StatusInternalServerError, codeInternal, "内部错误", "internal server error")
-			}
-		}()
-		res, e = s.run(r.Context(), b, req)
-	}()
-	for {
-		select {
-		case ev := <-toks:
-			ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
-			continue
-		case <-done:
-		}
-		break
-	}
-	// Drain what is buffered, then the final event.
-	for {
-		select {
-		case ev := <-toks:
-			ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
-			continue
-		default:
-		}
-		break
-	}
+	res, e := s.runStreaming(r.Context(), b, req, func(ev couplet.TokenEvent) {
+		ew.send("token", tokenEventJSON{Attempt: ev.Attempt, Sample: ev.Sample, Part: string(ev.Part), Text: ev.Text})
+	})
 	if e != nil {
+		if e.Type == "" {
+			e.Type = errorType(e.Status)
+		}
 		ew.send("error", map[string]*apiError{"error": e})
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -46,11 +47,16 @@ func newRequestID() string {
 }
 
 // statusWriter records the status and size for the access log. It passes
-// Flush through so streaming works.
+// Flush through so streaming works. Before every write it renews the
+// connection's write deadline (writeTimeout); the first failed write or
+// flush (a client gone or not reading) cancels the request's context, so
+// the generation behind it stops and frees its slot.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
-	bytes  int64
+	status       int
+	bytes        int64
+	writeTimeout time.Duration
+	cancel       context.CancelFunc
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -64,14 +70,20 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	extendWriteDeadline(w.ResponseWriter, w.writeTimeout)
 	n, err := w.ResponseWriter.Write(p)
 	w.bytes += int64(n)
+	if err != nil && w.cancel != nil {
+		w.cancel()
+	}
 	return n, err
 }
 
 func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
+	extendWriteDeadline(w.ResponseWriter, w.writeTimeout)
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if err != nil && !errors.Is(err, http.ErrNotSupported) && w.cancel != nil {
+		w.cancel()
 	}
 }
 
@@ -87,8 +99,10 @@ func (s *Server) withRequestLog(next http.Handler) http.Handler {
 			id = newRequestID()
 		}
 		w.Header().Set("X-Request-ID", id)
-		r = r.WithContext(context.WithValue(r.Context(), keyRequestID, id))
-		sw := &statusWriter{ResponseWriter: w}
+		ctx, cancel := context.WithCancel(context.WithValue(r.Context(), keyRequestID, id))
+		defer cancel()
+		r = r.WithContext(ctx)
+		sw := &statusWriter{ResponseWriter: w, writeTimeout: s.cfg.WriteTimeout, cancel: cancel}
 		t0 := time.Now()
 		next.ServeHTTP(sw, r)
 		if sw.status == 0 {

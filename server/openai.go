@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -11,12 +10,16 @@ import (
 	"chunlian/couplet"
 )
 
-// OpenAI-compatible endpoints. The prompt (or the last user message) is the
+// OpenAI-compatible endpoints. The prompt of /v1/completions is the
 // blessing word (two Chinese characters → keyword mode) or a 上联 (anything
-// longer → lower mode); the optional extension field "mode" overrides that.
-// Unknown fields are ignored (clients send many: logprobs, stop, user, …) so
-// existing SDKs and load tools work; known fields are type-checked.
+// longer → lower mode); /v1/chat/completions also reads natural language
+// (see chatIntent). The extension field "mode" overrides both. Unknown
+// fields are ignored (SDKs send many: user, presence_penalty, …) so existing
+// clients work; known fields are type-checked, and those that would change
+// the answer but are not implemented (stop, logprobs, top_logprobs, echo,
+// suffix, best_of > 1) are rejected with 400 rather than silently ignored.
 // max_tokens is accepted and ignored: the couplet's form fixes its length.
+// An unknown "model" is 404 model_not_found, as vLLM answers.
 
 type completionRequest struct {
 	Model       string          `json:"model"`
@@ -30,6 +33,52 @@ type completionRequest struct {
 	Stream      bool            `json:"stream"`
 	Mode        string          `json:"mode"`   // chunlian extension
 	Length      *int            `json:"length"` // chunlian extension
+	unsupported
+	Echo   *bool   `json:"echo"`
+	Suffix *string `json:"suffix"`
+	BestOf *int    `json:"best_of"`
+}
+
+// unsupported holds the OpenAI fields that would change the answer and
+// are not implemented; reject reports the first one set.
+type unsupported struct {
+	Stop        json.RawMessage `json:"stop"`
+	Logprobs    json.RawMessage `json:"logprobs"` // completions: integer; chat: boolean
+	TopLogprobs *int            `json:"top_logprobs"`
+}
+
+// set reports whether a raw JSON value is given and not a "nothing" value
+// (null, false, "", [], 0 is not nothing for logprobs).
+func set(raw json.RawMessage) bool {
+	switch strings.TrimSpace(string(raw)) {
+	case "", "null", "false", `""`, "[]":
+		return false
+	}
+	return true
+}
+
+func (u unsupported) reject() *apiError {
+	switch {
+	case set(u.Stop):
+		return errf(http.StatusBadRequest, codeUnsupported, "不支持 stop：春联的格式决定了在哪里结束", "stop is not supported: the couplet's form fixes where the text ends").withParam("stop")
+	case set(u.Logprobs):
+		return errf(http.StatusBadRequest, codeUnsupported, "不支持 logprobs", "logprobs is not supported").withParam("logprobs")
+	case u.TopLogprobs != nil:
+		return errf(http.StatusBadRequest, codeUnsupported, "不支持 top_logprobs", "top_logprobs is not supported").withParam("top_logprobs")
+	}
+	return nil
+}
+
+func (c *completionRequest) reject() *apiError {
+	switch {
+	case c.Echo != nil && *c.Echo:
+		return errf(http.StatusBadRequest, codeUnsupported, "不支持 echo", "echo is not supported").withParam("echo")
+	case c.Suffix != nil && *c.Suffix != "":
+		return errf(http.StatusBadRequest, codeUnsupported, "不支持 suffix", "suffix is not supported").withParam("suffix")
+	case c.BestOf != nil && *c.BestOf > 1:
+		return errf(http.StatusBadRequest, codeUnsupported, "不支持 best_of（请用 n）", "best_of is not supported (use n: candidates are ranked already)").withParam("best_of")
+	}
+	return c.unsupported.reject()
 }
 
 type chatMessage struct {
@@ -50,6 +99,7 @@ type chatRequest struct {
 	Stream      bool          `json:"stream"`
 	Mode        string        `json:"mode"`
 	Length      *int          `json:"length"`
+	unsupported
 }
 
 // promptString decodes an OpenAI prompt: a string or an array of strings
@@ -94,12 +144,14 @@ func messageText(raw json.RawMessage) (string, *apiError) {
 	return "", errf(http.StatusBadRequest, codeInvalidField, "消息 content 须为字符串", "message content must be a string or an array of text parts")
 }
 
-// autoMode picks keyword for a two-character prompt, lower otherwise.
+// autoMode picks keyword for a two-character prompt, lower otherwise,
+// counting the characters of the normalised prompt (so a zero-width
+// character does not turn 平安 into a 上联).
 func autoMode(mode, prompt string) couplet.Mode {
 	if mode != "" {
 		return couplet.Mode(mode)
 	}
-	if utf8.RuneCountInString(strings.TrimSpace(prompt)) <= 2 {
+	if utf8.RuneCountInString(couplet.Normalize(prompt)) <= 2 {
 		return couplet.ModeKeyword
 	}
 	return couplet.ModeLower
@@ -112,15 +164,44 @@ func (s *Server) modelName(b *Backend) string {
 	return "chunlian"
 }
 
+// maxModelLen is the model's context length (max_position_embeddings),
+// as vLLM reports it; 0 when the backend does not say.
+func maxModelLen(b *Backend) int {
+	if b != nil {
+		return b.MaxModelLen
+	}
+	return 0
+}
+
+func (s *Server) modelObject(b *Backend) map[string]any {
+	m := map[string]any{"id": s.modelName(b), "object": "model", "created": s.started.Unix(), "owned_by": "chunlian"}
+	if n := maxModelLen(b); n > 0 {
+		m["max_model_len"] = n
+	}
+	return m
+}
+
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []map[string]any{s.modelObject(s.backend.Load())}})
+}
+
+// handleModel is GET /v1/models/{id}.
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 	b := s.backend.Load()
-	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []map[string]any{{
-			"id": s.modelName(b), "object": "model", "created": s.started.Unix(), "owned_by": "chunlian",
-			"max_model_len": maxPromptRune,
-		}},
-	})
+	if e := s.checkModel(b, r.PathValue("id")); e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.modelObject(b))
+}
+
+// checkModel accepts the served model's name (or none, for curl users) and
+// answers anything else with 404 model_not_found, as vLLM does.
+func (s *Server) checkModel(b *Backend, name string) *apiError {
+	if name == "" || name == s.modelName(b) {
+		return nil
+	}
+	return errf(http.StatusNotFound, codeModelNotFound, "模型 %q 不存在（可用：%s）", "the model %q does not exist (served: %s)", name, s.modelName(b), name, s.modelName(b)).withParam("model")
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
@@ -130,16 +211,31 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prompt, e := promptString(body.Prompt)
+	if e == nil {
+		e = body.reject()
+	}
+	if e == nil {
+		e = s.checkModel(s.backend.Load(), body.Model)
+	}
 	if e != nil {
 		writeError(w, e)
 		return
 	}
-	s.openAI(w, r, false, prompt, body.Mode, body.N, body.Length, body.Temperature, body.TopP, body.TopK, body.Seed, body.Stream)
+	p := genParams{Prompt: prompt, Mode: autoMode(body.Mode, prompt), N: 1, Temperature: body.Temperature, TopP: body.TopP, TopK: body.TopK, Seed: body.Seed}
+	s.openAI(w, r, false, p, body.N, body.Length, body.Stream)
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	var body chatRequest
 	if e := s.readJSON(w, r, &body, false); e != nil {
+		writeError(w, e)
+		return
+	}
+	e := body.reject()
+	if e == nil {
+		e = s.checkModel(s.backend.Load(), body.Model)
+	}
+	if e != nil {
 		writeError(w, e)
 		return
 	}
@@ -149,7 +245,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		if body.Messages[i].Role == "user" {
 			t, e := messageText(body.Messages[i].Content)
 			if e != nil {
-				writeError(w, e)
+				writeError(w, e.withParam("messages"))
 				return
 			}
 			prompt, found = t, true
@@ -157,122 +253,61 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !found {
-		writeError(w, errf(http.StatusBadRequest, codeInvalidPrompt, "messages 中需要一条 user 消息（吉祥词或上联）", "messages must contain a user message (the blessing word or 上联)"))
+		writeError(w, errf(http.StatusBadRequest, codeInvalidPrompt, "messages 中需要一条 user 消息（吉祥词或上联）", "messages must contain a user message (the blessing word or 上联)").withParam("messages"))
 		return
 	}
-	s.openAI(w, r, true, prompt, body.Mode, body.N, body.Length, body.Temperature, body.TopP, body.TopK, body.Seed, body.Stream)
+	mode, prompt, e := chatIntent(couplet.Normalize(prompt), body.Mode)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	p := genParams{Prompt: prompt, Mode: mode, N: 1, Temperature: body.Temperature, TopP: body.TopP, TopK: body.TopK, Seed: body.Seed}
+	s.openAI(w, r, true, p, body.N, body.Length, body.Stream)
 }
 
-// openAI runs a completion or chat completion and answers in OpenAI's shape.
-func (s *Server) openAI(w http.ResponseWriter, r *http.Request, chat bool, prompt, mode string, n, length *int,
-	temp, topP *float64, topK *int, seed *uint64, stream bool) {
-	p := genParams{Prompt: prompt, Mode: autoMode(mode, prompt), N: 1, Temperature: temp, TopP: topP, TopK: topK, Seed: seed}
+// openAI runs a completion or chat completion and answers in OpenAI's
+// shape. Every check (the HTTP layer's and the generator's) runs in admit,
+// before the first byte, so a streamed request with bad input gets the same
+// 4xx as a plain one.
+func (s *Server) openAI(w http.ResponseWriter, r *http.Request, chat bool, p genParams, n, length *int, stream bool) {
 	if n != nil {
 		p.N = *n
 	}
 	if length != nil {
 		p.Length = *length
+		if p.Length == 0 {
+			p.Length = -1 // explicit 0 is out of range, not "default"
+		}
 	}
 	req, b, release, ok := s.admit(w, &p)
 	if !ok {
 		return
 	}
 	defer release()
-	id := "cmpl-" + requestID(r.Context())
-	object := "text_completion"
+	o := oaResponse{id: "cmpl-" + requestID(r.Context()), object: "text_completion", chat: chat,
+		created: time.Now().Unix(), model: s.modelName(b)}
 	if chat {
-		id = "chatcmpl-" + requestID(r.Context())
-		object = "chat.completion"
+		o.id, o.object = "chatcmpl-"+requestID(r.Context()), "chat.completion"
 	}
-	created := time.Now().Unix()
-	model := s.modelName(b)
-
-	if !stream {
-		res, e := s.run(r.Context(), b, req)
-		if e != nil {
-			writeError(w, e)
-			return
-		}
-		choices := make([]map[string]any, len(res.couplets))
-		for i, c := range res.couplets {
-			if chat {
-				choices[i] = map[string]any{"index": i, "message": map[string]string{"role": "assistant", "content": c.Text()}, "finish_reason": "stop"}
-			} else {
-				choices[i] = map[string]any{"index": i, "text": c.Text(), "logprobs": nil, "finish_reason": "stop"}
-			}
-		}
-		writeJSON(w, http.StatusOK, map[string]any{
-			"id": id, "object": object, "created": created, "model": model,
-			"choices": choices, "usage": res.usage, "couplets": res.couplets,
-		})
+	if stream {
+		s.streamOpenAI(w, r, b, req, o)
 		return
-	}
-
-	// Streaming: the couplet is ranked only after all candidates finish, so
-	// the text arrives after generation, one chunk per line (上联, 下联, 横批)
-	// per choice; the last chunk carries finish_reason and usage; then
-	// "data: [DONE]". Errors after the headers are sent as a data chunk
-	// {"error":{…}} followed by [DONE].
-	if chat {
-		object = "chat.completion.chunk"
-	}
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	flush := func() {
-		if f, ok := w.(http.Flusher); ok {
-			f.Flush()
-		}
-	}
-	send := func(v any) {
-		js, _ := json.Marshal(v)
-		fmt.Fprintf(w, "data: %s\n\n", js)
-		flush()
-	}
-	chunk := func(choices []map[string]any, usage any) map[string]any {
-		m := map[string]any{"id": id, "object": object, "created": created, "model": model, "choices": choices}
-		if usage != nil {
-			m["usage"] = usage
-		}
-		return m
-	}
-	if chat { // role first, as OpenAI does
-		send(chunk([]map[string]any{{"index": 0, "delta": map[string]string{"role": "assistant"}, "finish_reason": nil}}, nil))
 	}
 	res, e := s.run(r.Context(), b, req)
 	if e != nil {
-		send(map[string]*apiError{"error": e})
-		fmt.Fprint(w, "data: [DONE]\n\n")
-		flush()
+		writeError(w, e)
 		return
 	}
+	choices := make([]map[string]any, len(res.couplets))
 	for i, c := range res.couplets {
-		lines := strings.SplitAfter(c.Text(), "\n")
-		for j, line := range lines {
-			last := i == len(res.couplets)-1 && j == len(lines)-1
-			var fin any
-			if j == len(lines)-1 {
-				fin = "stop"
-			}
-			ch := map[string]any{"index": i, "finish_reason": fin}
-			if chat {
-				if j == 0 && i > 0 {
-					ch["delta"] = map[string]string{"role": "assistant", "content": line}
-				} else {
-					ch["delta"] = map[string]string{"content": line}
-				}
-			} else {
-				ch["text"] = line
-				ch["logprobs"] = nil
-			}
-			var u any
-			if last {
-				u = res.usage
-			}
-			send(chunk([]map[string]any{ch}, u))
+		if chat {
+			choices[i] = map[string]any{"index": i, "message": map[string]string{"role": "assistant", "content": c.Text()}, "logprobs": nil, "finish_reason": "stop"}
+		} else {
+			choices[i] = map[string]any{"index": i, "text": c.Text(), "logprobs": nil, "finish_reason": "stop"}
 		}
 	}
-	fmt.Fprint(w, "data: [DONE]\n\n")
-	flush()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"id": o.id, "object": o.object, "created": o.created, "model": o.model,
+		"choices": choices, "usage": res.usage, "couplets": res.couplets,
+	})
 }

@@ -308,8 +308,10 @@ func TestAPIKey(t *testing.T) {
 		{"GET", "/static/app.js", "", 200},
 		{"GET", "/health", "", 200},
 		{"GET", "/ready", "", 200},
-		{"GET", "/metrics", "", 200},
-		{"GET", "/api/stats", "", 200},
+		{"GET", "/metrics", "", 401},
+		{"GET", "/metrics", "Bearer s3cret", 200},
+		{"GET", "/api/stats", "", 401},
+		{"GET", "/api/stats", "Bearer s3cret", 200},
 	} {
 		var code int
 		var body []byte
@@ -509,7 +511,10 @@ func TestBodyReadDeadline(t *testing.T) {
 	if err != nil && !strings.Contains(err.Error(), "reset") {
 		t.Fatalf("stalled client: %v", err)
 	}
-	if !strings.Contains(string(resp), "400") {
-		t.Errorf("stalled client got %q, want a 400", resp)
+	if !strings.HasPrefix(string(resp), "HTTP/1.1 408") {
+		t.Errorf("stalled client got %q, want a 408", resp)
+	}
+	if strings.Contains(string(resp), "127.0.0.1") {
+		t.Errorf("the 408 reveals socket addresses: %q", resp)
 	}
 }

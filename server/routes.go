@@ -15,7 +15,8 @@ import (
 var web embed.FS
 
 // routes builds the mux and wraps it in the middleware chain:
-// request log (id, access log, metrics) → recover → CORS → mux.
+// request log (id, access log, metrics, write deadlines) → recover →
+// security headers → probe-only reserve connections → CORS → mux.
 // API handlers are additionally wrapped by requireKey.
 func (s *Server) routes() http.Handler {
 	static, err := fs.Sub(web, "web")
@@ -35,10 +36,17 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/completions", methods(s.requireKey(s.handleCompletions), http.MethodPost))
 	mux.HandleFunc("/v1/chat/completions", methods(s.requireKey(s.handleChat), http.MethodPost))
 	mux.HandleFunc("/v1/models", methods(s.requireKey(s.handleModels), http.MethodGet))
+	mux.HandleFunc("/v1/models/{id...}", methods(s.requireKey(s.handleModel), http.MethodGet))
 	mux.HandleFunc("/health", methods(s.handleHealth, http.MethodGet))
 	mux.HandleFunc("/ready", methods(s.handleReady, http.MethodGet))
-	mux.Handle("/metrics", methods(s.metrics.Handler().ServeHTTP, http.MethodGet))
-	mux.HandleFunc("/api/stats", methods(s.handleStats, http.MethodGet))
+	// Operational data needs the key too (unless PublicMetrics): it reveals
+	// traffic and internals.
+	opsKey := s.requireKey
+	if s.cfg.PublicMetrics {
+		opsKey = func(h http.HandlerFunc) http.HandlerFunc { return h }
+	}
+	mux.Handle("/metrics", methods(opsKey(s.metrics.Handler().ServeHTTP), http.MethodGet))
+	mux.HandleFunc("/api/stats", methods(opsKey(s.handleStats), http.MethodGet))
 	mux.HandleFunc("/dashboard", methods(page("dashboard.html"), http.MethodGet))
 	mux.Handle("/static/", methods(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/") { // no directory listings
@@ -61,7 +69,7 @@ func (s *Server) routes() http.Handler {
 		}
 		methods(page("index.html"), http.MethodGet)(w, r)
 	})
-	return s.withRequestLog(s.withRecover(s.withCORS(mux)))
+	return s.withRequestLog(s.withRecover(withSecurityHeaders(s.withProbeReserve(s.withCORS(mux)))))
 }
 
 // handleHealth is liveness: the process serves HTTP.

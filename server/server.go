@@ -55,14 +55,21 @@ type Backend struct {
 	ModelName string
 	// EngineName is informational (paged|naive), shown on the dashboard.
 	EngineName string
+	// MaxModelLen is the model's context length in tokens
+	// (max_position_embeddings), reported by /v1/models; 0 = not reported.
+	MaxModelLen int
 }
 
 // Config configures the HTTP layer. Zero values mean the documented default.
 type Config struct {
 	// APIKey, when set, is required as "Authorization: Bearer KEY" on the API
-	// (/generate, /v1/*). The web pages, static files, /health, /ready,
-	// /metrics and /api/stats stay open.
+	// (/generate, /v1/*) and on /metrics and /api/stats (the dashboard's
+	// data; see PublicMetrics). The web pages, static files, /health and
+	// /ready stay open.
 	APIKey string
+	// PublicMetrics leaves /metrics and /api/stats open even with APIKey set
+	// (for a scraper on a trusted network).
+	PublicMetrics bool
 	// CORSOrigins lists allowed browser origins ("*" = any). Empty = CORS off:
 	// no Access-Control-* headers are ever sent.
 	CORSOrigins []string
@@ -73,10 +80,23 @@ type Config struct {
 	DrainTimeout time.Duration
 	// MaxBodyBytes bounds request bodies (default 64 KiB); larger → 413.
 	MaxBodyBytes int64
-	// MaxInFlight bounds concurrent generation requests in the HTTP layer
-	// (default 1280); beyond it → 503 + Retry-After without queueing, so memory
-	// stays bounded even before the engine's own --max-queue check.
+	// MaxInFlight is a hard bound on concurrent generation requests in the
+	// HTTP layer (default 256); beyond it → 503 + Retry-After without
+	// queueing. Admission (adaptive, cost-aware) usually refuses well before.
 	MaxInFlight int
+	// Admission tunes the adaptive, cost-aware admission (admission.go).
+	Admission AdmissionConfig
+	// MaxConns caps open client connections (default 2048); see
+	// ProbeReserveConns. Past both, new connections wait in the kernel's
+	// backlog.
+	MaxConns int
+	// ProbeReserveConns are extra connections beyond MaxConns that may only
+	// ask /health and /ready (default 32), so probes get through a flood.
+	ProbeReserveConns int
+	// WriteTimeout bounds every single write of a response (default 30s;
+	// renewed before each write, so streams and long generations are not
+	// cut): a client that stops reading loses its request.
+	WriteTimeout time.Duration
 	// Logger for structured logs (default slog.Default()).
 	Logger *slog.Logger
 	// Pprof mounts Go's runtime profiles (net/http/pprof) under
@@ -101,6 +121,12 @@ func (c *Config) Validate() error {
 	if c.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("max body bytes %d: must be ≥ 0", c.MaxBodyBytes))
 	}
+	if c.MaxConns < 0 || c.ProbeReserveConns < 0 {
+		errs = append(errs, fmt.Errorf("--max-conns %d / --probe-reserve-conns %d: must be ≥ 0", c.MaxConns, c.ProbeReserveConns))
+	}
+	if c.WriteTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--write-timeout %v: must be ≥ 0", c.WriteTimeout))
+	}
 	if c.MaxInFlight < 0 {
 		errs = append(errs, fmt.Errorf("--max-in-flight %d: must be ≥ 0", c.MaxInFlight))
 	}
@@ -111,6 +137,9 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// DefaultMaxConns is Config.MaxConns's default.
+const DefaultMaxConns = 2048
 
 // readiness states.
 const (
@@ -129,6 +158,7 @@ type Server struct {
 	backend  atomic.Pointer[Backend]
 	state    atomic.Int32
 	inflight chan struct{} // semaphore: one token per generation in progress; cap MaxInFlight
+	adm      *admission
 	handler  http.Handler
 	started  time.Time
 }
@@ -145,7 +175,16 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxBodyBytes = 64 << 10
 	}
 	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = 1280
+		cfg.MaxInFlight = 256
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.ProbeReserveConns == 0 {
+		cfg.ProbeReserveConns = 32
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -155,6 +194,7 @@ func New(cfg Config) (*Server, error) {
 		log:      cfg.Logger,
 		stats:    newRollingStats(),
 		inflight: make(chan struct{}, cfg.MaxInFlight),
+		adm:      newAdmission(cfg.Admission, nil),
 		started:  time.Now(),
 	}
 	s.metrics = newMetrics(cfg.Registry, s)
@@ -212,8 +252,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		// the handler runs and cancels the request context when it passes,
 		// which would cut long generations; readJSON bounds the body read
 		// itself. No WriteTimeout either: streams legitimately last long
-		// (generation time is bounded by --request-timeout).
+		// (generation time is bounded by --request-timeout); instead every
+		// write has WriteTimeout (statusWriter).
 		ReadHeaderTimeout: 10 * time.Second,
+		ConnContext:       connContext,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
@@ -222,9 +264,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopTick()
 	go s.stats.run(tickCtx, s.sampleGauges)
 
+	ln = newLimitListener(ln, s.cfg.MaxConns, s.cfg.ProbeReserveConns)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	s.log.Info("listening", "addr", ln.Addr().String())
+	if exposedWithoutKey(ln.Addr(), s.cfg.APIKey) {
+		s.log.Warn("listening on a non-loopback address without an API key: anyone who can reach it can generate and read the dashboard data; set --api-key", "addr", ln.Addr().String())
+	}
 
 	select {
 	case err := <-errc:
@@ -265,4 +311,12 @@ func (s *Server) sampleGauges(now time.Time) {
 		}
 	}
 	s.stats.sample(now, g)
+}
+
+// exposedWithoutKey reports a TCP listener reachable from other hosts
+// (not loopback: a specific outside address or the unspecified 0.0.0.0/::)
+// with no API key set.
+func exposedWithoutKey(a net.Addr, key string) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && key == "" && !ta.IP.IsLoopback()
 }

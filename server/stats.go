@@ -51,6 +51,7 @@ type rollingStats struct {
 	ring                 [statsRing]secBucket
 	totalOK, totalFailed int64
 	totalRejected        int64
+	totalClientErr       int64  // 4xx: the client's fault, not the service's
 	rng                  uint64 // xorshift state for reservoir sampling
 	lastG                gaugeSample
 }
@@ -85,7 +86,8 @@ func (r *rollingStats) rand() uint64 {
 }
 
 // record counts one finished generation request: status 2xx = ok (its
-// latency kept), 503 = rejected, anything else = failed.
+// latency kept), 503 = rejected, 4xx = a client error (bad input, a client
+// that went away: not a failure of the service), anything else = failed.
 func (r *rollingStats) record(now time.Time, lat time.Duration, status int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -104,6 +106,8 @@ func (r *rollingStats) record(now time.Time, lat time.Duration, status int) {
 	case status == http.StatusServiceUnavailable:
 		b.rejected++
 		r.totalRejected++
+	case status >= 400 && status < 500:
+		r.totalClientErr++
 	default:
 		b.failed++
 		r.totalFailed++
@@ -158,18 +162,19 @@ type latencySummary struct {
 }
 
 type statsSummary struct {
-	QPS10s           float64        `json:"qps_10s"` // successful requests/s over the last 10 complete seconds
-	Latency60s       latencySummary `json:"latency_60s"`
-	Running          int            `json:"running"`
-	Waiting          int            `json:"waiting"`
-	KVUsagePerc      float64        `json:"kv_cache_usage_perc"`
-	PrefixHitRate    *float64       `json:"prefix_cache_hit_rate"` // hits/queries since start, nil before any query
-	PromptTokens     int64          `json:"prompt_tokens_total"`
-	GenerationTokens int64          `json:"generation_tokens_total"`
-	RequestsOK       int64          `json:"requests_ok_total"`
-	RequestsFailed   int64          `json:"requests_failed_total"`
-	RequestsRejected int64          `json:"requests_rejected_total"`
-	GPU              *GPUStats      `json:"gpu"` // nil without a GPU
+	QPS10s            float64        `json:"qps_10s"` // successful requests/s over the last 10 complete seconds
+	Latency60s        latencySummary `json:"latency_60s"`
+	Running           int            `json:"running"`
+	Waiting           int            `json:"waiting"`
+	KVUsagePerc       float64        `json:"kv_cache_usage_perc"`
+	PrefixHitRate     *float64       `json:"prefix_cache_hit_rate"` // hits/queries since start, nil before any query
+	PromptTokens      int64          `json:"prompt_tokens_total"`
+	GenerationTokens  int64          `json:"generation_tokens_total"`
+	RequestsOK        int64          `json:"requests_ok_total"`
+	RequestsFailed    int64          `json:"requests_failed_total"`
+	RequestsRejected  int64          `json:"requests_rejected_total"`
+	RequestsClientErr int64          `json:"requests_client_error_total"` // 4xx, not counted as failed
+	GPU               *GPUStats      `json:"gpu"`                         // nil without a GPU
 }
 
 type statsSnapshot struct {
@@ -283,6 +288,7 @@ func (r *rollingStats) snapshot(now time.Time) (statsSummary, statsSeries) {
 	}
 	sum.PromptTokens, sum.GenerationTokens = g.promptTokens, g.genTokens
 	sum.RequestsOK, sum.RequestsFailed, sum.RequestsRejected = r.totalOK, r.totalFailed, r.totalRejected
+	sum.RequestsClientErr = r.totalClientErr
 	if g.gpuOK {
 		gs := g.gpu
 		sum.GPU = &gs

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"chunlian/couplet"
 	"chunlian/engine"
 )
 
@@ -274,5 +276,33 @@ func TestWebAssetsOffline(t *testing.T) {
 				t.Errorf("%s references a remote asset: %s", p, line)
 			}
 		}
+	}
+}
+
+// Client errors (4xx) are counted apart, not as failures of the service;
+// refusals (503) as rejected.
+func TestStatsClientErrorsNotFailures(t *testing.T) {
+	_, base := newFakeServer(t, Config{}, func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error) {
+		if req.Text == "吉祥" { // an input error found by the generator while running
+			return nil, &couplet.InputError{Code: couplet.CodeUnknownChar, Message: "模型不认识 / unknown"}
+		}
+		return []couplet.Couplet{fakeCouplet}, nil
+	})
+	post(t, base+"/generate", `{"prompt":"吉祥"}`)
+	post(t, base+"/generate", `{"prompt":"ab"}`)
+	post(t, base+"/generate", `{"prompt":"平安"}`)
+	_, _, body := get(t, base+"/api/stats")
+	var s struct {
+		Summary struct {
+			OK     int64 `json:"requests_ok_total"`
+			Failed int64 `json:"requests_failed_total"`
+			Client int64 `json:"requests_client_error_total"`
+		} `json:"summary"`
+	}
+	if err := json.Unmarshal(body, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Summary.OK != 1 || s.Summary.Failed != 0 || s.Summary.Client != 2 {
+		t.Errorf("ok/failed/client = %d/%d/%d, want 1/0/2", s.Summary.OK, s.Summary.Failed, s.Summary.Client)
 	}
 }

@@ -46,7 +46,7 @@ type serveConfig struct {
 	CORSOrigin     string // comma-separated
 	RequestTimeout time.Duration
 	DrainTimeout   time.Duration
-	MaxInFlight    int // 0 = max-num-seqs + max-queue
+	MaxInFlight    int // 0 = the server's default
 	Pprof          bool
 	LogLevel       string
 	LogFormat      string
@@ -73,7 +73,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "per-request generation deadline (0 = none); past it: HTTP 504 [CHUNLIAN_REQUEST_TIMEOUT]")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM/SIGINT, how long in-flight requests may finish [CHUNLIAN_DRAIN_TIMEOUT]")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go runtime profiles under /debug/pprof/ (CPU profile: /debug/pprof/profile?seconds=10); needs --api-key's key when one is set [CHUNLIAN_PPROF]")
-	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "max concurrent generation requests in the HTTP layer (0 = max-num-seqs + max-queue); beyond: 503 [CHUNLIAN_MAX_IN_FLIGHT]")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "hard cap on concurrent generation requests in the HTTP layer (0 = 256); adaptive admission usually refuses earlier; beyond: 503 [CHUNLIAN_MAX_IN_FLIGHT]")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error [CHUNLIAN_LOG_LEVEL]")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json [CHUNLIAN_LOG_FORMAT]")
 }
@@ -120,13 +120,11 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 			origins = append(origins, o)
 		}
 	}
-	inflight := c.MaxInFlight
-	if inflight == 0 {
-		inflight = c.stack.MaxNumSeqs + c.stack.MaxQueue
-	}
+	inflight := c.MaxInFlight // 0 = the server's default; admission adapts below it
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
 		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
+		MaxConns: maxConnsForFDs(server.DefaultMaxConns), // stay under the open-file limit
 	}
 	if c.DrainTimeout == 0 {
 		errs = append(errs, errors.New("--drain-timeout 0: must be > 0"))
@@ -201,7 +199,8 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 				name = "chunlian"
 			}
 			srv.Attach(server.Backend{Generator: st.Gen, Stats: st.Engine.Stats, ModelName: name, EngineName: stackCfg.Engine,
-				GPU: gpuHook(st)}) // gpuHook: stack_cuda.go
+				MaxModelLen: st.Model.Config.MaxPositions,
+				GPU:         gpuHook(st)}) // gpuHook: stack_cuda.go
 			log.Info("model loaded", "model", name, "engine", stackCfg.Engine, "backend", stackCfg.Backend,
 				"kv_blocks", st.Backend.NumBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
 			if cb, ok := st.Backend.(*forward.CPU); ok {
@@ -226,6 +225,7 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 			}
 			return b.err
 		}
+		setMemoryLimit(log, 0) // model and KV cache are loaded: size GOMEMLIMIT from them
 		log.Info("ready", "url", "http://"+addr+"/")
 	case err := <-served: // signal before the model finished loading
 		return err

@@ -8,7 +8,7 @@
   const btnGen = $("generate"), btnAnother = $("another"), btnPNG = $("download");
   const hint = $("hint"), errBox = $("error"), stage = $("stage");
   const elUpper = $("upper"), elLower = $("lower"), elBanner = $("banner");
-  const elLatency = $("latency"), elScore = $("score"), cands = $("candidates"), candsPanel = $("cands-panel");
+  const elLatency = $("latency"), cands = $("candidates"), candsPanel = $("cands-panel"), loading = $("loading");
   const keyRow = $("key-row"), apikey = $("apikey");
 
   const HAN = /^\p{Script=Han}+$/u;
@@ -22,9 +22,14 @@
   apikey.value = localStorage.getItem("chunlian.apikey") || "";
   if (apikey.value) keyRow.hidden = false;
 
+  // The placeholder is a real example per mode, and an empty field means
+  // "use the placeholder": 生成 works at once on a fresh page.
+  const PLACEHOLDER = { keyword: "平安", acrostic: "吉祥", lower: "春回大地千山秀" };
+  const text = () => prompt.value.trim() || prompt.placeholder;
+
   // validate returns [ok, message] for the current input and mode.
   function validate() {
-    const v = prompt.value.trim();
+    const v = text();
     const chars = Array.from(v);
     switch (mode.value) {
       case "lower":
@@ -43,8 +48,10 @@
   }
 
   function refresh() {
-    const [ok, msg] = validate();
+    prompt.placeholder = PLACEHOLDER[mode.value] || "平安";
     const empty = prompt.value.trim() === "";
+    let [ok, msg] = validate();
+    if (ok && empty) msg = "✓ 将用示例「" + prompt.placeholder + "」生成 · Empty: the example is used";
     prompt.classList.toggle("invalid", !ok && !empty);
     prompt.classList.toggle("valid", ok);
     hint.textContent = msg;
@@ -56,8 +63,9 @@
     document.querySelector('label[for=prompt]').firstChild.textContent = mode.value === "lower" ? "上联 " : (mode.value === "acrostic" ? "藏头字 " : "吉祥词 ");
     return ok;
   }
-  prompt.addEventListener("input", refresh);
-  mode.addEventListener("change", refresh);
+  // Editing the input or the mode makes an old error stale: clear it.
+  prompt.addEventListener("input", () => { showError(""); refresh(); });
+  mode.addEventListener("change", () => { showError(""); refresh(); });
   apikey.addEventListener("change", () => localStorage.setItem("chunlian.apikey", apikey.value));
 
   function showError(msg) {
@@ -73,7 +81,6 @@
     elLower.textContent = c.lower;
     elBanner.textContent = c.banner;
     elBanner.dataset.empty = c.banner ? "0" : "1";
-    elScore.textContent = "得分 score " + c.score.toFixed(3);
     Array.from(cands.children).forEach((li, k) => li.classList.toggle("active", k === i));
     btnPNG.disabled = false;
   }
@@ -83,6 +90,7 @@
   // may pick another sample), then the "result" event replaces them.
   async function run(body) {
     busy = true; refresh(); stage.classList.add("busy"); showError("");
+    loading.hidden = false; stage.setAttribute("aria-busy", "true");
     const t0 = performance.now();
     try {
       const headers = { "Content-Type": "application/json", "Accept": "application/x-ndjson" };
@@ -92,7 +100,7 @@
         let data = null;
         try { data = await res.json(); } catch (e) { /* non-JSON error */ }
         if (res.status === 401) keyRow.hidden = false;
-        showError(data && data.error ? data.error.message + " [" + data.error.code + "]" : "HTTP " + res.status);
+        showError(data && data.error ? data.error.message : "HTTP " + res.status);
         return;
       }
       let data = null, failure = null, attempt = -1;
@@ -126,7 +134,7 @@
       const rtt = performance.now() - t0;
       if (failure || !data) {
         if (current >= 0) show(current); // put the last couplet back
-        showError(failure ? failure.message + " [" + failure.code + "]" : "响应不完整 · incomplete response");
+        showError(failure ? failure.message : "响应不完整 · incomplete response");
         return;
       }
       last = body;
@@ -134,11 +142,12 @@
       cands.innerHTML = "";
       couplets.forEach((c, k) => {
         const li = document.createElement("li");
-        li.innerHTML = '<div class="l"></div><div class="l"></div><div class="l"></div><div class="s"></div>';
+        // Candidates come ranked best first; the raw score means nothing
+        // to a reader, so only the rank is shown.
+        li.innerHTML = '<div class="l"></div><div class="l"></div><div class="l"></div>';
         li.children[0].textContent = "上联：" + c.upper;
         li.children[1].textContent = "下联：" + c.lower;
         li.children[2].textContent = "横批：" + c.banner;
-        li.children[3].textContent = "score " + c.score.toFixed(3);
         li.addEventListener("click", () => show(k));
         cands.appendChild(li);
       });
@@ -149,11 +158,12 @@
       showError("网络错误 · Network error: " + e.message);
     } finally {
       busy = false; stage.classList.remove("busy"); refresh();
+      loading.hidden = true; stage.removeAttribute("aria-busy");
     }
   }
 
   function requestBody(seed) {
-    const body = { prompt: prompt.value.trim(), mode: mode.value, n: parseInt(nSel.value, 10) };
+    const body = { prompt: text(), mode: mode.value, n: parseInt(nSel.value, 10) };
     if (mode.value !== "lower") body.length = parseInt(length.value, 10);
     if (seed !== undefined) body.seed = seed;
     return body;
