@@ -53,7 +53,8 @@ func WithBanners(list ...string) Option {
 func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
 
 // WithOversample sets how many samples are drawn per requested candidate in
-// constrained mode, for ranking and diversity (default 2; total capped at 32).
+// constrained mode, for ranking and diversity (default DefaultOversample;
+// total capped at 32).
 func WithOversample(k int) Option { return func(o *options) { o.oversample = k } }
 
 // WithBannerTopK sets how many retrieved 横批 are scored per couplet besides
@@ -68,21 +69,21 @@ func WithBannerTopK(k int) Option { return func(o *options) { o.bannerTopK = k }
 // one logits row at <ban> that every 横批 sample starts from.
 func WithBannerPool(n int) Option { return func(o *options) { o.bannerPool = n } }
 
-// SharedBannersPath is the run-time location of the corpus' 横批 list
-// (relative to the repository root). It is read if present and never
-// shipped (no license stated).
-const SharedBannersPath = "../shared/data/spring/banners.txt"
+// DefaultOversample is the samples drawn and ranked per requested
+// candidate in constrained mode unless WithOversample says otherwise: one,
+// since the rules already guarantee the form and a second ranked sample
+// costs ~2× the decode work for a small gain in quality (docs/DECISIONS.md).
+const DefaultOversample = 1
 
 // DefaultBannerSources are the retrieval lists New reads unless
-// WithBannerSources is given: the shared corpus' 横批 (if present at run
-// time) and the 4-character idioms shipped with the embedded model
+// WithBannerSources is given: the 4-character idioms shipped with the
+// embedded model
 // (weights/chunlian-base/banner_candidates.txt, MIT). Candidates are
 // filtered by the model's vocabulary, so the list suits any model; a model
 // loaded from another directory can add its own list with
 // WithBannerSources(append(DefaultBannerSources(), …)...).
 func DefaultBannerSources() []BannerSource {
 	return []BannerSource{
-		{Path: SharedBannersPath, Prior: 1},
 		{FS: weights.FS, Path: path.Join(weights.DefaultDir, BannerCandidatesFile)},
 	}
 }
@@ -110,7 +111,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: 2, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
+	o := options{maxAttempts: 4, oversample: DefaultOversample, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}

@@ -11,7 +11,6 @@ package couplet
 const (
 	DefaultLength = 7
 	MinLength     = 3 // a keyword plus one more character
-	MaxN          = 16
 	// DefaultTemperature is for calibrated weights (training/calibrate.py:
 	// every export since run 11 has its logits scaled so that the validation
 	// NLL is lowest, ×0.885 for run 13a). 0.7 on them draws about as 0.8 drew

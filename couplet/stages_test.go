@@ -3,7 +3,6 @@ package couplet
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -85,15 +84,15 @@ func benchStagesOn(b *testing.B, wrap func(engine.Engine) engine.Engine, opts ..
 	b.ReportMetric(rows, "rows/couplet")
 }
 
+// sharedBanners is the corpus' 横批 list as seen from the package
+// directory (the service's --banners-file default, relative to the
+// repository root there); read if present.
+const sharedBanners = "../../shared/data/spring/banners.txt"
+
 // testBannerSources are the service's retrieval lists as seen from the
-// package directory (go test runs there; the service runs from the
-// repository root, where SharedBannersPath is relative to).
+// package directory.
 func testBannerSources() []BannerSource {
-	s := DefaultBannerSources()
-	if _, err := os.Stat(s[0].Path); err != nil { // not run from the repository root
-		s[0].Path = "../" + SharedBannersPath
-	}
-	return s
+	return append([]BannerSource{{Path: sharedBanners, Prior: 1}}, DefaultBannerSources()...)
 }
 
 // The service defaults (--samples-per-couplet 1, 横批 ranking).

@@ -42,7 +42,7 @@
 // softmax over keys 0..position through the block table: prefill, chunked
 // prefill and decode alike; paged_attention_chunked takes 32 keys per warp
 // step), SwiGLU, block copy for copy-on-write, and the row log-sum-exp
-// (Options.RowLogSumExp; the engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (TF32 tensor
+// (the engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (TF32 tensor
 // cores with float32 accumulation by default, or strict float32); the
 // residual adds ride on the GEMMs (beta = 1). Steps of up to 8192 tokens
 // run as CUDA graphs captured per padded size (graph.go). Steps of at most

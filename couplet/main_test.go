@@ -1,0 +1,17 @@
+package couplet
+
+import (
+	"chunlian/kernels/cpu"
+	"os"
+	"testing"
+)
+
+// TestMain applies CHUNLIAN_GEMM (openblas | simd | go) to the kernels, as
+// the command line's --cpu-gemm does: CI runs this package's tests on each
+// path. The library itself reads no environment.
+func TestMain(m *testing.M) {
+	if v := os.Getenv("CHUNLIAN_GEMM"); v != "" {
+		cpu.SetGEMMPath(v)
+	}
+	os.Exit(m.Run())
+}
