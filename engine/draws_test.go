@@ -149,8 +149,9 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	for _, tc := range engineCases {
 		t.Run(tc.name, func(t *testing.T) {
 			reqs := drawRequests(tc.seed, 30, vocab, true, true)
-			// The host path: the same fake backend, which cannot draw.
-			host, err := New(newFake(tc.blocks, tc.bs, vocab), tc.cfg)
+			// The host path: the same backend with its draws hidden (it
+			// keeps the row log-sum-exps), so the engine samples on the host.
+			host, err := New(hostOnly{forward.HostDraws(newFake(tc.blocks, tc.bs, vocab))}, tc.cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -177,6 +178,14 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 		})
 	}
 }
+
+// hostOnly is a draw backend whose DrawVocab says no, so the engine
+// samples on the host while the backend keeps its row log-sum-exps.
+type hostOnly struct {
+	forward.DrawBackend
+}
+
+func (hostOnly) DrawVocab() bool { return false }
 
 // checkDeviceDraws runs reqs on a device-draw engine and compares the
 // results with the host path's (want).

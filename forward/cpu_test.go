@@ -424,7 +424,7 @@ func TestNewCPUOptions(t *testing.T) {
 		wantBS     int
 		wantErr    bool
 	}{
-		{CPUOptions{}, DefaultKVTokens / 16, 16, false},
+		{CPUOptions{}, DefaultKVTokens / DefaultCPUBlockSize, DefaultCPUBlockSize, false},
 		{CPUOptions{BlockSize: 8, KVCacheBytes: 10*8*per + 5}, 10, 8, false},
 		{CPUOptions{BlockSize: 8, KVCacheBytes: 8*per - 1}, 0, 0, true},
 		{CPUOptions{BlockSize: -1}, 0, 0, true},

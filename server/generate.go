@@ -19,12 +19,14 @@ import (
 	"chunlian/couplet"
 )
 
-// Limits checked by the HTTP layer before the generator sees a request (the
-// generator validates again, with its own model-specific rules).
-const (
-	maxN          = 10
-	maxLineLength = 32
-	maxPromptRune = 64
+// Limits checked by the HTTP layer before the generator sees a request:
+// couplet.Limits, the table the command line shares (the generator
+// validates again, with its own model-specific rules).
+var (
+	maxN          = couplet.Limits.MaxN
+	minLineLength = couplet.Limits.MinLength
+	maxLineLength = couplet.Limits.MaxLength
+	maxPromptRune = couplet.Limits.MaxTextRunes
 )
 
 // bodyReadTimeout bounds reading a request body (a variable for tests).
@@ -204,18 +206,14 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	if p.N < 1 || p.N > maxN {
 		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN)
 	}
-	if p.Length != 0 && (p.Length < 1 || p.Length > maxLineLength) {
-		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须在 1 到 %d 之间（常用 5、7、9、11）", "length must be between 1 and %d (usual: 5, 7, 9, 11)", maxLineLength, maxLineLength)
+	if p.Length != 0 && req.Mode != couplet.ModeLower && (p.Length < minLineLength || p.Length > maxLineLength) {
+		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须在 %d 到 %d 之间（常用 5、7、9、11）", "length must be between %d and %d (usual: 5, 7, 9, 11)", minLineLength, maxLineLength, minLineLength, maxLineLength)
 	}
 	if t := p.Temperature; t != nil {
-		if *t < 0 || *t > 2 {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 2 之间", "temperature must be between 0 and 2")
+		if !(*t >= 0 && *t <= couplet.Limits.MaxTemperature) {
+			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 %g 之间", "temperature must be between 0 and %g", couplet.Limits.MaxTemperature, couplet.Limits.MaxTemperature)
 		}
-		if *t == 0 { // OpenAI meaning: greedy. The generator's 0 means "default", so ask for top-k 1.
-			req.Temperature, req.TopK = 1, 1
-		} else {
-			req.Temperature = float32(*t)
-		}
+		req.SetTemperature(*t) // 0 (and below couplet.GreedyBelow) = greedy
 	}
 	if tp := p.TopP; tp != nil {
 		if !(*tp > 0 && *tp <= 1) {
@@ -224,7 +222,7 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 		req.TopP = float32(*tp)
 	}
 	if k := p.TopK; k != nil {
-		if *k < 0 || *k > 100000 {
+		if *k < 0 || *k > couplet.Limits.MaxTopK {
 			return req, errf(http.StatusBadRequest, codeInvalidField, "top_k 须 ≥ 0（0 表示关闭）", "top_k must be ≥ 0 (0 = off)")
 		}
 		if req.TopK == 0 {

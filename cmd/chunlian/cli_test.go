@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"net"
 	"strings"
 	"testing"
 
@@ -165,5 +166,24 @@ func TestGenerateFlagsAfterText(t *testing.T) {
 	}
 	if err := runGenerate([]string{"--random-model"}, io.Discard); err == nil || !strings.Contains(err.Error(), "TEXT") {
 		t.Errorf("no TEXT: %v, want an error naming TEXT", err)
+	}
+}
+
+// bench --url against a closed port fails at once with an error naming
+// the address, and writes no report.
+func TestBenchDeadURLFailsFast(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // the port is now closed
+	var out bytes.Buffer
+	err = runBench([]string{"--url", "http://" + addr, "--quiet", "--duration", "1s", "--warmup", "0s", "--concurrency", "1"}, &out)
+	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "not reachable") {
+		t.Errorf("bench on a closed port: %v, want a 'not reachable' error naming %s", err, addr)
+	}
+	if out.Len() != 0 {
+		t.Errorf("a report was written for an unreachable target:\n%s", out.String())
 	}
 }

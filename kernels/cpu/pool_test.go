@@ -73,7 +73,6 @@ func TestRunPartsEachOnce(t *testing.T) {
 	}
 }
 
-
 // extCount is a Job recording its parts.
 type extCount struct{ countJob }
 
