@@ -20,7 +20,7 @@ type Options struct {
 	// Device is the CUDA device ordinal (default 0).
 	Device int
 	// LibDir is an extra directory searched first for libcuda, libnvrtc and
-	// libcublas (the --cuda-lib-dir flag); CHUNLIAN_CUDA_LIB_DIR comes next.
+	// libcublas (the --cuda-lib-dir flag); the dynamic loader's search comes next.
 	LibDir string
 	// BlockSize is the number of tokens per KV block (default 16).
 	BlockSize int

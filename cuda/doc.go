@@ -4,10 +4,10 @@
 // through github.com/ebitengine/purego, and NVML (libnvidia-ml.so.1) for
 // utilisation and memory readings.
 //
-// Library search, in order: Options.LibDir (the --cuda-lib-dir flag), the
-// directories in CHUNLIAN_CUDA_LIB_DIR, the dynamic loader's own search
-// (LD_LIBRARY_PATH, ld.so.cache, system dirs), then the pip wheels' folder
-// PipLibDir. Available reports false with an error naming every missing
+// Library search, in order: Options.LibDir (the --cuda-lib-dir flag, or
+// CHUNLIAN_CUDA_LIB_DIR through the command line), then the dynamic
+// loader's own search (LD_LIBRARY_PATH, ld.so.cache, system dirs); the
+// package reads no environment. Available reports false with an error naming every missing
 // library and the paths tried; that is what CPU-only machines see, and the
 // GPU tests skip on it.
 //

@@ -169,7 +169,7 @@ s2)
 		--warmup 1s --server-log-dir "$OUT" --quiet --json "$OUT/http_new.json" --out "$OUT/http_new.md" > "$OUT/http_new.log" 2>&1
 	echo "http new rc=$?"; grep -E "^\| engine" "$OUT/http_new.md"
 	pack
-	timeout 25 $BIN/chunlian bench --spawn engine --server-flags "$SF --gpu-row-lse=false --gpu-fused-gemv=false --gpu-pdl=false --gpu-handoff-spin=-1ns" \
+	timeout 25 $BIN/chunlian bench --spawn engine --server-flags "$SF --gpu-handoff-spin=-1ns" \
 		--concurrency 1,100 --duration 5s --warmup 1s --quiet --json "$OUT/http_old.json" --out "$OUT/http_old.md" > "$OUT/http_old.log" 2>&1
 	echo "http old rc=$?"; grep -E "^\| engine" "$OUT/http_old.md"
 	pack
