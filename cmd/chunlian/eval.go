@@ -23,6 +23,7 @@ import (
 
 	"chunlian/couplet"
 	"chunlian/quality"
+	"chunlian/stats"
 )
 
 // newEvalCmd builds `chunlian eval`; the report goes to stdout.
@@ -97,13 +98,15 @@ func pct(a, n int) string {
 	return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(n))
 }
 
+// quantile is the nearest-rank q-quantile (0 < q ≤ 1) of d
+// (stats.Percentile).
 func quantile(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
+	s := make([]float64, len(d))
+	for i, x := range d {
+		s[i] = float64(x)
 	}
-	s := slices.Clone(d)
 	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
+	return time.Duration(stats.Percentile(s, 100*q))
 }
 
 func mean(d []time.Duration) time.Duration {
