@@ -306,7 +306,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			t = cfg.Targets[i]
 		}
 		tr.URL, tr.API = t.URL, t.API
-		tr.Levels = measureTarget(ctx, t, cfg.Options, prog)
+		var err error
+		if tr.Levels, err = measureTarget(ctx, t, cfg.Options, prog); err != nil {
+			tr.Error = err.Error()
+			fmt.Fprintf(cfg.Log, "bench: %s: %v\n", name, err)
+		}
 		if stop != nil {
 			stop()
 		}
@@ -323,7 +327,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // measureTarget runs every level against t until ctx ends. The last level is
 // kept (marked partial) when ctx ends during it.
-func measureTarget(ctx context.Context, t Target, o Options, prog progress) []LevelResult {
+func measureTarget(ctx context.Context, t Target, o Options, prog progress) ([]LevelResult, error) {
 	maxConns := 1
 	for _, c := range o.Concurrency {
 		maxConns = max(maxConns, c)
@@ -343,6 +347,9 @@ func measureTarget(ctx context.Context, t Target, o Options, prog progress) []Le
 		src := newPromptSource(o.Seed+uint64(i)*0x9E3779B97F4A7C15, o.Modes)
 		res := runLevel(ctx, cl, t, lv, o, src, prog)
 		out = append(out, res)
+		if res.unreachable {
+			return out, fmt.Errorf("%s: the first %d requests of level %s were refused (%v); stopped", t.URL, refusedAbort, lv, errUnreachable)
+		}
 	}
-	return out
+	return out, nil
 }
