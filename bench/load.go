@@ -141,25 +141,9 @@ func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, sr
 	case "closed":
 		for w := 0; w < lv.Concurrency; w++ {
 			wg.Add(1)
-			go func() { // one simulated user: send, wait for the answer, repeat
+			go func() {
 				defer wg.Done()
-				for {
-					send, counted := claim(time.Now())
-					if !send {
-						return
-					}
-					s := cl.do(ctx, src.next(), o.Timeout)
-					col.record(s, counted)
-					if s.outcome == outcomeRejected {
-						// A rejected user waits as the server asked (capped)
-						// instead of spinning on 503s.
-						back := s.retry
-						if back <= 0 {
-							back = 100 * time.Millisecond
-						}
-						sleepCtx(ctx, min(back, time.Second))
-					}
-				}
+				closedUser(ctx, cl, src, o, col, claim)
 			}()
 		}
 	case "open":
@@ -204,6 +188,28 @@ func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, sr
 	res.unreachable = errors.Is(context.Cause(ctx), errUnreachable)
 	mres.apply(&res)
 	return res
+}
+
+// closedUser is one simulated user of a closed-loop level: send, wait
+// for the answer, repeat while claim allows.
+func closedUser(ctx context.Context, cl *client, src *promptSource, o Options, col *collector, claim func(time.Time) (bool, bool)) {
+	for {
+		send, counted := claim(time.Now())
+		if !send {
+			return
+		}
+		s := cl.do(ctx, src.next(), o.Timeout)
+		col.record(s, counted)
+		if s.outcome == outcomeRejected {
+			// A rejected user waits as the server asked (capped) instead
+			// of spinning on 503s.
+			back := s.retry
+			if back <= 0 {
+				back = 100 * time.Millisecond
+			}
+			sleepCtx(ctx, min(back, time.Second))
+		}
+	}
 }
 
 // summarizeLevel turns a level's samples into a LevelResult: counted are the
