@@ -197,6 +197,29 @@ type Config struct {
 	Command string // the command line, recorded in the report
 }
 
+// reachTimeout bounds the connection attempt of checkReachable.
+const reachTimeout = 5 * time.Second
+
+// checkReachable opens (and closes) one TCP connection to raw's host, so
+// that a dead address fails the run at once instead of producing a table
+// of refused requests.
+func checkReachable(ctx context.Context, raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("bad URL %q: %v", raw, err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	d := net.Dialer{Timeout: reachTimeout}
+	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(u.Hostname(), port))
+	if err != nil {
+		return fmt.Errorf("%s is not reachable (is the service running?): %w", raw, err)
+	}
+	return c.Close()
+}
+
 // Run measures every target at every level and returns the report. The
 // error is for a configuration that cannot run at all; failures of single
 // targets (a server that did not start) are recorded in the report, and an
@@ -224,6 +247,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		if t.API != APIGenerate && t.API != APIOpenAI {
 			return nil, fmt.Errorf("target %s: api %q (want generate or openai)", t.Name, t.API)
+		}
+	}
+	for _, t := range cfg.Targets {
+		if err := checkReachable(ctx, t.URL); err != nil {
+			return nil, fmt.Errorf("target %s: %w", t.Name, err)
 		}
 	}
 	for _, s := range cfg.Spawn {
@@ -278,7 +306,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			t = cfg.Targets[i]
 		}
 		tr.URL, tr.API = t.URL, t.API
-		tr.Levels = measureTarget(ctx, t, cfg.Options, prog)
+		var err error
+		if tr.Levels, err = measureTarget(ctx, t, cfg.Options, prog); err != nil {
+			tr.Error = err.Error()
+			fmt.Fprintf(cfg.Log, "bench: %s: %v\n", name, err)
+		}
 		if stop != nil {
 			stop()
 		}
@@ -295,7 +327,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // measureTarget runs every level against t until ctx ends. The last level is
 // kept (marked partial) when ctx ends during it.
-func measureTarget(ctx context.Context, t Target, o Options, prog progress) []LevelResult {
+func measureTarget(ctx context.Context, t Target, o Options, prog progress) ([]LevelResult, error) {
 	maxConns := 1
 	for _, c := range o.Concurrency {
 		maxConns = max(maxConns, c)
@@ -315,6 +347,9 @@ func measureTarget(ctx context.Context, t Target, o Options, prog progress) []Le
 		src := newPromptSource(o.Seed+uint64(i)*0x9E3779B97F4A7C15, o.Modes)
 		res := runLevel(ctx, cl, t, lv, o, src, prog)
 		out = append(out, res)
+		if res.unreachable {
+			return out, fmt.Errorf("%s: the first %d requests of level %s were refused (%v); stopped", t.URL, refusedAbort, lv, errUnreachable)
+		}
 	}
-	return out
+	return out, nil
 }

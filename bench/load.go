@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -19,7 +20,17 @@ type collector struct {
 	// Live counters for the progress display (atomics: read by the ticker).
 	done, failed, rejected atomic.Int64
 	dropped                atomic.Int64 // open loop: arrivals not sent (in-flight cap)
+	refused                atomic.Int64 // requests refused at connect (warm-up included) before any answer
+	answered               atomic.Bool  // some request (warm-up included) succeeded
+	// onUnreachable is called once refused reaches refusedAbort with no
+	// success: the target is gone, so the level (and run) stop.
+	onUnreachable func()
 }
+
+// refusedAbort is how many refused connections, with no request answered
+// yet, end a level: a service that went away fails fast instead of
+// filling a table with thousands of refused requests.
+const refusedAbort = 20
 
 func (c *collector) add(s sample) {
 	if s.outcome == outcomeAborted {
@@ -51,6 +62,12 @@ func (c *collector) addEarly(s sample) {
 
 // record hands s to the collector as counted or early.
 func (c *collector) record(s sample, counted bool) {
+	if s.outcome == outcomeOK {
+		c.answered.Store(true)
+	}
+	if s.err == "transport: connection refused" && !c.answered.Load() && c.refused.Add(1) == refusedAbort && c.onUnreachable != nil {
+		c.onUnreachable()
+	}
 	if counted {
 		c.add(s)
 	} else {
@@ -73,13 +90,19 @@ func (c *collector) record(s sample, counted bool) {
 //     rate; dividing counted completions by "t0 → last completion" instead
 //     would be biased low by a factor D/(D+latency).
 
+// errUnreachable ends a level whose first refusedAbort requests were all
+// refused at connect.
+var errUnreachable = errors.New("connection refused: the service is not reachable")
+
 // runLevel measures one level. It returns early, with Partial set, when ctx
 // ends.
 func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, src *promptSource, prog progress) LevelResult {
 	start := time.Now()
 	t0 := start.Add(o.Warmup)
 	tEnd := t0.Add(o.Duration)
-	col := &collector{}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	col := &collector{onUnreachable: func() { cancel(errUnreachable) }}
 	var issued atomic.Int64 // counted requests sent so far
 	var stopOnce sync.Once
 	stop := tEnd // written once under stopOnce, read after wg.Wait
@@ -118,25 +141,9 @@ func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, sr
 	case "closed":
 		for w := 0; w < lv.Concurrency; w++ {
 			wg.Add(1)
-			go func() { // one simulated user: send, wait for the answer, repeat
+			go func() {
 				defer wg.Done()
-				for {
-					send, counted := claim(time.Now())
-					if !send {
-						return
-					}
-					s := cl.do(ctx, src.next(), o.Timeout)
-					col.record(s, counted)
-					if s.outcome == outcomeRejected {
-						// A rejected user waits as the server asked (capped)
-						// instead of spinning on 503s.
-						back := s.retry
-						if back <= 0 {
-							back = 100 * time.Millisecond
-						}
-						sleepCtx(ctx, min(back, time.Second))
-					}
-				}
+				closedUser(ctx, cl, src, o, col, claim)
 			}()
 		}
 	case "open":
@@ -178,8 +185,31 @@ func runLevel(ctx context.Context, cl *client, t Target, lv Level, o Options, sr
 	res := summarizeLevel(lv, col.samples, col.early, t0, stop)
 	res.Dropped = int(col.dropped.Load())
 	res.Partial = ctx.Err() != nil
+	res.unreachable = errors.Is(context.Cause(ctx), errUnreachable)
 	mres.apply(&res)
 	return res
+}
+
+// closedUser is one simulated user of a closed-loop level: send, wait
+// for the answer, repeat while claim allows.
+func closedUser(ctx context.Context, cl *client, src *promptSource, o Options, col *collector, claim func(time.Time) (bool, bool)) {
+	for {
+		send, counted := claim(time.Now())
+		if !send {
+			return
+		}
+		s := cl.do(ctx, src.next(), o.Timeout)
+		col.record(s, counted)
+		if s.outcome == outcomeRejected {
+			// A rejected user waits as the server asked (capped) instead
+			// of spinning on 503s.
+			back := s.retry
+			if back <= 0 {
+				back = 100 * time.Millisecond
+			}
+			sleepCtx(ctx, min(back, time.Second))
+		}
+	}
 }
 
 // summarizeLevel turns a level's samples into a LevelResult: counted are the

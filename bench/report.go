@@ -46,6 +46,9 @@ type LevelResult struct {
 	GPUUtilPct    *float64 `json:"gpu_util_pct,omitempty"`
 	GPUMemBytes   *float64 `json:"gpu_mem_bytes,omitempty"`
 	Partial       bool     `json:"partial,omitempty"` // cut short by Ctrl-C or the run cap
+	// unreachable: the level stopped because its first refusedAbort
+	// requests were refused at connect (not part of the report).
+	unreachable bool
 }
 
 // TargetResult is one service's levels.

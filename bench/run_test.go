@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"image/png"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -353,5 +354,26 @@ func TestWritePlots(t *testing.T) {
 				t.Errorf("%s: not an SVG document (%v, root %q)", name, err, root.XMLName.Local)
 			}
 		}
+	}
+}
+
+// A target that stops answering (every connection refused, nothing ever
+// answered) ends the run after refusedAbort refusals, with an error on
+// the target, instead of a level full of refused requests.
+func TestRefusedTargetStops(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ln.Close() // every connection is now refused
+	o := tinyOptions(2, 4)
+	o.Duration = time.Minute
+	levels, err := measureTarget(context.Background(), Target{Name: "t", URL: url, API: APIGenerate}, o, newProgress(nil, false))
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("measureTarget on a closed port: %v, want a refused error", err)
+	}
+	if len(levels) != 1 || levels[0].Failed > 10*refusedAbort || levels[0].Completed != 0 {
+		t.Errorf("want one level stopped after ~%d refusals, got %+v", refusedAbort, levels)
 	}
 }

@@ -1,9 +1,10 @@
 package bench
 
 import (
-	"math"
 	"sort"
 	"time"
+
+	"chunlian/stats"
 )
 
 // Summary describes a set of durations in milliseconds. The zero value (N ==
@@ -16,32 +17,6 @@ type Summary struct {
 	P90  float64 `json:"p90_ms"`
 	P99  float64 `json:"p99_ms"`
 	Max  float64 `json:"max_ms"`
-}
-
-// Percentile returns the nearest-rank p-th percentile (0 < p ≤ 100) of sorted,
-// which must be sorted ascending: the smallest sample such that at least p%
-// of the samples are ≤ it, i.e. sorted[ceil(p/100·n)-1]. Nearest rank never
-// invents a value that was not observed, which is what a latency report wants
-// (p99 of 10 samples is the maximum). p ≤ 0 gives the minimum. An empty slice
-// gives 0.
-func Percentile(sorted []float64, p float64) float64 {
-	n := len(sorted)
-	if n == 0 {
-		return 0
-	}
-	if p <= 0 {
-		return sorted[0]
-	}
-	// The small epsilon keeps e.g. 0.9·10 = 9.000000000000002 from rounding
-	// up to rank 10 through floating-point noise.
-	rank := int(math.Ceil(p/100*float64(n) - 1e-9))
-	if rank < 1 {
-		rank = 1
-	}
-	if rank > n {
-		rank = n
-	}
-	return sorted[rank-1]
 }
 
 // Summarize computes the summary of ds. It does not modify ds.
@@ -70,9 +45,9 @@ func summarizeMS(ms []float64) Summary {
 		N:    len(ms),
 		Mean: sum / float64(len(ms)),
 		Min:  ms[0],
-		P50:  Percentile(ms, 50),
-		P90:  Percentile(ms, 90),
-		P99:  Percentile(ms, 99),
+		P50:  stats.Percentile(ms, 50),
+		P90:  stats.Percentile(ms, 90),
+		P99:  stats.Percentile(ms, 99),
 		Max:  ms[len(ms)-1],
 	}
 }

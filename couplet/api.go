@@ -33,9 +33,11 @@ type Request struct {
 	// into clauses with "，" (see Layout). Ignored in lower mode, where the
 	// 上联 fixes the form.
 	Length int
-	N      int // candidates to return (0 = 1; at most MaxN)
-	// Sampling. Temperature 0 = DefaultTemperature (use TopK 1 for greedy),
-	// TopP 0 = DefaultTopP, TopK 0 = off.
+	N      int // candidates to return (0 = 1; at most Limits.MaxN)
+	// Sampling. Temperature 0 = unset: DefaultTemperature (a user's
+	// temperature goes through SetTemperature, where 0 is greedy); a
+	// temperature below GreedyBelow is greedy. TopP 0 = DefaultTopP, TopK
+	// 0 = off.
 	Temperature float32
 	TopP        float32
 	TopK        int

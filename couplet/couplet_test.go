@@ -194,7 +194,7 @@ func TestValidate(t *testing.T) {
 		{Request{Text: "平安", Length: 2}, CodeBadLength},
 		{Request{Text: "平安", Length: 29}, CodeBadLength},
 		{Request{Text: "平安", N: -1}, CodeBadN},
-		{Request{Text: "平安", N: MaxN + 1}, CodeBadN},
+		{Request{Text: "平安", N: Limits.MaxN + 1}, CodeBadN},
 		{Request{Text: "平安", Temperature: -1}, CodeBadSampling},
 		{Request{Text: "平安", TopP: 1.5}, CodeBadSampling},
 		{Request{Text: "平安", TopK: -2}, CodeBadSampling},

@@ -168,19 +168,19 @@ func (g *Generator) Validate(req Request) error {
 	return err
 }
 
-// prompt builds the model input of a plan (model/meta.go layouts).
+// prompt builds the model input of a plan (model.PromptTokens.Prompt, the
+// one builder of the layouts).
 func (g *Generator) prompt(p *plan) []int32 {
 	sp := g.t.sp
 	lt, _ := sp.LengthToken(p.lineLen)
-	switch p.mode {
-	case ModeAcrostic:
-		return []int32{sp.BOS, sp.Acrostic, p.heads[0], p.heads[1], lt, sp.Up}
-	case ModeLower:
-		out := []int32{sp.BOS, sp.Lower, lt, sp.Up}
-		out = append(out, p.upper...)
-		return append(out, sp.Sep)
+	pt := model.PromptTokens{BOS: sp.BOS, EOS: sp.EOS, Keyword: sp.Keyword, Acrostic: sp.Acrostic,
+		Lower: sp.Lower, Up: sp.Up, Sep: sp.Sep, Banner: sp.Banner}
+	var heads []int32
+	if p.mode != ModeLower {
+		heads = p.heads[:]
 	}
-	return []int32{sp.BOS, sp.Keyword, p.heads[0], p.heads[1], lt, sp.Up}
+	out, _ := pt.Prompt(string(p.mode), heads, lt, p.upper) // modes are validated by prepare
+	return out
 }
 
 // Defaults of the 横批 stage (see WithBannerTopK, WithBannerPool).

@@ -11,7 +11,6 @@ package couplet
 const (
 	DefaultLength = 7
 	MinLength     = 3 // a keyword plus one more character
-	MaxN          = 16
 	// DefaultTemperature is for calibrated weights (training/calibrate.py
 	// scales the exported logits so that the validation NLL is lowest):
 	// on them 0.7 keeps unconstrained keyword and tone rates higher than

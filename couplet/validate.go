@@ -1,7 +1,6 @@
 package couplet
 
 import (
-	"math"
 	"strings"
 	"sync"
 	"unicode"
@@ -104,26 +103,20 @@ func (t *tables) prepare(req Request) (*plan, error) {
 	default:
 		return nil, inputErr(CodeBadMode, "未知模式 %q（可用 keyword、acrostic、lower）", "unknown mode %q (use keyword, acrostic or lower)", string(req.Mode))
 	}
+	if err := Limits.Validate(req); err != nil {
+		return nil, err.(*InputError)
+	}
 	if p.n == 0 {
 		p.n = 1
 	}
-	if p.n < 1 || p.n > MaxN {
-		return nil, inputErr(CodeBadN, "候选数 n 必须在 1 到 %d 之间", "n must be between 1 and %d", MaxN)
-	}
-	if p.temp == 0 {
+	if p.temp == 0 { // unset; front ends map a user's 0 to greedy (SetTemperature)
 		p.temp = DefaultTemperature
+	}
+	if p.temp < GreedyBelow {
+		p.temp, p.topK = 1, 1
 	}
 	if p.topP == 0 {
 		p.topP = DefaultTopP
-	}
-	if !(p.temp > 0 && p.temp <= 5) || math.IsNaN(float64(p.temp)) {
-		return nil, inputErr(CodeBadSampling, "temperature 必须在 (0, 5] 之间", "temperature must be in (0, 5]")
-	}
-	if !(p.topP > 0 && p.topP <= 1) {
-		return nil, inputErr(CodeBadSampling, "top_p 必须在 (0, 1] 之间", "top_p must be in (0, 1]")
-	}
-	if p.topK < 0 {
-		return nil, inputErr(CodeBadSampling, "top_k 不能为负数", "top_k must not be negative")
 	}
 	if !utf8.ValidString(req.Text) {
 		return nil, inputErr(CodeBadChar, "输入不是有效的 UTF-8 文本", "the text is not valid UTF-8")

@@ -216,7 +216,7 @@ func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, 
 	}
 	V, R := b.cfg.VocabSize, len(bt.LogitRows)
 	nD, nH := len(draws), len(hostRows)
-	r := launched{nD: nD, nH: nH, R: R, lse: b.opt.RowLogSumExp && R > 0, flag: s.flag.p, event: s.event}
+	r := launched{nD: nD, nH: nH, R: R, lse: R > 0, flag: s.flag.p, event: s.event}
 	r.outLogits = nD * 8
 	r.outLSE = r.outLogits + nH*V*4
 	outBytes := r.outLSE
@@ -267,9 +267,8 @@ func (b *Backend) launchDraw(slot int, bt *forward.Batch, draws []forward.Draw, 
 // launch (its done word, or its event: a later launch on the other slot
 // keeps running) and copies the results out of the slot's staging: out
 // must hold exactly the launch's draws, logits at least its host rows × V
-// (the rest is not written), lse at least its logits rows when
-// Options.RowLogSumExp (the rest is not written; without RowLogSumExp lse
-// is not written at all, as LogSumExp is nil then). A length error
+// (the rest is not written), lse at least its logits rows (the rest is not
+// written). A length error
 // leaves the launch outstanding; any other error (the launch's, or the
 // device's seen at the wait) ends it.
 func (b *Backend) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {

@@ -143,7 +143,7 @@ func TestLaunchDrawMatchesForwardDraw(t *testing.T) {
 			}
 			t.Run(label, func(t *testing.T) {
 				m := models[name]()
-				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, RowLogSumExp: true, EagerOnly: eager})
+				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -226,7 +226,7 @@ func TestLaunchDrawCopyBlocks(t *testing.T) {
 	for _, tc := range []struct{ eager, noPoll bool }{{false, false}, {true, false}, {false, true}} {
 		t.Run(fmt.Sprintf("eager=%v,noPoll=%v", tc.eager, tc.noPoll), func(t *testing.T) {
 			m := model.NewRandom(model.TestConfig(), 7)
-			g, err := New(m, Options{KVCacheBytes: 16 << 20, RowLogSumExp: true, EagerOnly: tc.eager})
+			g, err := New(m, Options{KVCacheBytes: 16 << 20, EagerOnly: tc.eager})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -297,7 +297,7 @@ func TestLaunchDrawCopyBlocks(t *testing.T) {
 // outstanding) and the synchronous calls while a launch is outstanding
 // fail; the backend stays usable.
 func TestLaunchDrawErrors(t *testing.T) {
-	g, V := tinyBackend(t, Options{RowLogSumExp: true})
+	g, V := tinyBackend(t, Options{})
 	bt := twoTokens(1, 0)
 	good := []forward.Draw{{Row: 0, Force: -1, Mask: -1, Temperature: 1, U: 0.5}, {Row: 1, Force: -1, Mask: -1}}
 	host := []int32{1}

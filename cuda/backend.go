@@ -20,7 +20,7 @@ type Options struct {
 	// Device is the CUDA device ordinal (default 0).
 	Device int
 	// LibDir is an extra directory searched first for libcuda, libnvrtc and
-	// libcublas (the --cuda-lib-dir flag); CHUNLIAN_CUDA_LIB_DIR comes next.
+	// libcublas (the --cuda-lib-dir flag); the dynamic loader's search comes next.
 	LibDir string
 	// BlockSize is the number of tokens per KV block (default 16).
 	BlockSize int
@@ -39,29 +39,17 @@ type Options struct {
 	Precision string
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
-	// NoFusedGEMV runs batches of ≤ gemvMaxM tokens through the same
-	// cuBLAS + separate-kernel path as large ones (9 launches per layer
-	// instead of 5), and every batch through the one-key-at-a-time
-	// attention kernel: the path before the fused GEMV kernels and
-	// paged_attention_chunked existed, for A/B benchmarks and tests.
-	NoFusedGEMV bool
 	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
 	// bf16 when every weight matrix is exactly representable in bf16, as
 	// for a model stored in bf16 like weights/chunlian-base, which makes
 	// it lossless; float32 otherwise), "fp32", or "bf16" (rounds float32
 	// weights to nearest-even bf16: lossy for such models).
 	GEMVWeights string
-	// RowLogSumExp makes Forward also compute log Σ exp of every logits
-	// row on the GPU (see LogSumExp), sparing the host a pass over the
-	// vocabulary per row when it needs log-probabilities.
-	RowLogSumExp bool
-	// PDL launches the GEMV path's kernels with programmatic dependent
-	// launch (Hopper and later, cuLaunchKernelEx): each kernel is scheduled
-	// while its predecessor runs, prefetches its weight rows into L2, and
-	// waits (griddepcontrol.wait) before touching its inputs, hiding part
-	// of the launch gap between the ~40 small kernels of a step. Ignored
-	// before compute capability 9.0 or without cuLaunchKernelEx.
-	PDL bool
+	// NVRTCTarget is what NVRTC produces for the device: "" or "cubin"
+	// (machine code for the exact architecture) or "ptx" (the driver
+	// compiles it at load: the way around an NVRTC that fails on a new
+	// architecture). See archFor.
+	NVRTCTarget string
 	// HandoffSpin is how long the CUDA worker polls for the next call, and
 	// a caller for its result, before parking (see handoff.go): 0 means
 	// DefaultHandoffSpin, negative never polls (plain channel hand-off).
@@ -71,9 +59,18 @@ type Options struct {
 	MaxBatchTokens int
 }
 
+// DefaultBlockSize is the KV block size when Options.BlockSize is 0:
+// vLLM's 16 tokens, which measured faster than 1-token blocks at high
+// load on the H200, where the engine's per-block host work is the limit
+// (docs/DECISIONS.md).
+const DefaultBlockSize = 16
+
 func (o *Options) defaults() error {
+	if o.NVRTCTarget == "" {
+		o.NVRTCTarget = testNVRTCTarget
+	}
 	if o.BlockSize == 0 {
-		o.BlockSize = 16
+		o.BlockSize = DefaultBlockSize
 	}
 	if o.MemoryFraction == 0 {
 		o.MemoryFraction = 0.9
@@ -94,6 +91,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("cuda: MemoryFraction %g not in (0, 1]", o.MemoryFraction)
 	case o.Precision != "tf32" && o.Precision != "fp32":
 		return fmt.Errorf("cuda: Precision %q: want tf32 or fp32", o.Precision)
+	case o.NVRTCTarget != "" && o.NVRTCTarget != "cubin" && o.NVRTCTarget != "ptx":
+		return fmt.Errorf("cuda: NVRTCTarget %q: want cubin or ptx", o.NVRTCTarget)
 	case o.GEMVWeights != "auto" && o.GEMVWeights != "fp32" && o.GEMVWeights != "bf16":
 		return fmt.Errorf("cuda: GEMVWeights %q: want auto, fp32 or bf16", o.GEMVWeights)
 	case o.KVCacheBytes < 0 || o.MaxBlocks < 0 || o.MaxBatchTokens < 1:
@@ -113,7 +112,7 @@ type Info struct {
 	// SmallBatchPath says how steps of ≤ 8 tokens run: "gemv-bf16",
 	// "gemv-fp32" (the fused GEMV kernels) or "cublas".
 	SmallBatchPath       string
-	PDL                  bool // programmatic dependent launches in use (Options.PDL)
+	PDL                  bool // programmatic dependent launches in use (compute capability 9.0+)
 	NVRTCMajor, NVRTCMin int
 	Libraries            []string // paths of driver, NVRTC and cuBLAS as loaded
 }
@@ -162,7 +161,7 @@ type Backend struct {
 	capT                  int
 	x, h, qkv, attn       uintptr   // [T,d], [T,d], [T,qkvDim], [T,nH*hd]
 	gu, act, xs, logitBuf uintptr   // [T,2ffn], [T,ffn], [T,d], [T,V]
-	lseBuf                uintptr   // [T] row log-sum-exp (Options.RowLogSumExp)
+	lseBuf                uintptr   // [T] row log-sum-exp
 	lseHost               []float32 // [R] of the last Forward
 	meta                  uintptr   // int32 step metadata, capMeta entries
 	capMeta               int
@@ -214,7 +213,7 @@ type Backend struct {
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
 	args        *launchArgs
-	pdl         bool       // Options.PDL and supported (set in init)
+	pdl         bool       // programmatic dependent launches supported (set in init)
 	pdlCfg      *launchCfg // cuLaunchKernelEx's config, reused (heap: stable address)
 }
 
@@ -236,7 +235,7 @@ type launchArgs struct {
 
 var (
 	_ forward.Backend       = (*Backend)(nil)
-	_ forward.RowLSEBackend = (*Backend)(nil) // the engine uses LogSumExp when RowLogSumExp is on
+	_ forward.RowLSEBackend = (*Backend)(nil) // the engine reads LogSumExp instead of a host pass
 	_ forward.DrawBackend   = (*Backend)(nil) // ForwardDraw: draw.go
 )
 
@@ -335,7 +334,7 @@ func (b *Backend) init(m *model.Model) error {
 	}
 
 	// Kernels: NVRTC → CUBIN for this exact architecture.
-	res, err := compileCached(&b.l.rtc, archFor(b.info.Major, b.info.Minor), b.hd)
+	res, err := compileCached(&b.l.rtc, archFor(b.info.Major, b.info.Minor, b.opt.NVRTCTarget), b.hd)
 	if err != nil {
 		return err
 	}
@@ -376,8 +375,8 @@ func (b *Backend) init(m *model.Model) error {
 		return err
 	}
 	b.graphsOn = !b.opt.EagerOnly && b.l.drv.cuGraphLaunch != 0
-	b.gemvOK = !b.opt.NoFusedGEMV && gemvShapesOK(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd)
-	b.pdl = b.opt.PDL && b.info.Major >= 9 && b.l.drv.cuLaunchKernelEx != 0
+	b.gemvOK = gemvShapesOK(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd)
+	b.pdl = b.info.Major >= 9 && b.l.drv.cuLaunchKernelEx != 0
 	b.info.PDL = b.pdl
 
 	if err := b.uploadWeights(m); err != nil {
@@ -731,15 +730,12 @@ func (b *Backend) gemm(y, x, w uintptr, M, N, K int, accumulate bool) error {
 }
 
 // LogSumExp returns, for each logits row of the last Forward, log Σ exp of
-// the row, computed on the GPU (nil unless Options.RowLogSumExp). A
+// the row, computed on the GPU. A
 // row's log-probability of token t is logits[t] − LogSumExp()[row]. The
 // slice is reused by the next Forward; call it from the goroutine that
 // called Forward. ForwardDraw sets it too; LaunchDraw/WaitDraw leave it
 // as it was (WaitDraw returns the launch's log-sum-exps itself).
 func (b *Backend) LogSumExp() []float32 {
-	if !b.opt.RowLogSumExp {
-		return nil
-	}
 	return b.lseHost
 }
 
@@ -923,11 +919,11 @@ func (b *Backend) run(meta []int32, src uintptr, off [6]int, T, R, stride, tp in
 }
 
 // copyLSE enqueues the copy of the R rows' log-sum-exp into lseHost (when
-// Options.RowLogSumExp and errs is nil) and returns errs joined with its
+// errs is nil) and returns errs joined with its
 // error; lseHost is empty otherwise.
 func (b *Backend) copyLSE(errs error, R int) error {
 	b.lseHost = b.lseHost[:0]
-	if errs == nil && R > 0 && b.opt.RowLogSumExp {
+	if errs == nil && R > 0 {
 		if cap(b.lseHost) < R {
 			b.lseHost = make([]float32, R, 2*R)
 		}
@@ -978,7 +974,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			b.launch("rmsnorm", R, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), f32(eps)),
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, dm, false),
 		)
-		if errs == nil && b.opt.RowLogSumExp {
+		if errs == nil {
 			errs = b.launch("row_lse", R, 1, rowLSEThreads, u(b.lseBuf), u(b.logitBuf), i32(c.VocabSize))
 		}
 	}

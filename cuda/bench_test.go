@@ -83,26 +83,20 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // BenchmarkDecodeStep times one engine decode step (Forward over nSeq
 // single-token sequences with ~24 tokens of context, logits copied back
 // for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
-// not) × fused (the GEMV path for ≤ 8 tokens, the default) / unfused
-// (Options.NoFusedGEMV: cuBLAS + separate kernels, the path before it),
-// graph-lse (the default with Options.RowLogSumExp), graph-nospin (plain
-// blocking channel hand-off to the CUDA worker, Options.HandoffSpin < 0),
-// graph-fp32w (the GEMV path on float32 weights even where bf16 copies are
-// exact), graph-pdl / eager-pdl (Options.PDL). Old and new run in the same process; -test.count N alternates
-// them N times.
+// not), graph-nospin (plain blocking channel hand-off to the CUDA worker,
+// Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
+// even where bf16 copies are exact). They run in the same process;
+// -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-unfused", "graph-lse", "graph-nospin", "graph-fp32w", "graph-pdl", "eager", "eager-unfused", "eager-pdl"} {
-		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager"),
-			NoFusedGEMV: strings.HasSuffix(mode, "-unfused"), RowLogSumExp: mode == "graph-lse"}
+	for _, mode := range []string{"graph", "graph-nospin", "graph-fp32w", "eager"} {
+		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-nospin":
 			o.HandoffSpin = -1
 		case "graph-fp32w":
 			o.GEMVWeights = "fp32"
-		case "graph-pdl", "eager-pdl":
-			o.PDL = true
 		}
 		g, err := New(m, o)
 		if err != nil {

@@ -40,11 +40,10 @@ func TestSearchDirs(t *testing.T) {
 		explicit, env string
 		want          []string
 	}{
-		{"", "", []string{"", PipLibDir}},
-		{"/a", "", []string{"/a", "", PipLibDir}},
-		{"/a", "/b:/c", []string{"/a", "/b", "/c", "", PipLibDir}},
-		{"/a", "/a", []string{"/a", "", PipLibDir}},
-		{"", PipLibDir, []string{PipLibDir, ""}},
+		{"", "", []string{""}},
+		{"/a", "", []string{"/a", ""}},
+		{"/a", "/b:/c", []string{"/a", "/b", "/c", ""}},
+		{"/a", "/a", []string{"/a", ""}},
 	} {
 		if got := searchDirs(tc.explicit, tc.env); !slices.Equal(got, tc.want) {
 			t.Errorf("searchDirs(%q, %q) = %q, want %q", tc.explicit, tc.env, got, tc.want)
@@ -65,7 +64,7 @@ func TestMissingLibraryError(t *testing.T) {
 	if err == nil {
 		t.Fatal("opening a library that does not exist succeeded")
 	}
-	for _, want := range []string{"libdoesnotexist", dir + "/libchunlian-none.so.9 (absent)", "--cuda-lib-dir", EnvLibDir} {
+	for _, want := range []string{"libdoesnotexist", dir + "/libchunlian-none.so.9 (absent)", "--cuda-lib-dir", "CHUNLIAN_CUDA_LIB_DIR"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -226,12 +225,12 @@ func newPair(t *testing.T, m *model.Model, precision string, bs int, eager bool)
 	return newPairOpt(t, m, Options{Precision: precision, BlockSize: bs, EagerOnly: eager})
 }
 
-// newPairOpt is newPair with more options (KV cache, batch size and
-// RowLogSumExp are set here).
+// newPairOpt is newPair with more options (KV cache and batch size are
+// set here).
 func newPairOpt(t *testing.T, m *model.Model, o Options) (*Backend, *forward.CPU) {
 	t.Helper()
 	bs := o.BlockSize
-	o.KVCacheBytes, o.MaxBatchTokens, o.RowLogSumExp = 64<<20, 64, true
+	o.KVCacheBytes, o.MaxBatchTokens = 64<<20, 64
 	g, err := New(m, o)
 	if err != nil {
 		t.Fatalf("cuda.New: %v", err)
@@ -255,16 +254,13 @@ func TestForwardMatchesCPU(t *testing.T) {
 	gpuOrSkip(t)
 	for name, cfg := range testConfigs() {
 		// -eager: no CUDA graphs (batches of 3 and 5 tokens then run
-		// unpadded); -unfused: Options.NoFusedGEMV (cuBLAS at every size);
-		// -bf16w: the model's weight matrices rounded to bf16 first, so
-		// the GEMV path reads its bf16 copies (lossless, like the shipped
-		// model).
-		// -pdl: Options.PDL (programmatic dependent launches).
-		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "tf32-unfused", "fp32-eager-unfused", "fp32-bf16w",
-			"tf32-eager-bf16w", "fp32-pdl-bf16w", "fp32-eager-pdl"} {
+		// unpadded); -bf16w: the model's weight matrices rounded to bf16
+		// first, so the GEMV path reads its bf16 copies (lossless, like
+		// the shipped model). Programmatic dependent launches are on
+		// wherever the device supports them.
+		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w"} {
 			prec, _, _ := strings.Cut(variant, "-")
-			eager, unfused := strings.Contains(variant, "-eager"), strings.Contains(variant, "-unfused")
-			bf16w, pdl := strings.Contains(variant, "-bf16w"), strings.Contains(variant, "-pdl")
+			eager, bf16w := strings.Contains(variant, "-eager"), strings.Contains(variant, "-bf16w")
 			t.Run(name+"/"+variant, func(t *testing.T) {
 				tol := tolFP32
 				if prec == "tf32" {
@@ -278,14 +274,11 @@ func TestForwardMatchesCPU(t *testing.T) {
 					roundModelBF16(m)
 				}
 				const bs = 16
-				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, NoFusedGEMV: unfused, PDL: pdl})
-				if pdl && !g.Info().PDL {
-					t.Logf("PDL not supported here (compute capability %d.%d)", g.Info().Major, g.Info().Minor)
-				}
+				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager})
 				t.Logf("device %+v", g.Info())
 				wantPath := "gemv-fp32"
 				switch {
-				case unfused || name == "odd-ffn":
+				case name == "odd-ffn":
 					wantPath = "cublas"
 				case bf16w:
 					wantPath = "gemv-bf16"

@@ -4,10 +4,10 @@
 // through github.com/ebitengine/purego, and NVML (libnvidia-ml.so.1) for
 // utilisation and memory readings.
 //
-// Library search, in order: Options.LibDir (the --cuda-lib-dir flag), the
-// directories in CHUNLIAN_CUDA_LIB_DIR, the dynamic loader's own search
-// (LD_LIBRARY_PATH, ld.so.cache, system dirs), then the pip wheels' folder
-// PipLibDir. Available reports false with an error naming every missing
+// Library search, in order: Options.LibDir (the --cuda-lib-dir flag, or
+// CHUNLIAN_CUDA_LIB_DIR through the command line), then the dynamic
+// loader's own search (LD_LIBRARY_PATH, ld.so.cache, system dirs); the
+// package reads no environment. Available reports false with an error naming every missing
 // library and the paths tried; that is what CPU-only machines see, and the
 // GPU tests skip on it.
 //
@@ -42,7 +42,7 @@
 // softmax over keys 0..position through the block table: prefill, chunked
 // prefill and decode alike; paged_attention_chunked takes 32 keys per warp
 // step), SwiGLU, block copy for copy-on-write, and the row log-sum-exp
-// (Options.RowLogSumExp; the engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (TF32 tensor
+// (the engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (TF32 tensor
 // cores with float32 accumulation by default, or strict float32); the
 // residual adds ride on the GEMMs (beta = 1). Steps of up to 8192 tokens
 // run as CUDA graphs captured per padded size (graph.go). Steps of at most

@@ -51,9 +51,9 @@ var _ [0]struct{} = [unsafe.Sizeof(forward.Drawn{}) - 8]struct{}{}
 func drawShmOK(V int) bool { return V >= 1 && V*4+drawStaticShm <= drawMaxShm }
 
 // DrawVocab implements forward.DrawBackend: the model's rows fit draw_rows'
-// shared memory (V ≤ 12,032) and Options.RowLogSumExp is on (the engine
-// needs the log-sum-exps for the drawn tokens' log-probabilities).
-func (b *Backend) DrawVocab() bool { return b.opt.RowLogSumExp && drawShmOK(b.cfg.VocabSize) }
+// shared memory (V ≤ 12,032); the engine reads the log-sum-exps (always
+// computed) for the drawn tokens' log-probabilities.
+func (b *Backend) DrawVocab() bool { return drawShmOK(b.cfg.VocabSize) }
 
 // maskWords is the length of one registered mask in uint64s.
 func (b *Backend) maskWords() int { return (b.cfg.VocabSize + 63) / 64 }

@@ -231,7 +231,7 @@ func TestForwardDrawMatchesDrawRow(t *testing.T) {
 				if err != nil {
 					t.Skipf("no trained model: %v", err)
 				}
-				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, RowLogSumExp: true, EagerOnly: eager})
+				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -345,7 +345,7 @@ func TestForwardDrawMatchesDrawRow(t *testing.T) {
 // TestForwardDrawErrors: bad draws fail before anything runs, the backend
 // stays usable, and RegisterMask refuses a 65th set.
 func TestForwardDrawErrors(t *testing.T) {
-	g, V := tinyBackend(t, Options{RowLogSumExp: true})
+	g, V := tinyBackend(t, Options{})
 	bt := func() *forward.Batch { return twoTokens(1) }
 	good := forward.Draw{Row: 0, Force: -1, Mask: -1, Temperature: 1, U: 0.5}
 	out := make([]forward.Drawn, 1)
@@ -448,7 +448,7 @@ func refDraw(row []float32, masks [][]uint64, d forward.Draw) int32 {
 func benchDrawBackend(b *testing.B) (*Backend, int) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	g, err := New(m, Options{KVCacheBytes: 4 << 30, RowLogSumExp: true})
+	g, err := New(m, Options{KVCacheBytes: 4 << 30})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -60,16 +60,15 @@ func BenchmarkEngineLines(b *testing.B) {
 	if err != nil {
 		b.Skipf("no trained model: %v", err)
 	}
-	// Two backends, alternating under -test.count: "new" is the serve
-	// default (fused GEMV path, row log-sum-exp on the GPU), "old" the
-	// path before them (Options.NoFusedGEMV, host log-sum-exp, blocking
-	// hand-off to the CUDA thread).
+	// Two backends, alternating under -test.count: "default" is the serve
+	// default, "nospin" the blocking hand-off to the CUDA thread
+	// (Options.HandoffSpin < 0).
 	variants := []struct {
 		name string
 		o    Options
 	}{
-		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true, PDL: true}},
-		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true, HandoffSpin: -1}},
+		{"default", Options{KVCacheBytes: 8 << 30}},
+		{"nospin", Options{KVCacheBytes: 8 << 30, HandoffSpin: -1}},
 	}
 	for _, v := range variants {
 		g, err := New(m, v.o)
@@ -157,14 +156,14 @@ func BenchmarkCouplets(b *testing.B) {
 	if err != nil {
 		b.Skipf("no trained model: %v", err)
 	}
-	// new = serve default (fused GEMV path + GPU row log-sum-exp), old =
-	// Options.NoFusedGEMV with the host log-sum-exp; see BenchmarkEngineLines.
+	// default = the serve default, nospin = blocking hand-off; see
+	// BenchmarkEngineLines.
 	for _, v := range []struct {
 		name string
 		o    Options
 	}{
-		{"new", Options{KVCacheBytes: 8 << 30, RowLogSumExp: true, PDL: true}},
-		{"old", Options{KVCacheBytes: 8 << 30, NoFusedGEMV: true, HandoffSpin: -1}},
+		{"default", Options{KVCacheBytes: 8 << 30}},
+		{"nospin", Options{KVCacheBytes: 8 << 30, HandoffSpin: -1}},
 	} {
 		g, err := New(m, v.o)
 		if err != nil {

@@ -202,7 +202,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, V, dm, false),
 		)
 	}
-	if errs == nil && b.opt.RowLogSumExp {
+	if errs == nil {
 		lse := b.launchPDL // after the LM head's gemv
 		if R > gemvMaxM {
 			lse = b.launchShm // after cuBLAS
@@ -213,14 +213,8 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 }
 
 // attnKernel names the attention kernel: paged_attention_chunked (32 keys
-// per warp step), or the older one-key-at-a-time paged_attention with
-// Options.NoFusedGEMV. Both: grid ceil(T·nH/4), block 128, same arguments.
-func (b *Backend) attnKernel() string {
-	if b.opt.NoFusedGEMV {
-		return "paged_attention"
-	}
-	return "paged_attention_chunked"
-}
+// per warp step); grid ceil(T·nH/4), block 128.
+func (b *Backend) attnKernel() string { return "paged_attention_chunked" }
 
 // rowLSEThreads is row_lse's block size (one block per logits row).
 const rowLSEThreads = 1024

@@ -10,12 +10,6 @@
 #                             # engine lines, couplet pipeline with a CPU profile
 #   bash cuda/h200.sh wide    # ≤ 140 s: the wide-step server, 1 user and 300/1000/2000 users,
 #                             # /metrics around each; then the BASE build at the same levels
-#   bash cuda/h200.sh draws   # ≤ 200 s: GPU draw tests + ForwardDraw benchmark, then the wide
-#                             # server at 1/300/1000/2000 users with tokens drawn on the GPU
-#                             # and, same binary, with --device-sampling=false (A/B)
-#   bash cuda/h200.sh overlap # ≤ 230 s: as draws, but the A/B is two steps in flight vs
-#                             # --overlap-steps=false, at 1/300/1000/2000/3000 users
-#                             # when one was built (WIDE_LEVELS="300 1000" picks the levels)
 #   bash cuda/h200.sh async   # ≤ 330 s: the async-launch GPU tests and LaunchDraw benchmark,
 #                             # then this build and the BASE build alternately, twice each,
 #                             # at 1/300/1000/1300/1600/2000 users (WIDE_LEVELS overrides)
@@ -103,22 +97,6 @@ tests_bench() {
 	pack
 }
 
-# ab_run TESTS BENCH LEVELS A B BFLAG: the GPU tests matching TESTS, the
-# benchmarks matching BENCH, then the wide server (this build) at $LEVELS
-# (WIDE_LEVELS overrides) as A, and the same binary with BFLAG as B.
-ab_run() {
-	local V F
-	LEVELS=${WIDE_LEVELS:-$3}
-	tests_bench "$1" "$2"
-	for V in $4 $5; do
-		F=; [ $V = $5 ] && F=$6
-		serve_wide /tmp/chunlian "$OUT/serve_$V.log" --pprof $F
-		bench_levels $V
-		kill $SPID; wait $SPID 2>/dev/null
-		pack
-	done
-}
-
 case "$MODE" in
 smoke)
 	# (no head in this pipeline: closing it early kills the tests by SIGPIPE)
@@ -169,7 +147,7 @@ s2)
 		--warmup 1s --server-log-dir "$OUT" --quiet --json "$OUT/http_new.json" --out "$OUT/http_new.md" > "$OUT/http_new.log" 2>&1
 	echo "http new rc=$?"; grep -E "^\| engine" "$OUT/http_new.md"
 	pack
-	timeout 25 $BIN/chunlian bench --spawn engine --server-flags "$SF --gpu-row-lse=false --gpu-fused-gemv=false --gpu-pdl=false --gpu-handoff-spin=-1ns" \
+	timeout 25 $BIN/chunlian bench --spawn engine --server-flags "$SF --gpu-handoff-spin=-1ns" \
 		--concurrency 1,100 --duration 5s --warmup 1s --quiet --json "$OUT/http_old.json" --out "$OUT/http_old.md" > "$OUT/http_old.log" 2>&1
 	echo "http old rc=$?"; grep -E "^\| engine" "$OUT/http_old.md"
 	pack
@@ -264,17 +242,6 @@ wide)
 		echo "base:"; grep -E "^\| target" "$OUT/http_base.md"
 		kill $SPID; wait $SPID 2>/dev/null
 	fi
-	;;
-draws)
-	# ≤ 200 s: GPU draw tests + ForwardDraw benchmark, then the wide server
-	# drawing on the GPU and, same binary, with --device-sampling=false.
-	ab_run 'Draw|TestEngineGreedy|TestDefaultModelMatchesCPU' 'ForwardDraw' "1 300 1000 2000" gpu host --device-sampling=false
-	;;
-overlap)
-	# ≤ 230 s: GPU tests (draws, two steps in flight, GPU = CPU), the
-	# async benchmark, then the wide server with two steps in flight and,
-	# same binary, with --overlap-steps=false (both drawing on the GPU).
-	ab_run 'Draw|Async|TestEngineGreedy|TestDefaultModelMatchesCPU' 'ForwardDraw|LaunchDraw' "1 300 1000 2000 3000" overlap single --overlap-steps=false
 	;;
 async)
 	# This build (new) against the BASE build (base), alternating new, base,

@@ -3,7 +3,6 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
-	"os"
 	"sync"
 )
 
@@ -32,19 +31,14 @@ func kernelOptions(headDim int) []string {
 	return []string{fmt.Sprintf("-DHEAD_DIM=%d", headDim), "-lineinfo"}
 }
 
-// EnvNVRTCTarget selects what NVRTC produces for the device: unset or
-// "cubin" — machine code for the exact architecture (NVRTC runs its own
-// ptxas); "ptx" — PTX that the driver compiles when the module is loaded
-// (its own, usually newer, ptxas; cached on disk by the driver). The
-// second is the way around an NVRTC that fails on the kernels for a new
-// architecture (NVRTC 11.8's sm_90 CUBIN path crashes on this file; h200.sh
-// checks the device's NVRTC in a separate process first).
-const EnvNVRTCTarget = "CHUNLIAN_CUDA_NVRTC_TARGET"
-
-// archFor names the NVRTC target for a compute capability: real machine
-// code (CUBIN) for the device itself, or its PTX (see EnvNVRTCTarget).
-func archFor(major, minor int) string {
-	if os.Getenv(EnvNVRTCTarget) == "ptx" {
+// archFor names the NVRTC target for a compute capability and
+// Options.NVRTCTarget: "" or "cubin" — machine code for the exact
+// architecture (NVRTC runs its own ptxas); "ptx" — PTX that the driver
+// compiles when the module is loaded (its own, usually newer, ptxas;
+// cached on disk by the driver). The second is the way around an NVRTC
+// that fails on the kernels for a new architecture.
+func archFor(major, minor int, target string) string {
+	if target == "ptx" {
 		return fmt.Sprintf("compute_%d%d", major, minor)
 	}
 	return fmt.Sprintf("sm_%d%d", major, minor)

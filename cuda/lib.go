@@ -11,13 +11,15 @@ import (
 	"github.com/ebitengine/purego"
 )
 
-// PipLibDir is where the nvidia-*-cu13 pip wheels (as installed with PyTorch
-// on the GPU machine) keep libnvrtc, libcublas and libcublasLt.
-const PipLibDir = "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib"
+// testLibDirs is a path list searched after Options.LibDir: set only by
+// this package's TestMain (from CHUNLIAN_CUDA_LIB_DIR), since the tests
+// build backends with no LibDir of their own. The package reads no
+// environment.
+var testLibDirs string
 
-// EnvLibDir names the environment variable that adds a library directory to
-// the search (the --cuda-lib-dir flag wins over it).
-const EnvLibDir = "CHUNLIAN_CUDA_LIB_DIR"
+// testNVRTCTarget is the Options.NVRTCTarget of backends that set none:
+// set only by this package's TestMain (from CHUNLIAN_CUDA_NVRTC_TARGET).
+var testNVRTCTarget string
 
 // Shared-object names tried in order. NVRTC 11.2/12 are accepted for kernel
 // compilation only (a CPU machine with an older toolkit can still check that
@@ -32,9 +34,9 @@ var (
 
 // searchDirs lists the directories tried before the dynamic loader's own
 // search (LD_LIBRARY_PATH, ld.so.cache, /lib, /usr/lib), in priority order:
-// the explicit dir (flag), the environment variable, then the pip location.
-// An empty entry means "bare name: let dlopen search".
-func searchDirs(explicit, env string) []string {
+// the explicit dir (--cuda-lib-dir), then the path list extra. An empty
+// entry means "bare name: let dlopen search".
+func searchDirs(explicit, extra string) []string {
 	var dirs []string
 	seen := map[string]bool{}
 	add := func(d string) {
@@ -46,15 +48,14 @@ func searchDirs(explicit, env string) []string {
 	if explicit != "" {
 		add(explicit)
 	}
-	if env != "" {
-		for _, d := range filepath.SplitList(env) {
+	if extra != "" {
+		for _, d := range filepath.SplitList(extra) {
 			if d != "" {
 				add(d)
 			}
 		}
 	}
 	add("") // the loader's own search, which honours LD_LIBRARY_PATH
-	add(PipLibDir)
 	return dirs
 }
 
@@ -97,7 +98,7 @@ func openFirst(what string, dirs, names []string) (uintptr, string, error) {
 	if last != nil {
 		msg += "; last dlopen error: " + last.Error()
 	}
-	msg += fmt.Sprintf("; set --cuda-lib-dir or %s to the directory holding it", EnvLibDir)
+	msg += "; set --cuda-lib-dir (CHUNLIAN_CUDA_LIB_DIR) to the directory holding it"
 	return 0, "", errors.New(msg)
 }
 
@@ -132,7 +133,7 @@ type libsResult struct {
 
 // loadLibs opens driver, NVRTC and cuBLAS (all three needed to run).
 func loadLibs(libDir string) (*libs, error) {
-	env := os.Getenv(EnvLibDir)
+	env := testLibDirs
 	key := libDir + "\x00" + env
 	loadMu.Lock()
 	defer loadMu.Unlock()
@@ -202,7 +203,7 @@ func openNVRTC(dirs []string) (uintptr, string, error) {
 
 // loadNVRTCOnly opens just NVRTC (for compile-only checks without a GPU).
 func loadNVRTCOnly(libDir string) (*nvrtcFns, string, error) {
-	h, p, err := openNVRTC(searchDirs(libDir, os.Getenv(EnvLibDir)))
+	h, p, err := openNVRTC(searchDirs(libDir, testLibDirs))
 	if err != nil {
 		return nil, "", err
 	}
@@ -216,7 +217,7 @@ func loadNVRTCOnly(libDir string) (*nvrtcFns, string, error) {
 // Available reports whether a CUDA GPU can be used: the driver, NVRTC and
 // cuBLAS load and the driver reports at least one device. When it returns
 // false, the error says what is missing (this is what CPU-only CI sees).
-// libDir may be empty (then CHUNLIAN_CUDA_LIB_DIR and the default search).
+// libDir may be empty (then the dynamic loader's default search).
 func Available(libDir string) (bool, error) {
 	l, err := loadLibs(libDir)
 	if err != nil {

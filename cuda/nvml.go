@@ -3,7 +3,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"unsafe"
 )
@@ -44,7 +43,7 @@ func OpenNVML(libDir string) (*NVML, error) {
 }
 
 func openNVML(libDir string) (*NVML, error) {
-	h, _, err := openFirst("NVML (libnvidia-ml.so.1)", searchDirs(libDir, os.Getenv(EnvLibDir)), nvmlNames)
+	h, _, err := openFirst("NVML (libnvidia-ml.so.1)", searchDirs(libDir, testLibDirs), nvmlNames)
 	if err != nil {
 		return nil, err
 	}

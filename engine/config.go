@@ -18,14 +18,6 @@ type Config struct {
 	// a time (default 0 = GOMAXPROCS; 1 = all on the engine goroutine).
 	// Outputs do not depend on it.
 	SamplingWorkers int
-	// HostSampling draws every token on the host even when the backend
-	// can draw where the logits are (forward.DrawBackend: the GPU), for
-	// comparisons; outputs follow each path's own random stream.
-	HostSampling bool
-	// NoOverlap runs one step at a time even on a backend that can take
-	// two (forward.AsyncDrawBackend): the host then waits for the device
-	// instead of consuming the previous step meanwhile. For comparisons.
-	NoOverlap bool
 	// OverlapMinSeqs is the number of sequences (running + waiting) from
 	// which two steps are kept in flight (default 128; see stepAsync).
 	OverlapMinSeqs int

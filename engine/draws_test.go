@@ -141,26 +141,22 @@ func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 // (forward.HostDraws runs sampler.DrawRow, the GPU's definition), greedy
 // results — tokens, log-probs, prompt log-probs, dead ends, n > 1 — are
 // exactly the host path's, whatever the chunking, preemption and prefix
-// hits, one step at a time (NoOverlap) and with two steps in flight
-// (stepAsync); and the device path did draw (fewer rows crossed than
+// hits, one step at a time (below OverlapMinSeqs) and with two steps in
+// flight (stepAsync); and the device path did draw (fewer rows crossed than
 // computed), and the overlapping engine did have two steps in flight.
 func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	const vocab = 24
 	for _, tc := range engineCases {
 		t.Run(tc.name, func(t *testing.T) {
 			reqs := drawRequests(tc.seed, 30, vocab, true, true)
-			hostCfg := tc.cfg
-			hostCfg.HostSampling = true
-			if hostCfg == (Config{HostSampling: true}) {
-				hostCfg = DefaultConfig()
-				hostCfg.HostSampling = true
-			}
-			host, err := New(forward.HostDraws(newFake(tc.blocks, tc.bs, vocab)), hostCfg)
+			// The host path: the same backend with its draws hidden (it
+			// keeps the row log-sum-exps), so the engine samples on the host.
+			host, err := New(hostOnly{forward.HostDraws(newFake(tc.blocks, tc.bs, vocab))}, tc.cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if host.deviceDraws() {
-				t.Fatal("HostSampling engine plans device draws")
+				t.Fatal("engine on a host-only backend plans device draws")
 			}
 			want := runConcurrent(t, host, reqs)
 			for _, overlap := range []bool{false, true} {
@@ -168,8 +164,12 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 				if cfg == (Config{}) {
 					cfg = DefaultConfig()
 				}
-				// Overlap from 2 sequences: the tests' loads are small.
-				cfg.NoOverlap, cfg.OverlapMinSeqs = !overlap, 2
+				// Overlap from 2 sequences (the tests' loads are small), or
+				// never: one step at a time.
+				cfg.OverlapMinSeqs = 2
+				if !overlap {
+					cfg.OverlapMinSeqs = 1 << 30
+				}
 				t.Run(fmt.Sprintf("overlap %v", overlap), func(t *testing.T) {
 					checkDeviceDraws(t, tc.blocks, tc.bs, vocab, cfg, reqs, want, overlap)
 				})
@@ -179,6 +179,14 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	}
 }
 
+// hostOnly is a draw backend whose DrawVocab says no, so the engine
+// samples on the host while the backend keeps its row log-sum-exps.
+type hostOnly struct {
+	forward.DrawBackend
+}
+
+func (hostOnly) DrawVocab() bool { return false }
+
 // checkDeviceDraws runs reqs on a device-draw engine and compares the
 // results with the host path's (want).
 func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*Request, want []*Result, overlap bool) {
@@ -187,8 +195,8 @@ func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*R
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !dev.deviceDraws() || (dev.ab != nil) != overlap {
-		t.Fatalf("device draws %v, overlap %v", dev.deviceDraws(), dev.ab != nil)
+	if !dev.deviceDraws() || dev.ab == nil {
+		t.Fatalf("device draws %v, async backend %v", dev.deviceDraws(), dev.ab != nil)
 	}
 	got := runConcurrent(t, dev, reqs)
 	dead := 0
@@ -210,6 +218,9 @@ func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*R
 	}
 	if overlap && cd.overlapped.Load() == 0 {
 		t.Error("never two steps in flight")
+	}
+	if !overlap && cd.overlapped.Load() != 0 {
+		t.Errorf("%d steps with two in flight below OverlapMinSeqs", cd.overlapped.Load())
 	}
 
 	t.Logf("%d steps (%d with two in flight), %d draws, %d of %d rows copied, %d dead ends", cd.steps.Load(), cd.overlapped.Load(), cd.draws.Load(), cd.hostRows.Load(), cd.rows.Load(), dead)

@@ -237,9 +237,9 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 		stopped:   make(chan struct{}),
 		mgr:       kvcache.NewManager(b.NumBlocks(), cfg.BlockSize, cfg.EnablePrefixCaching),
 	}
-	if db, ok := b.(forward.DrawBackend); ok && db.DrawVocab() && !cfg.HostSampling {
+	if db, ok := b.(forward.DrawBackend); ok && db.DrawVocab() {
 		e.db = db
-		if ab, ok := b.(forward.AsyncDrawBackend); ok && !cfg.NoOverlap {
+		if ab, ok := b.(forward.AsyncDrawBackend); ok {
 			e.ab = ab
 		}
 	}

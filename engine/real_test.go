@@ -18,7 +18,7 @@ import (
 func newRandomCPU(t testing.TB, bs, tokens int) (*forward.CPU, *model.Model) {
 	t.Helper()
 	m := model.NewRandom(model.TestConfig(), 1)
-	b, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(tokens) * forward.KVBytesPerToken(m.Config), Threads: 2})
+	b, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(tokens) * forward.KVBytesPerToken(m.Config)})
 	if err != nil {
 		t.Fatal(err)
 	}

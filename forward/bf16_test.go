@@ -44,11 +44,11 @@ func TestBF16MatchesDense(t *testing.T) {
 			refs[i] = refForward(m, seqs[i])
 		}
 		for _, mode := range []struct {
-			name     string
-			min, max int
-		}{{"all", 1, 1 << 20}, {"default", 0, 0}, {"off", 0, -1}} {
+			name string
+			max  int
+		}{{"all", 1 << 20}, {"default", 0}, {"off", -1}} {
 			t.Run(fmt.Sprintf("n=%d/%s", n, mode.name), func(t *testing.T) {
-				c, err := NewCPU(m, CPUOptions{BlockSize: bs, BF16MinRows: mode.min, BF16MaxRows: mode.max})
+				c, err := NewCPU(m, CPUOptions{BlockSize: bs, BF16MaxRows: mode.max})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -101,20 +101,18 @@ func TestDefaultBF16Max(t *testing.T) {
 	}
 }
 
-// TestBF16EnvOff checks the CHUNLIAN_BF16=0 switch and that a model without
-// bf16 copies never takes the bf16 path.
-func TestBF16EnvOff(t *testing.T) {
+// TestBF16Off: BF16MaxRows < 0 turns the bf16 path off, and a model
+// without bf16 copies never takes it.
+func TestBF16Off(t *testing.T) {
 	m := bf16Model(t, 32)
-	t.Setenv("CHUNLIAN_BF16", "0")
-	c, err := NewCPU(m, CPUOptions{})
+	c, err := NewCPU(m, CPUOptions{BF16MaxRows: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	if c.UsesBF16() {
-		t.Error("UsesBF16 with CHUNLIAN_BF16=0")
+		t.Error("UsesBF16 with BF16MaxRows -1")
 	}
-	t.Setenv("CHUNLIAN_BF16", "")
 	c2, err := NewCPU(model.NewRandom(model.TestConfig(), 32), CPUOptions{BF16MaxRows: 100})
 	if err != nil {
 		t.Fatal(err)
@@ -140,12 +138,12 @@ func BenchmarkDecodeBF16(b *testing.B) {
 	}
 	for _, batch := range []int{1, 2, 3, 4, 6, 8} {
 		for _, mode := range []struct {
-			name     string
-			min, max int
-		}{{"bf16", 1, 1 << 20}, {"fp32", 0, -1}} {
+			name string
+			max  int
+		}{{"bf16", 1 << 20}, {"fp32", -1}} {
 			b.Run(fmt.Sprintf("batch=%d/%s", batch, mode.name), func(b *testing.B) {
 				const ctx = 32
-				c, err := NewCPU(m, CPUOptions{BlockSize: 16, BF16MinRows: mode.min, BF16MaxRows: mode.max,
+				c, err := NewCPU(m, CPUOptions{BlockSize: 16, BF16MaxRows: mode.max,
 					KVCacheBytes: int64(batch*ctx) * KVBytesPerToken(m.Config)})
 				if err != nil {
 					b.Fatal(err)
@@ -279,24 +277,17 @@ func TestInt8MatchesDequantized(t *testing.T) {
 	}
 }
 
-// TestInt8Option: CPUOptions.Int8 alone decides, whatever the environment
-// says (the service maps --cpu-int8 / CHUNLIAN_INT8 onto it, flag first;
-// an environment read here as well once let CHUNLIAN_INT8=1 override
-// --cpu-int8=false).
+// TestInt8Option: CPUOptions.Int8 alone decides whether the small GEMMs
+// run on int8 copies.
 func TestInt8Option(t *testing.T) {
 	m := model.NewRandom(model.TestConfig(), 42)
-	for _, c := range []struct {
-		env  string
-		opt  bool
-		want bool
-	}{{"", false, false}, {"", true, true}, {"1", false, false}, {"0", true, true}} {
-		t.Setenv("CHUNLIAN_INT8", c.env)
-		be, err := NewCPU(m, CPUOptions{Int8: c.opt})
+	for _, opt := range []bool{false, true} {
+		be, err := NewCPU(m, CPUOptions{Int8: opt})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if be.UsesInt8() != c.want {
-			t.Errorf("CHUNLIAN_INT8=%q Int8=%v: UsesInt8() = %v", c.env, c.opt, be.UsesInt8())
+		if be.UsesInt8() != opt {
+			t.Errorf("Int8=%v: UsesInt8() = %v", opt, be.UsesInt8())
 		}
 		be.Close()
 	}

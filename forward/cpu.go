@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"strconv"
 	"sync/atomic"
 
 	"chunlian/kernels/cpu"
@@ -19,39 +17,35 @@ import (
 // the test model → 512 B/token → 4 MiB).
 const DefaultKVTokens = 8192
 
+// DefaultCPUBlockSize is the CPU backend's KV block size when
+// CPUOptions.BlockSize is 0: one token, so that no slot of the cache is
+// left empty (a couplet's sequences are 21–26 tokens, which leave most of
+// a 16-token block unused) and more of each prompt is found in cached full
+// blocks (docs/DECISIONS.md).
+const DefaultCPUBlockSize = 1
+
 // CPUOptions configure NewCPU.
 type CPUOptions struct {
-	BlockSize int // tokens per KV block; 0 means 16
+	BlockSize int // tokens per KV block; 0 means DefaultCPUBlockSize
 	// KVCacheBytes is the memory budget for the K and V caches of all
 	// layers together; 0 means DefaultKVTokens tokens' worth. The cache
 	// gets floor(KVCacheBytes / bytes per block) blocks (at least one).
 	KVCacheBytes int64
-	// Threads, when > 0, sets the kernel thread count (cpu.SetThreads, a
-	// process-wide setting) and the attention worker count.
-	Threads int
 	// BF16MaxRows is the largest GEMM row count (tokens of the step, or
 	// logit rows for the LM head) that runs on the model's bf16 weight
 	// copies (model.Weights.BF16) instead of the float32 ones; 0 means
 	// DefaultBF16MaxRows (every row count where the float32 GEMM is plain
 	// Go, see defaultBF16Max), negative never. The bf16 path is used only where
-	// the model has bf16 copies and cpu.HasFastBF16() is true, and not at
-	// all when the environment sets CHUNLIAN_BF16=0 (for A/B runs).
+	// the model has bf16 copies and cpu.HasFastBF16() is true.
 	BF16MaxRows int
-	// BF16MinRows is the smallest row count that uses the bf16 weights;
-	// 0 means 1: the assembly kernel of kernels/cpu reads half the bytes
-	// of the float32 path and wins at every row count up to BF16MaxRows.
-	BF16MinRows int
-	// Int8 runs the GEMMs of BF16MinRows..BF16MaxRows rows on int8
+	// Int8 runs the GEMMs of 1..BF16MaxRows rows on int8
 	// copies of the weights (per-output-row scales, cpu.QuantizeInt8)
 	// instead of the bf16 or float32 ones: half the bytes of bf16, so a
 	// decode step streams 16.6 MB instead of 33 MB for the shipped model.
 	// Unlike bf16 this changes the numerics (each weight moves by up to
-	// half a quantisation step, 1/254 of its row's largest |weight|), so it
-	// is opt-in; docs/DECISIONS.md ("int8 weights") has the measured logit
-	// differences. The service sets it from --cpu-int8 or CHUNLIAN_INT8
-	// (cmd/chunlian's typed config, where the flag wins over the
-	// environment); this package reads no environment for it. Quantising
-	// costs about 17 MB and a fraction of a second at NewCPU.
+	// half a quantisation step, 1/254 of its row's largest |weight|).
+	// The service sets it from --experimental=cpu-int8. Quantising costs
+	// ~0.1 s and 17 MB at NewCPU.
 	Int8 bool
 }
 
@@ -107,11 +101,11 @@ type CPU struct {
 	// bf16 is the model's bf16 copy of the same matrices when the bf16
 	// path is enabled (see CPUOptions.BF16MaxRows), else nil; GEMMs with
 	// at most bf16Max rows use it.
-	bf16             *model.BF16Weights
-	bf16Min, bf16Max int
+	bf16    *model.BF16Weights
+	bf16Max int
 	// q8 holds int8 copies of the same matrices (per layer, and the LM
 	// head) when CPUOptions.Int8 is on, else nil; it takes precedence over
-	// bf16 for GEMMs of bf16Min..bf16Max rows.
+	// bf16 for GEMMs of 1..bf16Max rows.
 	q8     []q8Layer
 	q8Head *q8Mat
 
@@ -157,16 +151,13 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
 	if o.BlockSize == 0 {
-		o.BlockSize = 16
+		o.BlockSize = DefaultCPUBlockSize
 	}
 	if o.BlockSize < 1 {
 		return nil, fmt.Errorf("forward: BlockSize %d must be positive", o.BlockSize)
 	}
 	if o.KVCacheBytes < 0 {
 		return nil, fmt.Errorf("forward: KVCacheBytes %d must not be negative", o.KVCacheBytes)
-	}
-	if o.Threads > 0 {
-		cpu.SetThreads(o.Threads)
 	}
 	cfg := m.Config
 	perToken := KVBytesPerToken(cfg)
@@ -181,13 +172,8 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	c.bf16Max = o.BF16MaxRows
 	if c.bf16Max == 0 {
 		c.bf16Max = defaultBF16Max(cpu.Path())
-		// CHUNLIAN_BF16_MAX_ROWS replaces the default (A/B runs).
-		if v, err := strconv.Atoi(os.Getenv("CHUNLIAN_BF16_MAX_ROWS")); err == nil && v != 0 {
-			c.bf16Max = v
-		}
 	}
-	c.bf16Min = max(1, o.BF16MinRows)
-	if c.bf16Max > 0 && m.Weights.BF16 != nil && cpu.HasFastBF16() && os.Getenv("CHUNLIAN_BF16") != "0" {
+	if c.bf16Max > 0 && m.Weights.BF16 != nil && cpu.HasFastBF16() {
 		c.bf16 = m.Weights.BF16
 	}
 	for i := range m.Weights.Layers {
@@ -202,10 +188,7 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 		c.kc = append(c.kc, make([]float32, n))
 		c.vc = append(c.vc, make([]float32, n))
 	}
-	c.workers = o.Threads
-	if c.workers <= 0 {
-		c.workers = cpu.Threads()
-	}
+	c.workers = cpu.Threads()
 	c.scores = make([][]float32, c.workers)
 	return c, nil
 }
@@ -268,11 +251,11 @@ func (c *CPU) quantize() {
 }
 
 // gemm computes y[m,n] = x[m,k]·wᵀ (+ y if acc) with w the float32 matrix
-// w32 [n,k] or, for bf16Min ≤ m ≤ bf16Max, its int8 copy q8 when the int8
+// w32 [n,k] or, for 1 ≤ m ≤ bf16Max, its int8 copy q8 when the int8
 // path is on, else its exact bf16 copy w16 when the bf16 path is on (nil
 // copies select w32 always).
 func (c *CPU) gemm(m, n, k int, x, w32 []float32, w16 []uint16, q8 *q8Mat, y []float32, acc bool) {
-	small := m >= c.bf16Min && m <= c.bf16Max
+	small := m >= 1 && m <= c.bf16Max
 	use8 := small && q8 != nil && q8.q != nil
 	use16 := small && c.bf16 != nil && w16 != nil
 	switch {

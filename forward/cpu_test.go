@@ -214,7 +214,7 @@ func TestPagedMatchesDense(t *testing.T) {
 			m := model.NewRandom(cfg, int64(tc.seed))
 			rng := rand.New(rand.NewPCG(tc.seed, 99))
 			totalBlocks := tc.seqs*(tc.maxLen/tc.blockSize+1) + 7
-			c, err := NewCPU(m, CPUOptions{BlockSize: tc.blockSize, KVCacheBytes: int64(totalBlocks*tc.blockSize) * KVBytesPerToken(cfg), Threads: 2})
+			c, err := NewCPU(m, CPUOptions{BlockSize: tc.blockSize, KVCacheBytes: int64(totalBlocks*tc.blockSize) * KVBytesPerToken(cfg)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -424,7 +424,7 @@ func TestNewCPUOptions(t *testing.T) {
 		wantBS     int
 		wantErr    bool
 	}{
-		{CPUOptions{}, DefaultKVTokens / 16, 16, false},
+		{CPUOptions{}, DefaultKVTokens / DefaultCPUBlockSize, DefaultCPUBlockSize, false},
 		{CPUOptions{BlockSize: 8, KVCacheBytes: 10*8*per + 5}, 10, 8, false},
 		{CPUOptions{BlockSize: 8, KVCacheBytes: 8*per - 1}, 0, 0, true},
 		{CPUOptions{BlockSize: -1}, 0, 0, true},
@@ -468,7 +468,7 @@ func TestForwardSteadyStateNoAlloc(t *testing.T) {
 		t.Skip("allocation counts are not meaningful under the race detector")
 	}
 	cfg := model.TestConfig()
-	c, err := NewCPU(model.NewRandom(cfg, 1), CPUOptions{BlockSize: 16, Threads: 2})
+	c, err := NewCPU(model.NewRandom(cfg, 1), CPUOptions{BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,7 +679,7 @@ func TestAttentionInlineAndPooled(t *testing.T) {
 	}
 	for _, inline := range []int{0, 1 << 40} {
 		t.Run(fmt.Sprintf("inline<%d", inline), func(t *testing.T) {
-			c, err := NewCPU(m, CPUOptions{BlockSize: bs, Threads: 2})
+			c, err := NewCPU(m, CPUOptions{BlockSize: bs})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"chunlian/stats"
 )
 
 // ReadPairs returns up to limit (上联, 下联) pairs of an upper<TAB>lower
@@ -94,13 +96,10 @@ func bootstrap(n, resamples int, seed uint64, stat func(idx []int) float64) []fl
 }
 
 // percentiles sorts vals and returns its (1−level)/2 and 1−(1−level)/2
-// percentiles (nearest rank).
+// percentiles (nearest rank, stats.Percentile).
 func percentiles(vals []float64, level float64) (lo, hi float64) {
 	slices.Sort(vals)
-	at := func(q float64) float64 {
-		return vals[min(len(vals)-1, max(0, int(math.Round(q*float64(len(vals)-1)))))]
-	}
-	return at((1 - level) / 2), at(1 - (1-level)/2)
+	return stats.Percentile(vals, 100*(1-level)/2), stats.Percentile(vals, 100*(1-(1-level)/2))
 }
 
 // bleuStats are the sums corpus BLEU is computed from: clipped n-gram

@@ -10,7 +10,8 @@ import (
 )
 
 // LowerSequence is the lower-mode training sequence of docs/EVAL.md's
-// perplexity (training/common.py full_ids without a banner):
+// perplexity (model.PromptTokens.Sequence without a banner, as
+// training/common.py full_ids):
 //
 //	<bos> <low> <len_N> <up> {upper} <sep> {lower} <eos>
 //
@@ -35,11 +36,14 @@ func LowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 		}
 		return ids
 	}
-	ids := []int32{m.Special("bos"), m.Special("lower"), n, m.Special("up")}
-	ids = append(chars(ids, up), m.Special("sep"))
-	start := len(ids)
-	ids = append(chars(ids, lo), m.Special("eos"))
-	return ids, start, nil
+	pt := m.PromptTokens()
+	upIDs := chars(nil, up)
+	prompt, err := pt.Prompt(model.LayoutLower, nil, n, upIDs)
+	if err != nil {
+		return nil, 0, err
+	}
+	ids, err := pt.Sequence(model.LayoutLower, nil, n, upIDs, chars(nil, lo), nil)
+	return ids, len(prompt), err
 }
 
 // LowerNLL is the teacher-forced negative log-likelihood of every pair's

@@ -4,7 +4,7 @@
 //
 // Every per-vocabulary loop of a Sample call runs on the vectorised
 // kernels of chunlian/kernels/cpu (AVX2/FMA assembly on amd64, plain Go
-// elsewhere or with CHUNLIAN_GEMM=go): the max scan (cpu.ScanMax), the
+// elsewhere or after cpu.SetGEMMPath("go")): the max scan (cpu.ScanMax), the
 // gathering of the candidates (logit above max + negligible·T) with their
 // logits (cpu.CompactGreaterVals), their temperature-scaled exponentials
 // and total (cpu.ExpSum: draw works on exp(w/T − m/T) of the candidates

@@ -19,13 +19,14 @@ import (
 	"chunlian/couplet"
 )
 
-// Limits checked by the HTTP layer before the generator sees a request.
-// The line length range is the generator's alone (it depends on the
-// model's max_line_length): admit asks the generator to validate before
-// anything is sent, so streamed and plain requests get the same 4xx.
-const (
-	maxN          = 10
-	maxPromptRune = 64
+// Limits checked by the HTTP layer before the generator sees a request:
+// couplet.Limits, the table the command line shares (the generator
+// validates again, with its own model-specific rules).
+var (
+	maxN          = couplet.Limits.MaxN
+	minLineLength = couplet.Limits.MinLength
+	maxLineLength = couplet.Limits.MaxLength
+	maxPromptRune = couplet.Limits.MaxTextRunes
 )
 
 // bodyReadTimeout bounds reading a request body (a variable for tests).
@@ -209,27 +210,25 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 	n := utf8.RuneCountInString(p.Prompt)
 	switch {
 	case n == 0:
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入两个汉字的吉祥词，例如“平安”", "prompt is required: a two-character Chinese blessing word such as 平安").withParam("prompt")
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入吉祥词，例如“平安”", "prompt is required: a blessing word such as 平安").withParam("prompt")
 	case n > maxPromptRune:
 		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "输入过长（最多 %d 字）", "prompt too long (at most %d characters)", maxPromptRune, maxPromptRune).withParam("prompt")
-	case req.Mode != couplet.ModeLower && (n != 2 || !isHanString(p.Prompt)):
-		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入恰好两个汉字，例如“平安”（收到 %q）", "prompt must be exactly two Chinese characters, e.g. 平安 (got %q)", p.Prompt, p.Prompt).withParam("prompt")
+	case req.Mode == couplet.ModeAcrostic && (n != 2 || !isHanString(p.Prompt)):
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "藏头请输入恰好两个汉字，例如“如意”（收到 %q）", "acrostic needs exactly two Chinese characters, e.g. 如意 (got %q)", p.Prompt, p.Prompt).withParam("prompt")
+	case req.Mode == couplet.ModeKeyword && ((n != 1 && n != 2 && n != 4) || !isHanString(p.Prompt)):
+		return req, errf(http.StatusBadRequest, codeInvalidPrompt, "请输入一个、两个或四个汉字的吉祥词，例如“福”“平安”“万事如意”（收到 %q）", "prompt must be a blessing word of one, two or four Chinese characters, e.g. 福, 平安, 万事如意 (got %q)", p.Prompt, p.Prompt).withParam("prompt")
 	}
 	if p.N < 1 || p.N > maxN {
 		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN).withParam("n")
 	}
-	if p.Length < 0 {
-		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须为正整数（常用 5、7、9、11）", "length must be a positive integer (usual: 5, 7, 9, 11)").withParam("length")
+	if p.Length != 0 && req.Mode != couplet.ModeLower && (p.Length < minLineLength || p.Length > maxLineLength) {
+		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须在 %d 到 %d 之间（常用 5、7、9、11）", "length must be between %d and %d (usual: 5, 7, 9, 11)", minLineLength, maxLineLength, minLineLength, maxLineLength).withParam("length")
 	}
 	if t := p.Temperature; t != nil {
-		if *t < 0 || *t > 2 {
-			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 2 之间", "temperature must be between 0 and 2").withParam("temperature")
+		if !(*t >= 0 && *t <= couplet.Limits.MaxTemperature) {
+			return req, errf(http.StatusBadRequest, codeInvalidField, "temperature 须在 0 到 %g 之间", "temperature must be between 0 and %g", couplet.Limits.MaxTemperature, couplet.Limits.MaxTemperature).withParam("temperature")
 		}
-		if *t == 0 { // OpenAI meaning: greedy. The generator's 0 means "default", so ask for top-k 1.
-			req.Temperature, req.TopK = 1, 1
-		} else {
-			req.Temperature = float32(*t)
-		}
+		req.SetTemperature(*t) // 0 (and below couplet.GreedyBelow) = greedy
 	}
 	if tp := p.TopP; tp != nil {
 		if !(*tp > 0 && *tp <= 1) {
@@ -238,7 +237,7 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 		req.TopP = float32(*tp)
 	}
 	if k := p.TopK; k != nil {
-		if *k < 0 || *k > 100000 {
+		if *k < 0 || *k > couplet.Limits.MaxTopK {
 			return req, errf(http.StatusBadRequest, codeInvalidField, "top_k 须 ≥ 0（0 表示关闭）", "top_k must be ≥ 0 (0 = off)").withParam("top_k")
 		}
 		if req.TopK == 0 {

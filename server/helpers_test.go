@@ -72,7 +72,7 @@ func quietLogger() *slog.Logger {
 func newRealStack(t testing.TB, o stackOpts) *realStack {
 	t.Helper()
 	m := testModel()
-	cpu, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16, Threads: 1})
+	cpu, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,14 +144,15 @@ func messageText(raw json.RawMessage) (string, *apiError) {
 	return "", errf(http.StatusBadRequest, codeInvalidField, "消息 content 须为字符串", "message content must be a string or an array of text parts")
 }
 
-// autoMode picks keyword for a two-character prompt, lower otherwise,
-// counting the characters of the normalised prompt (so a zero-width
-// character does not turn 平安 into a 上联).
+// autoMode picks keyword for a blessing word (one, two or four Chinese
+// characters: 福, 平安, 万事如意), lower otherwise, on the normalised prompt
+// (so a zero-width character does not turn 平安 into a 上联).
 func autoMode(mode, prompt string) couplet.Mode {
 	if mode != "" {
 		return couplet.Mode(mode)
 	}
-	if utf8.RuneCountInString(couplet.Normalize(prompt)) <= 2 {
+	p := couplet.Normalize(prompt)
+	if n := utf8.RuneCountInString(p); n <= 2 || (n == 4 && isHanString(p)) {
 		return couplet.ModeKeyword
 	}
 	return couplet.ModeLower

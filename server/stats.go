@@ -2,11 +2,12 @@ package server
 
 import (
 	"context"
-	"math"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
+
+	"chunlian/stats"
 )
 
 // Rolling per-second statistics for the dashboard (GET /api/stats), computed
@@ -188,13 +189,6 @@ type statsSnapshot struct {
 	Series  statsSeries  `json:"series"`
 }
 
-// percentile of sorted xs by nearest rank (p in 0..100); xs non-empty.
-func percentile(sorted []float64, p float64) float64 {
-	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
-	rank = min(max(rank, 1), len(sorted))
-	return sorted[rank-1]
-}
-
 func fp(v float64) *float64 { return &v }
 
 // snapshot builds the series for the statsWindow complete seconds before
@@ -228,9 +222,9 @@ func (r *rollingStats) snapshot(now time.Time) (statsSummary, statsSeries) {
 		}
 		if len(pool) > 0 {
 			slices.Sort(pool)
-			ser.P50 = append(ser.P50, fp(percentile(pool, 50)))
-			ser.P90 = append(ser.P90, fp(percentile(pool, 90)))
-			ser.P99 = append(ser.P99, fp(percentile(pool, 99)))
+			ser.P50 = append(ser.P50, fp(stats.Percentile(pool, 50)))
+			ser.P90 = append(ser.P90, fp(stats.Percentile(pool, 90)))
+			ser.P99 = append(ser.P99, fp(stats.Percentile(pool, 99)))
 		} else {
 			ser.P50, ser.P90, ser.P99 = append(ser.P50, nil), append(ser.P90, nil), append(ser.P99, nil)
 		}
@@ -276,9 +270,9 @@ func (r *rollingStats) snapshot(now time.Time) (statsSummary, statsSeries) {
 	sum.Latency60s.Count = len(all)
 	if len(all) > 0 {
 		slices.Sort(all)
-		sum.Latency60s.P50 = fp(percentile(all, 50))
-		sum.Latency60s.P90 = fp(percentile(all, 90))
-		sum.Latency60s.P99 = fp(percentile(all, 99))
+		sum.Latency60s.P50 = fp(stats.Percentile(all, 50))
+		sum.Latency60s.P90 = fp(stats.Percentile(all, 90))
+		sum.Latency60s.P99 = fp(stats.Percentile(all, 99))
 		sum.Latency60s.Max = fp(all[len(all)-1])
 	}
 	g := r.lastG

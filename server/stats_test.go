@@ -41,20 +41,6 @@ func newJSONLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-func TestPercentile(t *testing.T) {
-	xs := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
-	for _, tc := range []struct{ p, want float64 }{
-		{50, 5}, {90, 9}, {99, 10}, {100, 10}, {0, 1}, {10, 1}, {11, 2},
-	} {
-		if got := percentile(xs, tc.p); got != tc.want {
-			t.Errorf("p%v = %v, want %v", tc.p, got, tc.want)
-		}
-	}
-	if got := percentile([]float64{42}, 99); got != 42 {
-		t.Errorf("single = %v", got)
-	}
-}
-
 func TestRollingStats(t *testing.T) {
 	r := newRollingStats()
 	base := time.Unix(1_000_000, 0)

@@ -1,5 +1,7 @@
 """Tests for training/common.py (pure Python): python3 training/test_common.py"""
+import json
 import math
+import os
 import unittest
 
 import common as C
@@ -46,6 +48,21 @@ class TestRules(unittest.TestCase):
 
 
 class TestLayout(unittest.TestCase):
+    def test_shared_fixture(self):
+        """The Go side (model/prompt.go) is tested against the same file."""
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model", "testdata", "prompt_layouts.json")
+        with open(path, encoding="utf-8") as f:
+            cases = json.load(f)
+        self.assertGreaterEqual(len(cases), 5)
+        v = C.Vocab(list("平安春福风"))
+        for c in cases:
+            if c.get("full"):
+                ids = C.full_ids(v, c["mode"], c.get("upper", ""), c.get("lower", ""), banner=c.get("banner", ""),
+                                 keyword=c.get("keyword", ""), heads=c.get("heads", ""))
+            else:
+                ids = C.prompt_ids(v, c["mode"], c["length"], c.get("upper", ""), c.get("keyword", ""), c.get("heads", ""))
+            self.assertEqual([v.itos[i] for i in ids], c["tokens"], msg=str(c))
+
     def test_ids(self):
         v = C.Vocab(list("平安春福"))
         a, b = C.NUM_SPECIAL, C.NUM_SPECIAL + 1

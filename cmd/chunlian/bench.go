@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,22 +13,41 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"chunlian/bench"
 )
 
-func init() {
-	commands["bench"] = command{
-		summary: "load-test a couplet service (ours or any compatible one) and write the report",
-		run:     runBench,
+// newBenchCmd builds `chunlian bench`; the Markdown report goes to stdout
+// unless --out is given.
+func newBenchCmd(stdout io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench (--url URL[,…] | --spawn engine,naive) [flags]",
+		Short: "load-test a couplet service (ours or any compatible one) and write the report",
+		Long: `Load-test a couplet service, closed loop (--concurrency) or open loop (--rate),
+and write a Markdown report (plus JSON and plots on request). --url
+measures running services; --spawn starts our own one after the other on
+free loopback ports. A --url that does not answer fails at once.`,
+		Example: "  chunlian bench --url http://127.0.0.1:8000 --concurrency 1,10,50\n  chunlian bench --spawn engine,naive --duration 20s --out report.md",
+		Args:    noArgs,
 	}
+	run := defineBench(cmd.Flags(), stdout)
+	cmd.RunE = func(*cobra.Command, []string) error { return run() }
+	return withEnv(cmd)
 }
 
-func runBench(args []string) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+// runBench parses args as `chunlian bench` would and runs it.
+func runBench(args []string, stdout io.Writer) error {
+	return execute(newBenchCmd(stdout), args)
+}
+
+// defineBench registers bench's flags on fs and returns the run.
+func defineBench(fs *pflag.FlagSet, stdout io.Writer) func() error {
 	var (
 		urls        = fs.String("url", "", "service base URL(s) to measure, comma-separated, each optionally NAME=URL (e.g. naive=http://127.0.0.1:8001,engine=http://127.0.0.1:8000)")
 		api         = fs.String("api", bench.APIGenerate, "request API: generate (POST /generate) or openai (POST /v1/completions)")
-		model       = fs.String("model", "", "model field for --api openai")
+		model       = fs.String("api-model", "", "model field for --api openai")
 		spawn       = fs.String("spawn", "", "start our own service in these modes one after the other on free loopback ports: engine,naive")
 		serverFlags = fs.String("server-flags", "", "extra flags for every spawned 'chunlian serve' (split on spaces)")
 		readyTO     = fs.Duration("ready-timeout", 3*time.Minute, "how long a spawned server may take to answer /ready")
@@ -52,19 +70,44 @@ func runBench(args []string) error {
 		plotDir     = fs.String("plot-dir", "", "write latency/throughput plots (PNG and SVG) to this directory")
 		quiet       = fs.Bool("quiet", false, "no progress display")
 	)
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: chunlian bench (--url URL[,…] | --spawn engine,naive) [flags]\n\nflags:")
-		fs.PrintDefaults()
+	return func() error {
+		set := map[string]bool{}
+		fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
+		return benchRun(benchFlags{urls, api, model, spawn, serverFlags, readyTO, serverLogs, conc, rates, duration, warmup,
+			requests, modes, seed, n, maxTokens, stream, timeout, allowRemote, maxRun, jsonPath, outPath, plotDir, quiet}, set, commandLine(fs), stdout)
 	}
-	if err := fs.Parse(args); err != nil {
-		return err // flag.ErrHelp after -h: main exits 0
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+}
 
+// benchFlags are bench's parsed flags.
+type benchFlags struct {
+	urls, api, model, spawn, serverFlags *string
+	readyTO                              *time.Duration
+	serverLogs, conc, rates              *string
+	duration, warmup                     *time.Duration
+	requests                             *int
+	modes                                *string
+	seed                                 *uint64
+	n, maxTokens                         *int
+	stream                               *bool
+	timeout                              *time.Duration
+	allowRemote                          *bool
+	maxRun                               *time.Duration
+	jsonPath, outPath, plotDir           *string
+	quiet                                *bool
+}
+
+// commandLine rebuilds the flags given (on the command line or from the
+// environment) as a command line, for the report.
+func commandLine(fs *pflag.FlagSet) string {
+	var args []string
+	fs.Visit(func(f *pflag.Flag) { args = append(args, "--"+f.Name+"="+f.Value.String()) })
+	return quoteArgs(args)
+}
+
+func benchRun(f benchFlags, set map[string]bool, cmdline string, stdout io.Writer) error {
+	urls, api, model, spawn, serverFlags, readyTO, serverLogs, conc, rates := f.urls, f.api, f.model, f.spawn, f.serverFlags, f.readyTO, f.serverLogs, f.conc, f.rates
+	duration, warmup, requests, modes, seed, n, maxTokens, stream, timeout := f.duration, f.warmup, f.requests, f.modes, f.seed, f.n, f.maxTokens, f.stream, f.timeout
+	allowRemote, maxRun, jsonPath, outPath, plotDir, quiet := f.allowRemote, f.maxRun, f.jsonPath, f.outPath, f.plotDir, f.quiet
 	var cfg bench.Config
 	var err error
 	if *rates != "" && !set["concurrency"] {
@@ -87,7 +130,7 @@ func runBench(args []string) error {
 	cfg.AllowRemote, cfg.MaxRun, cfg.API = *allowRemote, *maxRun, *api
 	cfg.ReadyTimeout, cfg.ServerLogDir = *readyTO, *serverLogs
 	cfg.ServerFlags = strings.Fields(*serverFlags)
-	cfg.Command = "chunlian bench " + quoteArgs(args)
+	cfg.Command = "chunlian bench " + cmdline
 
 	switch {
 	case *spawn != "" && *urls != "":
@@ -106,8 +149,7 @@ func runBench(args []string) error {
 			return err
 		}
 	default:
-		fs.Usage()
-		return errors.New("give --url or --spawn")
+		return usageError{"give --url or --spawn"}
 	}
 
 	if !*quiet {
@@ -147,7 +189,7 @@ func runBench(args []string) error {
 			return err
 		}
 	} else {
-		os.Stdout.Write(md.Bytes())
+		stdout.Write(md.Bytes())
 	}
 	var failed []string
 	for _, t := range rep.Targets {

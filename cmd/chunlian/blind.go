@@ -2,99 +2,90 @@ package main
 
 // blind.go: the blind reading kit and the automatic signals of
 // `chunlian eval` (package quality does the work; this file only wires
-// flags to it). runEvalReader takes the call when --blind, --score or
-// --signals is given; otherwise runEval runs as before.
+// flags to it). eval runs the kit when --blind, --score or --signals is
+// given, the constraint evaluation otherwise.
 
 import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+
+	"github.com/spf13/pflag"
 
 	"chunlian/couplet"
 	"chunlian/critic"
 	"chunlian/quality"
 )
 
-// readerFlags are the flags that select the reader's kit over runEval.
-var readerFlags = []string{"blind", "score", "signals"}
-
-// runEvalReader runs `eval --blind N --sheet-out F --key-out K`,
-// `eval --score SHEET --key K` or `eval --signals`; handled is false when
-// args name none of them.
-func runEvalReader(args []string, stdout io.Writer) (handled bool, err error) {
-	for _, a := range args {
-		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if strings.HasPrefix(a, "-") && contains(readerFlags, name) {
-			handled = true
-		}
-	}
-	if !handled {
-		return false, nil
-	}
-	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
-	blind := fs.Int("blind", 0, "write a blind reading sheet of N couplets, half chunlian's (keyword mode), half human spring couplets of the same words")
-	sheetOut := fs.String("sheet-out", "", "--blind: the sheet to write")
-	keyOut := fs.String("key-out", "", "--blind: the key to write (id → source, word); keep it from the reader")
-	score := fs.String("score", "", "score a filled sheet (with --key): hang / acceptable / odd and 横批 fit per side")
-	key := fs.String("key", "", "--score: the sheet's key")
-	signals := fs.Bool("signals", false, "automatic signals of chunlian's couplets and human ones of the same words, side by side (Markdown)")
-	signalsOut := fs.String("signals-out", "", "--signals: also write the couplets compared, as source<TAB>word<TAB>上联<TAB>下联<TAB>横批 lines")
-	perWord := fs.Int("per-word", 100, "--signals: chunlian couplets per blessing word (distinct-2 is over these); human ones: all of the word's, at most as many")
-	wordList := fs.String("word-list", strings.Join(evalWords[:15], ","), "comma-separated blessing words")
-	length := fs.Int("length", couplet.DefaultLength, "line length of chunlian's couplets and of the human ones picked")
-	seed := fs.Uint64("seed", 1, "seed of the couplets and of the sheet's order")
-	shared := fs.String("shared", "../shared/data", "the shared data folder (spring/, couplets/train.tsv, idioms.txt)")
-	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
-	var sc stackConfig
-	sc.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return true, err
-	}
-	if *score != "" {
-		return true, scoreSheetFiles(*score, *key, stdout)
-	}
-	words := strings.Split(*wordList, ",")
-	pool, err := quality.ReadHuman(filepath.Join(*shared, "spring/with_banner.tsv"), filepath.Join(*shared, "spring/newyear_no_banner.tsv"))
-	if err != nil {
-		return true, fmt.Errorf("the human couplets need ../shared (--shared): %w", err)
-	}
-	st, err := openStack(sc, *randomModel)
-	if err != nil {
-		return true, err
-	}
-	defer st.Close()
-	g, err := couplet.New(st.Model, st.Engine, sc.generatorOptions()...)
-	if err != nil {
-		return true, err
-	}
-	rng := rand.New(rand.NewPCG(*seed, 1))
-	switch {
-	case *blind > 0:
-		if *sheetOut == "" || *keyOut == "" {
-			return true, errors.New("--blind needs --sheet-out and --key-out")
-		}
-		return true, writeBlind(g, pool, words, *blind, *length, *seed, rng, *sheetOut, *keyOut, stdout)
-	case *signals:
-		return true, writeSignals(g, pool, signalsConfig{words, *perWord, *length, *seed, *shared, *signalsOut, sc.SamplesPerCouplet}, rng, stdout)
-	}
-	return true, errors.New("--blind needs N > 0")
+// readerFlags are eval's flags of the reader's kit (--length, --seed and
+// --random-model are eval's own and shared).
+type readerFlags struct {
+	blind                  *int
+	sheetOut, keyOut       *string
+	score, key             *string
+	signals                *bool
+	signalsOut             *string
+	perWord                *int
+	wordList, sharedFolder *string
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
+// defineReader registers the kit's flags on eval's flag set.
+func defineReader(fs *pflag.FlagSet) *readerFlags {
+	return &readerFlags{
+		blind:        fs.Int("blind", 0, "write a blind reading sheet of N couplets, half chunlian's (keyword mode), half human spring couplets of the same words"),
+		sheetOut:     fs.String("sheet-out", "", "--blind: the sheet to write"),
+		keyOut:       fs.String("key-out", "", "--blind: the key to write (id → source, word); keep it from the reader"),
+		score:        fs.String("score", "", "score a filled sheet (with --key): hang / acceptable / odd and 横批 fit per side"),
+		key:          fs.String("key", "", "--score: the sheet's key"),
+		signals:      fs.Bool("signals", false, "automatic signals of chunlian's couplets and human ones of the same words, side by side (Markdown)"),
+		signalsOut:   fs.String("signals-out", "", "--signals: also write the couplets compared, as source<TAB>word<TAB>上联<TAB>下联<TAB>横批 lines"),
+		perWord:      fs.Int("per-word", 100, "--signals: chunlian couplets per blessing word (distinct-2 is over these); human ones: all of the word's, at most as many"),
+		wordList:     fs.String("word-list", strings.Join(evalWords[:15], ","), "--blind, --signals: comma-separated blessing words"),
+		sharedFolder: fs.String("shared", "../shared/data", "--blind, --signals: the shared data folder (spring/, couplets/train.tsv)"),
 	}
-	return false
+}
+
+// active reports whether the call asks for the kit rather than the
+// constraint evaluation.
+func (r *readerFlags) active() bool { return *r.blind != 0 || *r.score != "" || *r.signals }
+
+// runReader runs `eval --blind N --sheet-out F --key-out K`,
+// `eval --score SHEET --key K` or `eval --signals`.
+func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, randomModel bool, stdout io.Writer) error {
+	if *r.score != "" {
+		return scoreSheetFiles(*r.score, *r.key, stdout)
+	}
+	if *r.blind < 0 {
+		return errors.New("--blind needs N > 0")
+	}
+	shared := *r.sharedFolder
+	words := strings.Split(*r.wordList, ",")
+	pool, err := quality.ReadHuman(filepath.Join(shared, "spring/with_banner.tsv"), filepath.Join(shared, "spring/newyear_no_banner.tsv"))
+	if err != nil {
+		return fmt.Errorf("the human couplets need ../shared (--shared): %w", err)
+	}
+	st, err := openStack(sc, randomModel)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	g := st.Gen
+	rng := rand.New(rand.NewPCG(seed, 1))
+	if *r.blind > 0 {
+		if *r.sheetOut == "" || *r.keyOut == "" {
+			return errors.New("--blind needs --sheet-out and --key-out")
+		}
+		return writeBlind(g, pool, words, *r.blind, length, seed, rng, *r.sheetOut, *r.keyOut, stdout)
+	}
+	return writeSignals(g, pool, signalsConfig{words, *r.perWord, length, seed, shared, *r.signalsOut, st.Config.SamplesPerCouplet}, rng, stdout)
 }
 
 func scoreSheetFiles(sheetPath, keyPath string, stdout io.Writer) error {
@@ -186,7 +177,7 @@ func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n,
 			used[h.Upper], used[h.Lower] = true, true
 			pickedOurs = append(pickedOurs, ours[w*per+k])
 			pickedHuman = append(pickedHuman, h)
-			if !contains(picked, usable[w]) {
+			if !slices.Contains(picked, usable[w]) {
 				picked = append(picked, usable[w])
 			}
 		}

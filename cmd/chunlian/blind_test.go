@@ -28,9 +28,8 @@ func TestEvalReaderRoundTrip(t *testing.T) {
 	shared := fakeShared(t, dir)
 	sheet, key := filepath.Join(dir, "sheet.tsv"), filepath.Join(dir, "key.tsv")
 	var out bytes.Buffer
-	handled, err := runEvalReader([]string{"--random-model", "--blind", "4", "--sheet-out", sheet, "--key-out", key, "--shared", shared, "--word-list", "平安"}, &out)
-	if !handled || err != nil {
-		t.Fatalf("handled %v, err %v", handled, err)
+	if err := runEval([]string{"--random-model", "--blind", "4", "--sheet-out", sheet, "--key-out", key, "--shared", shared, "--word-list", "平安"}, &out); err != nil {
+		t.Fatal(err)
 	}
 	data, _ := os.ReadFile(sheet)
 	var filled []string
@@ -50,16 +49,13 @@ func TestEvalReaderRoundTrip(t *testing.T) {
 	}
 	os.WriteFile(sheet, []byte(strings.Join(filled, "\n")+"\n"), 0o644)
 	out.Reset()
-	if _, err := runEvalReader([]string{"--score", sheet, "--key", key}, &out); err != nil {
+	if err := runEval([]string{"--score", sheet, "--key", key}, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"| chunlian | 2 | 0/2", "| human | 2 | 0/2 = 0 % (0–66) | 2/2 = 100 %"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("score report lacks %q:\n%s", want, out.String())
 		}
-	}
-	if handled, _ := runEvalReader([]string{"--limit", "3"}, &out); handled {
-		t.Error("runEvalReader took a plain eval call")
 	}
 }
 
@@ -71,9 +67,8 @@ func TestEvalSignals(t *testing.T) {
 	shared := fakeShared(t, dir)
 	dump := filepath.Join(dir, "couplets.tsv")
 	var out bytes.Buffer
-	handled, err := runEvalReader([]string{"--random-model", "--signals", "--per-word", "3", "--shared", shared, "--word-list", "平安", "--signals-out", dump}, &out)
-	if !handled || err != nil {
-		t.Fatalf("handled %v, err %v", handled, err)
+	if err := runEval([]string{"--random-model", "--signals", "--per-word", "3", "--shared", shared, "--word-list", "平安", "--signals-out", dump}, &out); err != nil {
+		t.Fatal(err)
 	}
 	for _, want := range []string{"| signal | chunlian | human |", "| couplets | 3 | 2 |", "| copied from training pairs | 0.0 % | 50.0 % |", "| 横批 a real phrase |"} {
 		if !strings.Contains(out.String(), want) {

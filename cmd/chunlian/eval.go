@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -19,20 +18,35 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"chunlian/couplet"
 	"chunlian/quality"
+	"chunlian/stats"
 )
 
-func init() {
-	commands["eval"] = command{
-		summary: "rule pass rates and latency of couplet generation, constraints on vs off (Markdown)",
-		run: func(args []string) error {
-			if handled, err := runEvalReader(args, os.Stdout); handled { // blind.go
-				return err
-			}
-			return runEval(args, os.Stdout)
-		},
+// newEvalCmd builds `chunlian eval`; the report goes to stdout.
+func newEvalCmd(stdout io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "eval [flags]",
+		Short: "rule pass rates and latency of couplet generation, constraints on vs off (Markdown)",
+		Long: `Measure what the couplet constraints buy and cost on the Go engine: rule pass
+rates and keyword inclusion with the constraints on and off, on built-in
+blessing words (keyword mode) and on the 上联s of the held-out test set
+(lower mode), plus latency per couplet, greedy BLEU and perplexity. Prints
+the Markdown section "Constrained decoding (Go engine)" of docs/EVAL.md.`,
+		Example: "  chunlian eval --limit 100 --bleu-limit 100\n  chunlian eval --bleu-forced 3830 --ppl-limit 3830",
+		Args:    noArgs,
 	}
+	run := defineEval(cmd.Flags(), stdout)
+	cmd.RunE = func(*cobra.Command, []string) error { return run() }
+	return withEnv(cmd)
+}
+
+// runEval parses args as `chunlian eval` would and runs it.
+func runEval(args []string, stdout io.Writer) error {
+	return execute(newEvalCmd(stdout), args)
 }
 
 // evalWords are the built-in blessing words (two-character words common in
@@ -84,13 +98,15 @@ func pct(a, n int) string {
 	return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(n))
 }
 
+// quantile is the nearest-rank q-quantile (0 < q ≤ 1) of d
+// (stats.Percentile).
 func quantile(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
+	s := make([]float64, len(d))
+	for i, x := range d {
+		s[i] = float64(x)
 	}
-	s := slices.Clone(d)
 	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
+	return time.Duration(stats.Percentile(s, 100*q))
 }
 
 func mean(d []time.Duration) time.Duration {
@@ -143,14 +159,14 @@ func readHyps(path string, uppers, refs []string) ([]string, error) {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
-func runEval(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
+// defineEval registers eval's flags on fs and returns the run.
+func defineEval(fs *pflag.FlagSet, stdout io.Writer) func() error {
 	testPath := fs.String("test", "../shared/data/couplets/test.tsv", "held-out upper<TAB>lower file for the lower-mode evaluation (skipped if absent)")
 	limit := fs.Int("limit", 300, "at most this many test.tsv 上联s (in file order)")
 	words := fs.Int("words", len(evalWords), fmt.Sprintf("use the first N of the %d built-in blessing words", len(evalWords)))
 	length := fs.Int("length", couplet.DefaultLength, "line length in keyword mode")
 	seed := fs.Uint64("seed", 1, "base seed (request i uses seed+i)")
-	temperature := fs.Float64("temperature", couplet.DefaultTemperature, "sampling temperature of the sampled keyword and lower-mode runs, in (0, 2] as in the HTTP API (the BLEU runs are greedy)")
+	temperature := fs.Float64("temperature", couplet.DefaultTemperature, fmt.Sprintf("sampling temperature of the sampled keyword and lower-mode runs, 0..%g as in the HTTP API (0 = greedy; the BLEU runs are greedy)", couplet.Limits.MaxTemperature))
 	samples := fs.Int("samples", 8, "sample couplets to print")
 	bleuLimit := fs.Int("bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
 	forcedLimit := fs.Int("bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set)")
@@ -158,16 +174,37 @@ func runEval(args []string, stdout io.Writer) error {
 	bleuCompare := fs.String("bleu-compare", "", "a --bleu-out file of another model on the same pairs: report this model's BLEU-4 minus that one's, with a paired bootstrap interval")
 	pplLimit := fs.Int("ppl-limit", 0, "teacher-forced 下联 perplexity (docs/EVAL.md's definition) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set, as the Python side)")
 	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
+	reader := defineReader(fs) // blind.go: --blind, --score, --signals
 	var sc stackConfig
-	sc.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+	sc.registerModel(fs)
+	return func() error {
+		if reader.active() {
+			return runReader(sc, reader, *length, *seed, *randomModel, stdout)
+		}
+		return evalRun(sc, evalFlags{testPath, limit, words, length, seed, temperature, samples, bleuLimit, forcedLimit, bleuOut, bleuCompare, pplLimit, randomModel}, stdout)
 	}
+}
+
+// evalFlags are eval's parsed flags.
+type evalFlags struct {
+	testPath                        *string
+	limit, words, length            *int
+	seed                            *uint64
+	temperature                     *float64
+	samples, bleuLimit, forcedLimit *int
+	bleuOut, bleuCompare            *string
+	pplLimit                        *int
+	randomModel                     *bool
+}
+
+func evalRun(sc stackConfig, f evalFlags, stdout io.Writer) error {
+	testPath, limit, words, length, seed, temperature := f.testPath, f.limit, f.words, f.length, f.seed, f.temperature
+	samples, bleuLimit, forcedLimit, bleuOut, bleuCompare, pplLimit, randomModel := f.samples, f.bleuLimit, f.forcedLimit, f.bleuOut, f.bleuCompare, f.pplLimit, f.randomModel
 	if *words < 1 || *words > len(evalWords) || *limit < 0 || *pplLimit < 0 || *forcedLimit < 0 {
 		return errors.New("--words must be 1..len(built-in list), and --limit, --bleu-forced and --ppl-limit ≥ 0")
 	}
-	if !(*temperature > 0 && *temperature <= 2) {
-		return fmt.Errorf("--temperature %v must be in (0, 2], as in the HTTP API", *temperature)
+	if err := couplet.Limits.Validate(couplet.Request{Temperature: float32(*temperature)}); err != nil {
+		return fmt.Errorf("--temperature %v: %w", *temperature, err)
 	}
 	st, err := openStack(sc, *randomModel)
 	if err != nil {
@@ -204,7 +241,8 @@ func runEval(args []string, stdout io.Writer) error {
 		pr := newEvalProgress(s.name, *words)
 		for i, w := range evalWords[:*words] {
 			pr.tick(i)
-			req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: *length, N: 1, Seed: *seed + uint64(i), Temperature: float32(*temperature), Unconstrained: v.raw}
+			req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: *length, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+			req.SetTemperature(*temperature) // 0 = greedy
 			if err := v.g.Validate(req); err != nil {
 				if vi == 0 {
 					skipped = append(skipped, w)
@@ -247,7 +285,8 @@ func runEval(args []string, stdout io.Writer) error {
 			pr := newEvalProgress(s.name, len(uppers))
 			for i, u := range uppers {
 				pr.tick(i)
-				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, Seed: *seed + uint64(i), Temperature: float32(*temperature), Unconstrained: v.raw}
+				req := couplet.Request{Mode: couplet.ModeLower, Text: u, N: 1, Seed: *seed + uint64(i), Unconstrained: v.raw}
+				req.SetTemperature(*temperature) // 0 = greedy
 				if v.g.Validate(req) != nil {
 					continue // unknown characters or too long for the model
 				}

@@ -72,7 +72,7 @@ func TestEvalTemperature(t *testing.T) {
 			t.Errorf("eval output lacks %q:\n%s", want, out.String())
 		}
 	}
-	for _, bad := range []string{"0", "-1", "2.5", "NaN"} {
+	for _, bad := range []string{"-1", "2.5", "NaN"} { // 0 is greedy, as over HTTP
 		if err := runEval(append(base, "--temperature", bad), io.Discard); err == nil {
 			t.Errorf("--temperature %s: no error", bad)
 		}

@@ -6,22 +6,15 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"chunlian/couplet"
 	"chunlian/model"
 )
-
-func init() {
-	commands["generate"] = command{
-		summary: "write couplets for a blessing word (or the 下联 for a 上联)",
-		run:     func(args []string) error { return runGenerate(args, os.Stdout) },
-	}
-}
 
 // genFlags are the couplet-request flags shared by generate and eval.
 type genFlags struct {
@@ -34,29 +27,35 @@ type genFlags struct {
 	unconstrained bool
 }
 
-func (g *genFlags) register(fs *flag.FlagSet) {
+func (g *genFlags) register(fs *pflag.FlagSet) {
+	l := couplet.Limits
 	fs.StringVar(&g.mode, "mode", "keyword", "keyword | acrostic (藏头) | lower (TEXT is the 上联)")
-	fs.IntVar(&g.n, "n", 1, fmt.Sprintf("number of candidates (1..%d)", couplet.MaxN))
-	fs.IntVar(&g.length, "length", couplet.DefaultLength, "Chinese characters per line (keyword/acrostic); 8 and more are split by \"，\" (11 = 4，7)")
+	fs.IntVar(&g.n, "n", 1, fmt.Sprintf("number of candidates (%d..%d)", l.MinN, l.MaxN))
+	fs.IntVar(&g.length, "length", couplet.DefaultLength, fmt.Sprintf("Chinese characters per line (keyword/acrostic, %d..%d); 8 and more are split by \"，\" (11 = 4，7)", l.MinLength, l.MaxLength))
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (0 = random)")
-	fs.Float64Var(&g.temperature, "temperature", couplet.DefaultTemperature, "sampling temperature (use --top-k 1 for greedy)")
+	fs.Float64Var(&g.temperature, "temperature", couplet.DefaultTemperature, fmt.Sprintf("sampling temperature (0..%g; 0 = greedy)", l.MaxTemperature))
 	fs.Float64Var(&g.topP, "top-p", couplet.DefaultTopP, "nucleus sampling threshold (0 < p ≤ 1)")
 	fs.IntVar(&g.topK, "top-k", 0, "top-k sampling (0 = off, 1 = greedy)")
 	fs.BoolVar(&g.unconstrained, "unconstrained", false, "turn the couplet rules off (raw model output, for comparison)")
 }
 
 func (g *genFlags) request(text string) couplet.Request {
-	return couplet.Request{
+	r := couplet.Request{
 		Mode: couplet.Mode(g.mode), Text: text, Length: g.length, N: g.n, Seed: g.seed,
-		Temperature: float32(g.temperature), TopP: float32(g.topP), TopK: g.topK,
-		Unconstrained: g.unconstrained,
+		TopP: float32(g.topP), TopK: g.topK, Unconstrained: g.unconstrained,
 	}
+	r.SetTemperature(g.temperature) // 0 = greedy
+	return r
 }
 
-// bannerSources lists the 横批 retrieval lists for a model: the model
-// directory's banner_candidates.txt when --model is given (the embedded
-// model's own list is added by couplet.New), plus the shared corpus' list.
-func bannerSources(modelDir string) []couplet.BannerSource {
+// bannerSources lists the 横批 list for the generator: bannersFile when set
+// (an operator's own curated list), else the embedded curated list. A
+// model directory's banner_candidates.txt (idioms, used in training) is
+// not a 横批 list: idioms include variants that are not 横批.
+func bannerSources(bannersFile string) []couplet.BannerSource {
+	if bannersFile != "" {
+		return []couplet.BannerSource{{Path: bannersFile, Prior: 1}}
+	}
 	return couplet.DefaultBannerSources()
 }
 
@@ -70,36 +69,55 @@ type jsonCouplet struct {
 	Score   float64 `json:"score"`
 }
 
+// generateOpts are generate's flags.
+type generateOpts struct {
+	gen         genFlags
+	stack       stackConfig
+	asJSON      bool
+	randomModel bool
+}
+
+// newGenerateCmd builds `chunlian generate`; couplets go to stdout.
+func newGenerateCmd(stdout io.Writer) *cobra.Command {
+	var o generateOpts
+	cmd := &cobra.Command{
+		Use:   "generate [flags] TEXT",
+		Short: "write couplets for a blessing word (or the 下联 for a 上联)",
+		Long: `Write couplets on the same stack as the service.
+
+TEXT is a two-character blessing word (modes keyword and acrostic) or a
+上联 (mode lower). Flags may come before or after TEXT.`,
+		Example: "  chunlian generate 平安\n  chunlian generate 平安 --n 3 --json\n  chunlian generate --mode lower 春风送暖入屠苏",
+		Args:    exactArgs(1, "TEXT"),
+		RunE: func(_ *cobra.Command, args []string) error {
+			return generateRun(o, args[0], stdout)
+		},
+	}
+	fs := cmd.Flags()
+	o.gen.register(fs)
+	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object per couplet and line: mode, keyword, upper, lower, banner, score")
+	fs.BoolVar(&o.randomModel, "random-model", false, "use the tiny random test model (for smoke tests; output is gibberish)")
+	o.stack.registerModel(fs)
+	return withEnv(cmd)
+}
+
+// runGenerate parses args as `chunlian generate` would and runs it.
 func runGenerate(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: chunlian generate [flags] TEXT\n\nTEXT is a two-character blessing word (keyword, acrostic) or a 上联 (lower).\n\nflags:")
-		fs.PrintDefaults()
+	return execute(newGenerateCmd(stdout), args)
+}
+
+func generateRun(o generateOpts, text string, stdout io.Writer) error {
+	gf, asJSON := o.gen, &o.asJSON
+	req := gf.request(text)
+	if err := couplet.Limits.Validate(req); err != nil {
+		return err // before loading the model
 	}
-	var gf genFlags
-	gf.register(fs)
-	asJSON := fs.Bool("json", false, "print one JSON object per couplet and line: mode, keyword, upper, lower, banner, score")
-	randomModel := fs.Bool("random-model", false, "use the tiny random test model (for smoke tests; output is gibberish)")
-	var sc stackConfig
-	sc.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errors.New("need exactly one TEXT argument")
-	}
-	st, err := openStack(sc, *randomModel)
+	st, err := openStack(o.stack, o.randomModel)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	gen, err := couplet.New(st.Model, st.Engine, sc.generatorOptions()...)
-	if err != nil {
-		return err
-	}
-	req := gf.request(fs.Arg(0))
-	cs, err := gen.Generate(context.Background(), req)
+	cs, err := st.Gen.Generate(context.Background(), req)
 	if err != nil {
 		return err
 	}

@@ -9,9 +9,9 @@ package main
 // engine, exit 0.
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,20 +22,42 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"chunlian/forward"
 	"chunlian/server"
 )
 
-func init() {
-	commands["serve"] = command{
-		summary: "run the HTTP service (web page, API, metrics) on 127.0.0.1:8000",
-		run: func(args []string) error {
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			defer signal.Stop(sig)
-			return serveMain(args, sig, nil)
+// newServeCmd builds `chunlian serve`. sig delivers the shutdown signal
+// (nil: SIGINT/SIGTERM); onListen, if set, gets the bound address (tests
+// listen on port 0).
+func newServeCmd(sig <-chan os.Signal, onListen func(addr string)) *cobra.Command {
+	var cfg serveConfig
+	cmd := &cobra.Command{
+		Use:   "serve [flags]",
+		Short: "run the HTTP service (web page, API, metrics) on 127.0.0.1:8000",
+		Long: `Run the HTTP service: the web page, the JSON API (/generate, /v1/*), the
+dashboard and Prometheus metrics.
+
+Start-up: validate all flags, listen (/health answers and /ready says 503
+while the model loads), build the stack, warm up, /ready 200. On SIGINT or
+SIGTERM: /ready 503, stop accepting, drain in-flight requests up to
+--drain-timeout, exit 0.`,
+		Example: "  chunlian serve\n  chunlian serve --addr 0.0.0.0:8000 --api-key $KEY\n  CHUNLIAN_BACKEND=cpu chunlian serve --threads 2",
+		Args:    noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if sig == nil {
+				ch := make(chan os.Signal, 1)
+				signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+				defer signal.Stop(ch)
+				sig = ch
+			}
+			return serveRun(cfg, sig, onListen)
 		},
 	}
+	cfg.register(cmd.Flags())
+	return withEnv(cmd)
 }
 
 // serveConfig is the stack config plus the HTTP layer's flags.
@@ -50,45 +72,38 @@ type serveConfig struct {
 	Pprof          bool
 	LogLevel       string
 	LogFormat      string
+	// Hardening (server.Config; 0 = the server's default).
+	MaxConns          int
+	ProbeReserveConns int
+	WriteTimeout      time.Duration
+	PublicMetrics     bool
+	AdmissionFactor   float64
+	Admission         bool
+	MemoryLimit       byteSize // 0 = sized from the loaded model
 }
 
-func (c *serveConfig) register(fs *flag.FlagSet) {
-	c.stack.register(fs)
+func (c *serveConfig) register(fs *pflag.FlagSet) {
+	c.stack.registerModel(fs)
+	c.stack.registerEngine(fs)
 	c.Addr, c.LogLevel, c.LogFormat = "127.0.0.1:8000", "info", "text"
 	c.RequestTimeout, c.DrainTimeout = 60*time.Second, 30*time.Second
-	env := &c.stack
-	env.envString("CHUNLIAN_ADDR", &c.Addr)
-	env.envString("CHUNLIAN_API_KEY", &c.APIKey)
-	env.envString("CHUNLIAN_CORS_ORIGIN", &c.CORSOrigin)
-	env.envString("CHUNLIAN_LOG_LEVEL", &c.LogLevel)
-	env.envString("CHUNLIAN_LOG_FORMAT", &c.LogFormat)
-	env.envInt("CHUNLIAN_MAX_IN_FLIGHT", &c.MaxInFlight)
-	env.envBool("CHUNLIAN_PPROF", &c.Pprof)
-	envDuration(env, "CHUNLIAN_REQUEST_TIMEOUT", &c.RequestTimeout)
-	envDuration(env, "CHUNLIAN_DRAIN_TIMEOUT", &c.DrainTimeout)
-
-	fs.StringVar(&c.Addr, "addr", c.Addr, "listen address host:port (port 0 = any free port) [CHUNLIAN_ADDR]")
-	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "if set, the API (/generate, /v1/*) requires 'Authorization: Bearer KEY'; the web page, /health, /ready, /metrics stay open [CHUNLIAN_API_KEY]")
-	fs.StringVar(&c.CORSOrigin, "cors-origin", c.CORSOrigin, "comma-separated browser origins allowed by CORS (* = any); empty = CORS off [CHUNLIAN_CORS_ORIGIN]")
-	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "per-request generation deadline (0 = none); past it: HTTP 504 [CHUNLIAN_REQUEST_TIMEOUT]")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM/SIGINT, how long in-flight requests may finish [CHUNLIAN_DRAIN_TIMEOUT]")
-	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go runtime profiles under /debug/pprof/ (CPU profile: /debug/pprof/profile?seconds=10); needs --api-key's key when one is set [CHUNLIAN_PPROF]")
-	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "hard cap on concurrent generation requests in the HTTP layer (0 = 256); adaptive admission usually refuses earlier; beyond: 503 [CHUNLIAN_MAX_IN_FLIGHT]")
-	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error [CHUNLIAN_LOG_LEVEL]")
-	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json [CHUNLIAN_LOG_FORMAT]")
-}
-
-func envDuration(c *stackConfig, name string, dst *time.Duration) {
-	v, ok := os.LookupEnv(name)
-	if !ok {
-		return
-	}
-	d, err := time.ParseDuration(strings.TrimSpace(v))
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: not a duration (e.g. 30s)", name, v))
-		return
-	}
-	*dst = d
+	fs.StringVar(&c.Addr, "addr", c.Addr, "listen address host:port (port 0 = any free port)")
+	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "if set, the API (/generate, /v1/*) requires 'Authorization: Bearer KEY'; the web page, /health, /ready, /metrics stay open")
+	fs.StringVar(&c.CORSOrigin, "cors-origin", c.CORSOrigin, "comma-separated browser origins allowed by CORS (* = any); empty = CORS off")
+	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "per-request generation deadline (0 = none); past it: HTTP 504")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go runtime profiles under /debug/pprof/ (CPU profile: /debug/pprof/profile?seconds=10); needs --api-key's key when one is set")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "hard cap on concurrent generation requests in the HTTP layer (0 = 256); adaptive admission usually refuses earlier; beyond: 503")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	c.Admission = true
+	fs.IntVar(&c.MaxConns, "max-conns", 0, fmt.Sprintf("client connections served at once (0 = %d, lowered to fit the open-file limit)", server.DefaultMaxConns))
+	fs.IntVar(&c.ProbeReserveConns, "probe-reserve-conns", 0, "extra connections past --max-conns for /health and /ready only (0 = the server's default, 32)")
+	fs.DurationVar(&c.WriteTimeout, "write-timeout", 0, "each response write must complete within it (0 = 30s)")
+	fs.BoolVar(&c.PublicMetrics, "public-metrics", false, "leave /metrics and /api/stats open when --api-key is set")
+	fs.BoolVar(&c.Admission, "admission", c.Admission, "adaptive, cost-aware admission (503 + Retry-After past the knee); false = only --max-in-flight and --max-queue limit load")
+	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 2)")
+	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB, half of it); the GOMEMLIMIT variable wins")
 }
 
 func (c *serveConfig) logger() (*slog.Logger, error) {
@@ -124,7 +139,9 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
 		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
-		MaxConns: maxConnsForFDs(server.DefaultMaxConns), // stay under the open-file limit
+		MaxConns:          maxConnsForFDs(cmp.Or(c.MaxConns, server.DefaultMaxConns)), // stay under the open-file limit
+		ProbeReserveConns: c.ProbeReserveConns, WriteTimeout: c.WriteTimeout, PublicMetrics: c.PublicMetrics,
+		Admission: server.AdmissionConfig{LatencyFactor: c.AdmissionFactor, Disabled: !c.Admission},
 	}
 	if c.DrainTimeout == 0 {
 		errs = append(errs, errors.New("--drain-timeout 0: must be > 0"))
@@ -135,18 +152,18 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 	return sc, errors.Join(errs...)
 }
 
-// serveMain runs the service until a signal arrives on sig. onListen, if
-// set, gets the bound address (tests listen on port 0).
+// serveMain parses args as `chunlian serve` would and runs the service
+// until a signal arrives on sig (tests).
 func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	var cfg serveConfig
-	cfg.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err // flag.ErrHelp after -h: main exits 0
+	if sig == nil {
+		sig = make(chan os.Signal)
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q (all options are flags)", fs.Args())
-	}
+	return execute(newServeCmd(sig, onListen), args)
+}
+
+// serveRun runs the service on a parsed config until a signal arrives on
+// sig.
+func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string)) error {
 	log, err := cfg.logger()
 	if err != nil {
 		return err
@@ -225,7 +242,7 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 			}
 			return b.err
 		}
-		setMemoryLimit(log, 0) // model and KV cache are loaded: size GOMEMLIMIT from them
+		setMemoryLimit(log, int64(cfg.MemoryLimit)) // model and KV cache are loaded: size GOMEMLIMIT from them
 		log.Info("ready", "url", "http://"+addr+"/")
 	case err := <-served: // signal before the model finished loading
 		return err

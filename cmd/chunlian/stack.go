@@ -1,201 +1,175 @@
 package main
 
-// stack.go builds the inference stack shared by `serve`, `generate` and
-// `bench --spawn`: model → forward backend → engine → couplet generator, from
-// one typed config that comes from flags with CHUNLIAN_* environment
-// fallbacks (precedence: flag > env > built-in default).
+// stack.go builds the inference stack shared by `serve`, `generate`, `eval`
+// and `bench --spawn`: model → forward backend → engine → couplet
+// generator, from one typed config filled by flags (and their CHUNLIAN_*
+// variables, main.go's bindEnv).
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"chunlian/couplet"
 	"chunlian/critic"
 	"chunlian/engine"
 	"chunlian/forward"
+	"chunlian/kernels/cpu"
 	"chunlian/model"
 )
 
 // stackConfig is the whole inference stack's configuration. The zero value
-// is not valid; use defaultStackConfig (or register, which starts from it).
+// is not valid; use defaultStackConfig (the register methods start from it).
 type stackConfig struct {
-	ModelDir            string                            // "" = the embedded default model
-	Engine              string                            // paged | naive
-	Backend             string                            // auto | cpu | cuda
-	KVCacheBytes        byteSize                          // 0 = the backend's default
-	BlockSize           int                               // tokens per KV block; 0 = the backend's (blockSizeFor)
-	MaxNumSeqs          int                               // sequences per engine step
-	MaxNumBatchedTokens int                               // tokens per engine step
-	MaxQueue            int                               // waiting requests before ErrQueueFull
-	Threads             int                               // CPU backend threads; 0 = GOMAXPROCS
-	CPUInt8             bool                              // CPU backend: small-batch GEMMs on int8 weight copies
-	PrefixCaching       bool                              // automatic prefix caching (paged engine)
-	DeviceSampling      bool                              // draw tokens where the logits are (cuda backend)
-	OverlapSteps        bool                              // two steps in flight (cuda backend with device sampling)
-	SamplesPerCouplet   int                               // constrained samples drawn and ranked per returned couplet
-	BannerCandidates    int                               // retrieved 横批 candidates scored by the model per couplet
-	CUDA                cudaConfig                        // CUDA-only flags (stack_cuda.go)
-	envErrs             []error                           // malformed CHUNLIAN_* values, reported by Validate
-	wrapEngine          func(engine.Engine) engine.Engine // optional decorator (metrics); not a flag
+	ModelDir            string     // "" = the embedded default model
+	Engine              string     // paged | naive
+	Backend             string     // auto | cpu | cuda
+	KVCacheBytes        byteSize   // 0 = the backend's default
+	BlockSize           int        // tokens per KV block; 0 = the backend's default
+	MaxNumSeqs          int        // sequences per engine step
+	MaxNumBatchedTokens int        // tokens per engine step
+	MaxQueue            int        // waiting requests before ErrQueueFull
+	Threads             int        // CPU kernel threads; 0 = GOMAXPROCS
+	CPUGEMM             string     // auto | openblas | simd | go: the CPU float32 GEMM path
+	PrefixCaching       bool       // automatic prefix caching (paged engine)
+	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
+	BannerCandidates    int        // retrieved 横批 candidates scored by the model per couplet
+	BannersFile         string     // an operator's 横批 list instead of the embedded one
+	Experimental        features   // --experimental
+	CUDA                cudaConfig // CUDA-only flags (stack_cuda.go)
+	// wrapEngine is an optional engine decorator (metrics); not a flag.
+	wrapEngine func(engine.Engine) engine.Engine
 }
 
-// defaultStackConfig holds the built-in defaults (they match engine's and
-// forward's own defaults so that "unset" and "default" mean the same,
-// except BlockSize: 0 is resolved per backend by blockSizeFor, where
-// forward.NewCPU alone would take 16).
+// Ranked samples per couplet when --samples-per-couplet is 0, by backend:
+// the GPU affords couplet.DefaultSamples, where blind readers' odd share of
+// the pick stops falling; the 2-core CPU takes 4 to keep its speed goals
+// (docs/DECISIONS.md, "Samples per couplet").
+const (
+	cpuDefaultSamples  = 4
+	cudaDefaultSamples = couplet.DefaultSamples
+)
+
+// samplesFor resolves --samples-per-couplet for backend ("cpu" or "cuda").
+func samplesFor(backend string, flag int) int {
+	switch {
+	case flag > 0:
+		return flag
+	case backend == "cuda":
+		return cudaDefaultSamples
+	}
+	return cpuDefaultSamples
+}
+
+// defaultStackConfig holds the built-in defaults. Each is owned by the
+// package that implements the setting (engine.DefaultConfig,
+// couplet.Default*); block size and KV cache size are the backend's own
+// (0 here).
 func defaultStackConfig() stackConfig {
+	e := engine.DefaultConfig()
 	return stackConfig{
 		Engine:              "paged",
 		Backend:             "auto",
-		BlockSize:           0, // per backend: blockSizeFor
-		MaxNumSeqs:          256,
-		MaxNumBatchedTokens: 2048,
-		MaxQueue:            1024,
-		PrefixCaching:       true,
-		DeviceSampling:      true,
-		OverlapSteps:        true,
-		// Ranked samples per couplet: readers find the top-ranked of 8 odd
-		// far less often than a single sample (docs/DECISIONS.md).
-		SamplesPerCouplet: couplet.DefaultSamples,
-		// 横批: the model's own plus the 4 retrieved candidates (of a
-		// lexical pool of 32) whose first character the model finds
-		// likeliest; ranks better than 8 lexical ones at half the rows
-		// (couplet.BenchmarkBannerQuality).
-		BannerCandidates: couplet.DefaultBannerTopK,
+		MaxNumSeqs:          e.MaxNumSeqs,
+		MaxNumBatchedTokens: e.MaxNumBatchedTokens,
+		MaxQueue:            e.MaxQueue,
+		PrefixCaching:       e.EnablePrefixCaching,
+		CPUGEMM:             "auto",
+		BannerCandidates:    couplet.DefaultBannerTopK,
+		CUDA:                defaultCUDAConfig(),
 	}
 }
 
-// register resets c to the defaults overlaid with CHUNLIAN_* env values and
-// registers the stack flags on fs, so a parsed flag wins over env, env over
-// default. Env parse errors are kept and reported by Validate.
-func (c *stackConfig) register(fs *flag.FlagSet) {
+// registerModel registers the flags every command that generates needs:
+// which model, which backend, and how couplets are drawn. It resets c to
+// the defaults first.
+func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	*c = defaultStackConfig()
-	c.envString("CHUNLIAN_MODEL", &c.ModelDir)
-	c.envString("CHUNLIAN_ENGINE", &c.Engine)
-	c.envString("CHUNLIAN_BACKEND", &c.Backend)
-	if v, ok := os.LookupEnv("CHUNLIAN_KV_CACHE_MEMORY"); ok {
-		if err := c.KVCacheBytes.Set(v); err != nil {
-			c.envErrs = append(c.envErrs, fmt.Errorf("CHUNLIAN_KV_CACHE_MEMORY=%q: %v", v, err))
-		}
-	}
-	c.envInt("CHUNLIAN_BLOCK_SIZE", &c.BlockSize)
-	c.envInt("CHUNLIAN_MAX_NUM_SEQS", &c.MaxNumSeqs)
-	c.envInt("CHUNLIAN_MAX_NUM_BATCHED_TOKENS", &c.MaxNumBatchedTokens)
-	c.envInt("CHUNLIAN_MAX_QUEUE", &c.MaxQueue)
-	c.envInt("CHUNLIAN_THREADS", &c.Threads)
-	c.envBool("CHUNLIAN_PREFIX_CACHING", &c.PrefixCaching)
-	c.envBool("CHUNLIAN_INT8", &c.CPUInt8)
-	c.envBool("CHUNLIAN_DEVICE_SAMPLING", &c.DeviceSampling)
-	c.envBool("CHUNLIAN_OVERLAP_STEPS", &c.OverlapSteps)
-	c.envInt("CHUNLIAN_SAMPLES_PER_COUPLET", &c.SamplesPerCouplet)
-	c.envInt("CHUNLIAN_BANNER_CANDIDATES", &c.BannerCandidates)
+	fs.StringVar(&c.ModelDir, "model", c.ModelDir, "model directory (Hugging Face layout + chunlian.json); empty = embedded default model")
+	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda")
+	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU kernel threads; 0 = all cores")
+	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU float32 GEMM path: auto (fastest available), openblas, simd or go (an unavailable one falls back to the next slower)")
+	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, fmt.Sprintf("constrained samples drawn and ranked for each returned couplet (quality vs throughput); 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultSamples, cudaDefaultSamples))
+	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
+	fs.StringVar(&c.BannersFile, "banners-file", c.BannersFile, "a 横批 list of your own (one four-character phrase per line, # comments) used instead of the embedded curated list; empty = the embedded list")
+	fs.Var(&c.Experimental, "experimental", "comma-separated experimental features: "+knownFeatures())
+	fs.StringVar(&c.CUDA.LibDir, "cuda-lib-dir", c.CUDA.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first")
+	fs.StringVar(&c.CUDA.NVRTCTarget, "cuda-nvrtc-target", c.CUDA.NVRTCTarget, "what NVRTC compiles the kernels to: cubin (default) or ptx (the driver compiles it; for an NVRTC that fails on a new GPU)")
+}
 
-	fs.StringVar(&c.ModelDir, "model", c.ModelDir, "model directory (Hugging Face layout + chunlian.json); empty = embedded default model [CHUNLIAN_MODEL]")
-	fs.StringVar(&c.Engine, "engine", c.Engine, "engine: paged (continuous batching, paged KV cache) or naive (one request at a time, no cache reuse) [CHUNLIAN_ENGINE]")
-	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda [CHUNLIAN_BACKEND]")
-	fs.Var(&c.KVCacheBytes, "kv-cache-memory", "KV cache size in bytes, suffixes KiB MiB GiB (or K M G) accepted, e.g. 64MiB; 0 = backend default [CHUNLIAN_KV_CACHE_MEMORY]")
-	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV cache block; 0 = the backend's default: 1 on the CPU (no slot of the cache left empty), 16 with CUDA [CHUNLIAN_BLOCK_SIZE]")
-	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "max sequences per engine step [CHUNLIAN_MAX_NUM_SEQS]")
-	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step [CHUNLIAN_MAX_NUM_BATCHED_TOKENS]")
-	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503) [CHUNLIAN_MAX_QUEUE]")
-	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU backend threads; 0 = all cores [CHUNLIAN_THREADS]")
-	fs.BoolVar(&c.CPUInt8, "cpu-int8", c.CPUInt8, "CPU backend: run GEMMs of 1..256 rows on int8 copies of the weights (per-row scales; faster decode, but logits differ from bf16: docs/DECISIONS.md) [CHUNLIAN_INT8]")
-	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine) [CHUNLIAN_PREFIX_CACHING]")
-	fs.BoolVar(&c.DeviceSampling, "device-sampling", c.DeviceSampling, "cuda backend: draw tokens on the GPU (masks, top-k/top-p/min-p) so that only 8 bytes per row reach the host; false = copy every logits row and sample on the host [CHUNLIAN_DEVICE_SAMPLING]")
-	fs.BoolVar(&c.OverlapSteps, "overlap-steps", c.OverlapSteps, "cuda backend with --device-sampling: from 128 sequences on, keep two engine steps in flight, so that the host consumes one while the GPU computes the other; false = one step at a time [CHUNLIAN_OVERLAP_STEPS]")
-	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, "constrained samples drawn and ranked for each returned couplet (quality vs throughput) [CHUNLIAN_SAMPLES_PER_COUPLET]")
-	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only [CHUNLIAN_BANNER_CANDIDATES]")
+// registerEngine registers the engine and KV cache flags (serve only;
+// generate and eval run on the defaults).
+func (c *stackConfig) registerEngine(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Engine, "engine", c.Engine, "engine: paged (continuous batching, paged KV cache) or naive (one request at a time, no cache reuse)")
+	fs.Var(&c.KVCacheBytes, "kv-cache-memory", "KV cache size in bytes, suffixes KiB MiB GiB (or K M G) accepted, e.g. 64MiB; 0 = backend default")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, fmt.Sprintf("tokens per KV cache block; 0 = the backend's default: %d on the CPU, %d with CUDA", forward.DefaultCPUBlockSize, cudaDefaultBlockSize))
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "max sequences per engine step")
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step")
+	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503)")
+	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine)")
 	c.CUDA.register(fs)
 }
 
 // generatorOptions are the couplet generator's options from this config.
 func (c *stackConfig) generatorOptions() []couplet.Option {
 	return []couplet.Option{
-		couplet.WithBannerSources(bannerSources(c.ModelDir)...), // generate.go
+		couplet.WithBannerSources(bannerSources(c.BannersFile)...), // generate.go
 		couplet.WithOversample(c.SamplesPerCouplet),
 		couplet.WithBannerTopK(c.BannerCandidates),
 		couplet.WithJudge(critic.Judge{}),
 	}
 }
 
-func (c *stackConfig) envString(name string, dst *string) {
-	if v, ok := os.LookupEnv(name); ok {
-		*dst = v
-	}
-}
-
-func (c *stackConfig) envInt(name string, dst *int) {
-	v, ok := os.LookupEnv(name)
-	if !ok {
-		return
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: not an integer", name, v))
-		return
-	}
-	*dst = n
-}
-
-func (c *stackConfig) envBool(name string, dst *bool) {
-	v, ok := os.LookupEnv(name)
-	if !ok {
-		return
-	}
-	b, err := strconv.ParseBool(strings.TrimSpace(v))
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: not a boolean (true/false/1/0)", name, v))
-		return
-	}
-	*dst = b
-}
-
 // Validate reports every problem at once, each naming the flag to fix.
 func (c *stackConfig) Validate() error {
-	errs := append([]error(nil), c.envErrs...)
-	switch c.Engine {
-	case "paged", "naive":
-	default:
-		errs = append(errs, fmt.Errorf("--engine %q: want paged or naive", c.Engine))
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.Engine != "paged" && c.Engine != "naive" {
+		bad("--engine %q: want paged or naive", c.Engine)
 	}
 	switch c.Backend {
 	case "auto", "cpu", "cuda":
 	default:
-		errs = append(errs, fmt.Errorf("--backend %q: want auto, cpu or cuda", c.Backend))
+		bad("--backend %q: want auto, cpu or cuda", c.Backend)
+	}
+	switch c.CPUGEMM {
+	case "auto", "openblas", "simd", "go":
+	default:
+		bad("--cpu-gemm %q: want auto, openblas, simd or go", c.CPUGEMM)
 	}
 	if c.KVCacheBytes < 0 {
-		errs = append(errs, fmt.Errorf("--kv-cache-memory %d: must be ≥ 0", c.KVCacheBytes))
+		bad("--kv-cache-memory %d: must be ≥ 0", c.KVCacheBytes)
 	}
 	if c.BlockSize < 0 || c.BlockSize > 1024 {
-		errs = append(errs, fmt.Errorf("--block-size %d: want 1..1024, or 0 for the backend's default", c.BlockSize))
+		bad("--block-size %d: want 1..1024, or 0 for the backend's default", c.BlockSize)
 	}
 	if c.MaxNumSeqs < 1 {
-		errs = append(errs, fmt.Errorf("--max-num-seqs %d: must be ≥ 1", c.MaxNumSeqs))
+		bad("--max-num-seqs %d: must be ≥ 1", c.MaxNumSeqs)
 	}
 	if c.MaxNumBatchedTokens < 1 {
-		errs = append(errs, fmt.Errorf("--max-num-batched-tokens %d: must be ≥ 1", c.MaxNumBatchedTokens))
+		bad("--max-num-batched-tokens %d: must be ≥ 1", c.MaxNumBatchedTokens)
 	}
 	if c.MaxQueue < 0 {
-		errs = append(errs, fmt.Errorf("--max-queue %d: must be ≥ 0", c.MaxQueue))
+		bad("--max-queue %d: must be ≥ 0", c.MaxQueue)
 	}
-	if c.SamplesPerCouplet < 1 || c.SamplesPerCouplet > 32 {
-		errs = append(errs, fmt.Errorf("--samples-per-couplet %d: want 1..32", c.SamplesPerCouplet))
+	if c.SamplesPerCouplet < 0 || c.SamplesPerCouplet > 32 {
+		bad("--samples-per-couplet %d: want 1..32, or 0 for the backend's default", c.SamplesPerCouplet)
 	}
 	if c.BannerCandidates < 0 || c.BannerCandidates > 64 {
-		errs = append(errs, fmt.Errorf("--banner-candidates %d: want 0..64", c.BannerCandidates))
+		bad("--banner-candidates %d: want 0..64", c.BannerCandidates)
 	}
 	if c.Threads < 0 {
-		errs = append(errs, fmt.Errorf("--threads %d: must be ≥ 0 (0 = all cores)", c.Threads))
+		bad("--threads %d: must be ≥ 0 (0 = all cores)", c.Threads)
 	}
 	if c.ModelDir != "" {
 		if st, err := os.Stat(c.ModelDir); err != nil {
-			errs = append(errs, fmt.Errorf("--model %q: %v", c.ModelDir, err))
+			bad("--model %q: %v", c.ModelDir, err)
 		} else if !st.IsDir() {
-			errs = append(errs, fmt.Errorf("--model %q: not a directory", c.ModelDir))
+			bad("--model %q: not a directory", c.ModelDir)
 		}
 	}
 	return errors.Join(errs...)
@@ -231,9 +205,19 @@ func buildStack(cfg stackConfig) (*stack, error) {
 	return buildStackFor(cfg, m)
 }
 
+// configureKernels applies the process-wide CPU kernel settings (thread
+// count, GEMM path): the one place that sets them.
+func configureKernels(cfg stackConfig) {
+	cpu.SetThreads(cfg.Threads)
+	if cfg.CPUGEMM != "auto" {
+		cpu.SetGEMMPath(cfg.CPUGEMM)
+	}
+}
+
 // buildStackFor builds the stack on an already loaded model (tests use a
 // random model).
 func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
+	configureKernels(cfg)
 	s := &stack{Config: cfg, Model: m}
 	var err error
 	backend := cfg.Backend
@@ -243,15 +227,12 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 			backend = "cuda"
 		}
 	}
-	cfg.BlockSize = blockSizeFor(backend, cfg.BlockSize)
-	s.Config = cfg
 	switch backend {
 	case "cpu":
 		s.Backend, err = forward.NewCPU(m, forward.CPUOptions{
 			BlockSize:    cfg.BlockSize,
 			KVCacheBytes: int64(cfg.KVCacheBytes),
-			Threads:      cfg.Threads,
-			Int8:         cfg.CPUInt8,
+			Int8:         cfg.Experimental.Has(featCPUInt8),
 		})
 	case "cuda":
 		s.Backend, err = newCUDABackend(cfg, m) // stack_cuda.go
@@ -259,19 +240,19 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backend: %w", err)
 	}
+	s.Config.BlockSize = s.Backend.BlockSize() // the backend resolves 0
+	s.Config.SamplesPerCouplet = samplesFor(backend, cfg.SamplesPerCouplet)
+	cfg.SamplesPerCouplet = s.Config.SamplesPerCouplet
 	var eng engine.Engine
 	switch cfg.Engine {
 	case "naive":
 		eng = engine.NewNaive(s.Backend)
 	default:
 		eng, err = engine.New(s.Backend, engine.Config{
-			BlockSize:           cfg.BlockSize,
 			MaxNumSeqs:          cfg.MaxNumSeqs,
 			MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 			MaxQueue:            cfg.MaxQueue,
 			EnablePrefixCaching: cfg.PrefixCaching,
-			HostSampling:        !cfg.DeviceSampling,
-			NoOverlap:           !cfg.OverlapSteps,
 		})
 	}
 	if err != nil {
@@ -290,30 +271,6 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	return s, nil
 }
 
-// The default KV block size of each backend (--block-size 0).
-//
-// The CUDA backend keeps vLLM's 16 tokens: at a thousand users and more
-// the engine goroutine's per-block host work is the limit there, and
-// smaller blocks multiply it. On the CPU a couplet's sequences (21–26
-// tokens) would leave most of a 16-token block empty; 1-token blocks hold
-// only live tokens and are as fast or faster, since more of each prompt is
-// found in cached full blocks. Figures: docs/DECISIONS.md, "KV block size".
-const (
-	cpuDefaultBlockSize  = 1
-	cudaDefaultBlockSize = 16
-)
-
-// blockSizeFor resolves --block-size for backend ("cpu" or "cuda").
-func blockSizeFor(backend string, flag int) int {
-	switch {
-	case flag > 0:
-		return flag
-	case backend == "cuda":
-		return cudaDefaultBlockSize
-	}
-	return cpuDefaultBlockSize
-}
-
 // Close stops the engine (requests still running get engine.ErrClosed) and
 // frees the backend's cache.
 func (s *stack) Close() error {
@@ -327,10 +284,13 @@ func (s *stack) Close() error {
 	return errors.Join(errs...)
 }
 
-// byteSize is a flag.Value for byte counts with binary suffixes.
+// byteSize is a pflag.Value for byte counts with binary suffixes.
 type byteSize int64
 
 func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+// Type names the value in help ("--kv-cache-memory bytes").
+func (b *byteSize) Type() string { return "bytes" }
 
 // Set parses "123", "64MiB", "64M", "1.5GiB", "512k" (K/M/G and KiB/MiB/GiB
 // are both powers of 1024; a trailing B is optional).

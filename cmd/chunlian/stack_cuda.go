@@ -4,11 +4,12 @@ package main
 // --backend cuda, and --backend auto choosing CUDA when a GPU is usable.
 
 import (
-	"flag"
 	"fmt"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"chunlian/cuda"
 	"chunlian/forward"
@@ -18,32 +19,27 @@ import (
 
 // cudaConfig holds the CUDA-only flags (ignored by the CPU backend).
 type cudaConfig struct {
-	LibDir         string  // extra directory for libcuda/libnvrtc/libcublas
-	MemoryFraction float64 // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
-	MaxBlocks      int     // cap on KV blocks; 0 = none
-	Precision      string  // tf32 | fp32
-	// RowLSE: the backend computes each logits row's log-sum-exp on the GPU
-	// and the engine reads it (forward.RowLSEBackend) instead of a host pass
-	// over the 6k-token row; FusedGEMV: steps of ≤ 8 tokens run on the fused
-	// GEMV kernels (cuda.Options.NoFusedGEMV when false). Both default on;
-	// off is the earlier path, kept for A/B runs.
-	RowLSE, FusedGEMV bool
-	PDL               bool          // cuda.Options.PDL (programmatic dependent launches; on by default, measured 7% off a one-sequence step on the H200)
-	HandoffSpin       time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
+	LibDir         string        // extra directory for libcuda/libnvrtc/libcublas (--cuda-lib-dir, registerModel)
+	NVRTCTarget    string        // "" | cubin | ptx (--cuda-nvrtc-target, registerModel)
+	MemoryFraction float64       // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
+	MaxBlocks      int           // cap on KV blocks; 0 = none
+	Precision      string        // tf32 | fp32
+	HandoffSpin    time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
 }
 
-func (c *cudaConfig) register(fs *flag.FlagSet) {
-	*c = cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16, RowLSE: true, FusedGEMV: true, PDL: true}
-	if v, ok := os.LookupEnv(cuda.EnvLibDir); ok {
-		c.LibDir = v
-	}
-	fs.StringVar(&c.LibDir, "cuda-lib-dir", c.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first ["+cuda.EnvLibDir+"]")
+// cudaDefaultBlockSize is the CUDA backend's default KV block size, shown
+// in --block-size's help.
+const cudaDefaultBlockSize = cuda.DefaultBlockSize
+
+func defaultCUDAConfig() cudaConfig {
+	return cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16}
+}
+
+// register registers the GPU tuning flags (serve only).
+func (c *cudaConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.MemoryFraction, "gpu-memory-utilization", c.MemoryFraction, "CUDA: fraction of GPU memory for weights + activations + KV cache when --kv-cache-memory is 0")
 	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, "CUDA: cap on KV cache blocks (0 = no cap)")
 	fs.StringVar(&c.Precision, "gpu-precision", c.Precision, "CUDA GEMM precision: tf32 (tensor cores, fp32 accumulate) or fp32")
-	fs.BoolVar(&c.RowLSE, "gpu-row-lse", c.RowLSE, "CUDA: compute each logits row's log-sum-exp on the GPU for the engine")
-	fs.BoolVar(&c.FusedGEMV, "gpu-fused-gemv", c.FusedGEMV, "CUDA: run steps of ≤ 8 tokens on the fused GEMV kernels")
-	fs.BoolVar(&c.PDL, "gpu-pdl", c.PDL, "CUDA: programmatic dependent launches between the small-batch kernels (Hopper+)")
 	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default 2ms, negative = never; a launched step's wait polls its done word up to 20ms unless negative)")
 }
 
@@ -56,10 +52,8 @@ func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
 		MemoryFraction: cfg.CUDA.MemoryFraction,
 		MaxBlocks:      cfg.CUDA.MaxBlocks,
 		Precision:      cfg.CUDA.Precision,
-		RowLogSumExp:   cfg.CUDA.RowLSE,
-		NoFusedGEMV:    !cfg.CUDA.FusedGEMV,
-		PDL:            cfg.CUDA.PDL,
 		HandoffSpin:    cfg.CUDA.HandoffSpin,
+		NVRTCTarget:    cfg.CUDA.NVRTCTarget,
 		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
 	})
 }

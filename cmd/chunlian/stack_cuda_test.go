@@ -9,16 +9,17 @@ import (
 )
 
 func TestCUDAFlags(t *testing.T) {
-	t.Setenv(cuda.EnvLibDir, "/from/env")
+	t.Setenv("CHUNLIAN_CUDA_LIB_DIR", "/from/env")
+	d := defaultCUDAConfig()
 	for _, tc := range []struct {
 		args []string
 		want cudaConfig
 	}{
-		{nil, cudaConfig{LibDir: "/from/env", MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16, RowLSE: true, FusedGEMV: true, PDL: true}},
-		{[]string{"--cuda-lib-dir", "/x", "--gpu-precision", "fp32", "--gpu-memory-utilization", "0.5", "--gpu-max-blocks", "0"},
-			cudaConfig{LibDir: "/x", MemoryFraction: 0.5, Precision: "fp32", MaxBlocks: 0, RowLSE: true, FusedGEMV: true, PDL: true}},
-		{[]string{"--gpu-row-lse=false", "--gpu-fused-gemv=false", "--gpu-pdl=false", "--gpu-handoff-spin", "-1ns"},
-			cudaConfig{LibDir: "/from/env", MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16, HandoffSpin: -1}},
+		{nil, cudaConfig{LibDir: "/from/env", MemoryFraction: d.MemoryFraction, Precision: d.Precision, MaxBlocks: d.MaxBlocks}},
+		{[]string{"--cuda-lib-dir", "/x", "--gpu-precision", "fp32", "--gpu-memory-utilization", "0.5", "--gpu-max-blocks", "0", "--cuda-nvrtc-target", "ptx"},
+			cudaConfig{LibDir: "/x", NVRTCTarget: "ptx", MemoryFraction: 0.5, Precision: "fp32", MaxBlocks: 0}},
+		{[]string{"--gpu-handoff-spin", "-1ns"},
+			cudaConfig{LibDir: "/from/env", MemoryFraction: d.MemoryFraction, Precision: d.Precision, MaxBlocks: d.MaxBlocks, HandoffSpin: -1}},
 	} {
 		if got := parseStack(t, tc.args...).CUDA; got != tc.want {
 			t.Errorf("%q: CUDA config %+v, want %+v", tc.args, got, tc.want)

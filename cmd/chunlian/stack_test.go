@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"flag"
 	"io"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 
 	"chunlian/couplet"
 	"chunlian/forward"
@@ -49,17 +50,28 @@ func TestByteSize(t *testing.T) {
 	}
 }
 
-// parseStack registers the stack flags on a fresh FlagSet and parses args.
+// parseStack registers the stack flags (as serve has them) on a fresh
+// FlagSet, parses args and binds the environment. An env error fails the
+// test unless envErr is given, which then receives it.
 func parseStack(t *testing.T, args ...string) stackConfig {
 	t.Helper()
-	fs := flag.NewFlagSet("test", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var c stackConfig
-	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	c, err := parseStackEnv(args...)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+func parseStackEnv(args ...string) (stackConfig, error) {
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var c stackConfig
+	c.registerModel(fs)
+	c.registerEngine(fs)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	return c, bindEnv(fs)
 }
 
 // flag > env > default.
@@ -97,20 +109,24 @@ func TestStackConfigValidate(t *testing.T) {
 		{args: []string{"--max-num-batched-tokens", "-3"}, want: "--max-num-batched-tokens"},
 		{args: []string{"--max-queue", "-1"}, want: "--max-queue"},
 		{args: []string{"--threads", "-2"}, want: "--threads"},
-		{args: []string{"--samples-per-couplet", "0"}, want: "--samples-per-couplet"},
+		{args: []string{"--samples-per-couplet", "33"}, want: "--samples-per-couplet"},
 		{args: []string{"--banner-candidates", "-1"}, want: "--banner-candidates"},
 		{env: [2]string{"CHUNLIAN_SAMPLES_PER_COUPLET", "two"}, want: "CHUNLIAN_SAMPLES_PER_COUPLET"},
 		{args: []string{"--model", "/nonexistent/model/dir"}, want: "--model"},
 		{env: [2]string{"CHUNLIAN_MAX_QUEUE", "lots"}, want: "CHUNLIAN_MAX_QUEUE"},
 		{env: [2]string{"CHUNLIAN_KV_CACHE_MEMORY", "big"}, want: "CHUNLIAN_KV_CACHE_MEMORY"},
 		{env: [2]string{"CHUNLIAN_PREFIX_CACHING", "maybe"}, want: "CHUNLIAN_PREFIX_CACHING"},
-		{env: [2]string{"CHUNLIAN_INT8", "yes please"}, want: "CHUNLIAN_INT8"},
+		{env: [2]string{"CHUNLIAN_EXPERIMENTAL", "warp-drive"}, want: "CHUNLIAN_EXPERIMENTAL"},
+		{args: []string{"--experimental", "cpu-int8,warp-drive"}, want: "warp-drive"},
+		{args: []string{"--cpu-gemm", "fortran"}, want: "--cpu-gemm"},
 	} {
 		if tc.env[0] != "" {
 			t.Setenv(tc.env[0], tc.env[1])
 		}
-		c := parseStack(t, tc.args...)
-		err := c.Validate()
+		c, err := parseStackEnv(tc.args...)
+		if err == nil {
+			err = c.Validate()
+		}
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v %v: error %v, want one naming %s", tc.env, tc.args, err, tc.want)
 		}
@@ -120,15 +136,15 @@ func TestStackConfigValidate(t *testing.T) {
 	}
 }
 
-// --cpu-int8 reaches the CPU backend: its small-batch GEMMs run on int8
-// weight copies only with the flag.
+// --experimental=cpu-int8 reaches the CPU backend: its small-batch GEMMs
+// run on int8 weight copies only with it.
 func TestCPUInt8Flag(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want bool
 	}{
 		{[]string{"--backend", "cpu"}, false},
-		{[]string{"--backend", "cpu", "--cpu-int8"}, true},
+		{[]string{"--backend", "cpu", "--experimental=cpu-int8"}, true},
 	} {
 		c := parseStack(t, append(tc.args, "--kv-cache-memory", "1MiB", "--threads", "1")...)
 		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
@@ -142,7 +158,7 @@ func TestCPUInt8Flag(t *testing.T) {
 		if got := cb.UsesInt8(); got != tc.want {
 			t.Errorf("%v: UsesInt8 = %v, want %v", tc.args, got, tc.want)
 		}
-		// The random model has no bf16 copies: fp32 unless --cpu-int8.
+		// The random model has no bf16 copies: fp32 unless cpu-int8.
 		if k, w := cb.Kernels(), map[bool]string{true: " weights=int8", false: " weights=fp32"}[tc.want]; !strings.HasSuffix(k, w) {
 			t.Errorf("%v: Kernels() = %q, want suffix %q", tc.args, k, w)
 		}
@@ -174,29 +190,16 @@ func TestBuildStackRandomModel(t *testing.T) {
 	}
 }
 
-// --block-size 0 (the default) resolves per backend: 1-token blocks on the
-// CPU, 16 with CUDA; a positive flag wins on either.
-func TestBlockSizeFor(t *testing.T) {
-	for _, tc := range []struct {
-		backend string
-		flag    int
-		want    int
-	}{
-		{"cpu", 0, 1},
-		{"cuda", 0, 16},
-		{"cpu", 16, 16},
-		{"cuda", 4, 4},
-	} {
-		if got := blockSizeFor(tc.backend, tc.flag); got != tc.want {
-			t.Errorf("blockSizeFor(%q, %d) = %d, want %d", tc.backend, tc.flag, got, tc.want)
-		}
-	}
+// --block-size 0 (the default) is the backend's own default
+// (forward.DefaultCPUBlockSize on the CPU); a positive flag wins. The
+// stack's config then holds the size the backend and engine use.
+func TestBlockSize(t *testing.T) {
 	// The stack passes the resolved size to the backend and the engine.
 	for _, tc := range []struct {
 		args []string
 		want int
 	}{
-		{nil, cpuDefaultBlockSize},
+		{nil, forward.DefaultCPUBlockSize},
 		{[]string{"--block-size", "16"}, 16},
 	} {
 		c := parseStack(t, append(tc.args, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")...)
@@ -211,5 +214,19 @@ func TestBlockSizeFor(t *testing.T) {
 			t.Errorf("%v: generate: %v", tc.args, err)
 		}
 		st.Close()
+	}
+}
+
+// TestSamplesFor: --samples-per-couplet 0 resolves per backend, a set
+// value wins.
+func TestSamplesFor(t *testing.T) {
+	for _, tc := range []struct {
+		backend string
+		flag    int
+		want    int
+	}{{"cpu", 0, cpuDefaultSamples}, {"cuda", 0, cudaDefaultSamples}, {"cpu", 3, 3}, {"cuda", 1, 1}} {
+		if got := samplesFor(tc.backend, tc.flag); got != tc.want {
+			t.Errorf("samplesFor(%s, %d) = %d, want %d", tc.backend, tc.flag, got, tc.want)
+		}
 	}
 }

@@ -30,7 +30,7 @@ type bf16Impl struct {
 
 // HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: on
 // amd64 with AVX2 and FMA the assembly kernels (bf16_amd64.s, any build),
-// else with GOEXPERIMENT=simd the archsimd ones; never when CHUNLIAN_GEMM=go
+// else with GOEXPERIMENT=simd the archsimd ones; never after SetGEMMPath("go")
 // forces plain Go everywhere. It does not depend on the float32 GEMM path:
 // a default build without OpenBLAS has Path() == "go" and still has the
 // assembly kernels. When false, GemmBF16 still works (plain Go) but is

@@ -3,9 +3,7 @@
 package cpu
 
 import (
-	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -61,28 +59,16 @@ var (
 	}
 )
 
-// blasCandidates lists library paths to try, most specific first:
-// CHUNLIAN_OPENBLAS (an explicit file), then each LD_LIBRARY_PATH directory,
-// then the bare sonames (the dynamic loader's default search, which covers
-// Debian's /usr/lib/<triplet>/libopenblas.so.0 alternative).
+// blasCandidates lists library paths to try: the bare sonames (the
+// dynamic loader's search, which honours LD_LIBRARY_PATH and covers
+// Debian's /usr/lib/<triplet>/libopenblas.so.0 alternative), then
+// Homebrew's directories on macOS.
 func blasCandidates() []string {
 	names := []string{"libopenblas.so.0", "libopenblas.so"}
 	if isDarwin {
 		names = []string{"libopenblas.0.dylib", "libopenblas.dylib"}
 	}
-	var c []string
-	if p := os.Getenv("CHUNLIAN_OPENBLAS"); p != "" {
-		c = append(c, p)
-	}
-	for _, dir := range strings.Split(os.Getenv("LD_LIBRARY_PATH"), ":") {
-		if dir == "" {
-			continue
-		}
-		for _, n := range names {
-			c = append(c, filepath.Join(dir, n))
-		}
-	}
-	c = append(c, names...)
+	c := append([]string(nil), names...)
 	if isDarwin {
 		for _, dir := range []string{"/opt/homebrew/opt/openblas/lib", "/usr/local/opt/openblas/lib"} {
 			for _, n := range names {

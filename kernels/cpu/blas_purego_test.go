@@ -7,24 +7,14 @@ import (
 	"testing"
 )
 
+// The candidates are the bare sonames: the dynamic loader's own search
+// (LD_LIBRARY_PATH included) finds the library.
 func TestBLASCandidates(t *testing.T) {
 	if isDarwin {
 		t.Skip("library names differ on darwin")
 	}
-	for _, tc := range []struct {
-		explicit, ldPath string
-		want             []string
-	}{
-		{"", "", []string{"libopenblas.so.0", "libopenblas.so"}},
-		{"/opt/x/libopenblas.so.0", "", []string{"/opt/x/libopenblas.so.0", "libopenblas.so.0", "libopenblas.so"}},
-		{"", "/a::/b", []string{"/a/libopenblas.so.0", "/a/libopenblas.so", "/b/libopenblas.so.0", "/b/libopenblas.so",
-			"libopenblas.so.0", "libopenblas.so"}},
-	} {
-		t.Setenv("CHUNLIAN_OPENBLAS", tc.explicit)
-		t.Setenv("LD_LIBRARY_PATH", tc.ldPath)
-		if got := blasCandidates(); !slices.Equal(got, tc.want) {
-			t.Errorf("CHUNLIAN_OPENBLAS=%q LD_LIBRARY_PATH=%q: candidates %v, want %v", tc.explicit, tc.ldPath, got, tc.want)
-		}
+	if got, want := blasCandidates(), []string{"libopenblas.so.0", "libopenblas.so"}; !slices.Equal(got, want) {
+		t.Errorf("candidates %v, want %v", got, want)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 // Row and elementwise kernels. The public functions check shapes and split
 // work across the pool; the inner loops come from elem, the elemKernels set
 // in use: plain Go, or AVX2/FMA (archsimd) when the build has
-// GOEXPERIMENT=simd, the CPU has AVX2+FMA and CHUNLIAN_GEMM is not "go" (see
+// GOEXPERIMENT=simd, the CPU has AVX2+FMA and SetGEMMPath("go") was not called (see
 // elementwise_simd_amd64.go). elem is set during package init and only
 // swapped afterwards by tests.
 

@@ -2,13 +2,12 @@ package cpu
 
 import (
 	"fmt"
-	"os"
 	"sync"
 )
 
-// GEMM path selection. The path is chosen once (lazily, on first use) from
-// CHUNLIAN_GEMM and what is available; it never changes afterwards except
-// through setPath in tests.
+// GEMM path selection. The path is chosen once (lazily, on first use): the
+// fastest available, unless SetGEMMPath (the command line's --cpu-gemm)
+// chose another.
 
 type gemmFunc func(m, n, k int, x, w, y []float32, acc bool)
 
@@ -36,25 +35,37 @@ func availablePaths() []string {
 	return append(ps, "go")
 }
 
-// goForced is whether CHUNLIAN_GEMM=go asks for the plain-Go kernels
-// everywhere (A/B runs, CI's pass without vector code), read once at
-// start (package variables are set before any init function runs; tests
-// flip it). That is not the same as Path() == "go": a default build (no
-// GOEXPERIMENT=simd) on a machine without OpenBLAS also gets the plain-Go
-// float32 GEMM, and there the assembly kernels (bf16, int8, elementwise,
-// sampling) must stay on: tying them to Path() would run every GEMM of
-// such a machine in plain Go (docs/DECISIONS.md, "bf16 kernels without
-// OpenBLAS").
-var goForced = os.Getenv("CHUNLIAN_GEMM") == "go"
+// goForced is whether SetGEMMPath("go") asked for the plain-Go kernels
+// everywhere (CI's pass without vector code). That is not the same as
+// Path() == "go": a default build (no GOEXPERIMENT=simd) on a machine
+// without OpenBLAS also gets the plain-Go float32 GEMM, and there the
+// assembly kernels (bf16, int8, elementwise, sampling) must stay on.
+var goForced bool
 
 func choosePath() {
-	setPathLocked(pickPath(os.Getenv("CHUNLIAN_GEMM"), availablePaths()))
+	setPathLocked(pickPath("", availablePaths()))
+}
+
+// SetGEMMPath selects the float32 GEMM path: "openblas", "simd" or "go"
+// (an unavailable one falls back to the next slower available one; "" or
+// an unknown name = the fastest available). "go" also keeps every other
+// kernel (bf16, int8, elementwise, sampling) on plain Go. It is
+// process-wide: the command line calls it once at start-up, tests from
+// TestMain; not safe concurrently with running kernels.
+func SetGEMMPath(name string) {
+	pathOnce.Do(choosePath)
+	setPathLocked(pickPath(name, availablePaths()))
+	goForced = name == "go"
+	elem = elemSets[len(elemSets)-1] // the fastest set usable here
+	if goForced {
+		elem = goElem
+	}
 }
 
 // pathOrder is every GEMM path, fastest first.
 var pathOrder = []string{"openblas", "simd", "go"}
 
-// pickPath returns the path to use given the CHUNLIAN_GEMM value want and
+// pickPath returns the path to use given the requested path want and
 // the available paths avail (a subsequence of pathOrder that always ends in
 // "go"): the fastest available one when want is empty or unknown, else want
 // or, if that is unavailable, the next slower available one.

@@ -51,7 +51,7 @@ func QuantizeInt8(n, k int, w []float32) (q []int8, scale []float32) {
 }
 
 // HasFastInt8 reports whether GemmInt8 runs a vectorised (assembly)
-// kernel here (not when CHUNLIAN_GEMM=go; OpenBLAS or not, see
+// kernel here (not after SetGEMMPath("go"); OpenBLAS or not, see
 // HasFastBF16); when false it runs plain Go, slower than Gemm on float32.
 func HasFastInt8() bool { return int8AsmAvailable() && !goForced }
 

@@ -1,10 +1,7 @@
 package cpu
 
 import (
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,8 +63,7 @@ var (
 // a call of parts parts into parts·poolChunks chunks that the caller and
 // the workers claim as they go (runChunks) instead of one fixed part each;
 // poolSteal lets the caller take back items that no worker has started
-// (runParts). CHUNLIAN_POOL overrides them for same-binary A/B runs, e.g.
-// CHUNLIAN_POOL=spin=50us,yield=64,chunks=1,steal=0 (parsePoolEnv).
+// (runParts).
 //
 // Chunks (4 per part) and steal-back are the defaults because they served
 // the most couplets end to end, with attention on the pool too (Parallel);
@@ -81,44 +77,6 @@ var (
 
 	nextChunk atomic.Int32 // next chunk to claim (chunked calls); reset under poolMu
 )
-
-func init() {
-	p := parsePoolEnv(os.Getenv("CHUNLIAN_POOL"), poolPolicy{poolSpin, poolYield, poolChunks, poolSteal})
-	poolSpin, poolYield, poolChunks, poolSteal = p.spin, p.yield, p.chunks, p.steal
-}
-
-// poolPolicy is the spin policy as parsePoolEnv reads it.
-type poolPolicy struct {
-	spin          time.Duration
-	yield, chunks int
-	steal         bool
-}
-
-// parsePoolEnv returns p updated from a comma-separated list of key=value
-// (spin=DURATION, yield=N, chunks=N, steal=0|1); unknown keys and bad
-// values are ignored.
-func parsePoolEnv(v string, p poolPolicy) poolPolicy {
-	for _, kv := range strings.Split(v, ",") {
-		k, val, _ := strings.Cut(strings.TrimSpace(kv), "=")
-		switch k {
-		case "spin":
-			if d, err := time.ParseDuration(val); err == nil && d >= 0 {
-				p.spin = d
-			}
-		case "yield":
-			if n, err := strconv.Atoi(val); err == nil && n >= 1 {
-				p.yield = n
-			}
-		case "chunks":
-			if n, err := strconv.Atoi(val); err == nil && n >= 1 {
-				p.chunks = n
-			}
-		case "steal":
-			p.steal = val != "0" && val != "false"
-		}
-	}
-	return p
-}
 
 // Worker states (poolWorker.state).
 const (

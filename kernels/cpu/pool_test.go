@@ -73,25 +73,6 @@ func TestRunPartsEachOnce(t *testing.T) {
 	}
 }
 
-// TestParsePoolEnv: the CHUNLIAN_POOL keys set the policy; bad values and
-// unknown keys are ignored.
-func TestParsePoolEnv(t *testing.T) {
-	def := poolPolicy{200 * time.Microsecond, 64, 4, true}
-	for _, tc := range []struct {
-		env  string
-		want poolPolicy
-	}{
-		{"", def},
-		{"spin=50us,yield=8,chunks=1,steal=0", poolPolicy{50 * time.Microsecond, 8, 1, false}},
-		{" spin=0s , steal=1", poolPolicy{0, 64, 4, true}},
-		{"spin=-1s,yield=0,chunks=x,bogus=1", def},
-	} {
-		if got := parsePoolEnv(tc.env, def); got != tc.want {
-			t.Errorf("%q: %+v, want %+v", tc.env, got, tc.want)
-		}
-	}
-}
-
 // extCount is a Job recording its parts.
 type extCount struct{ countJob }
 

@@ -5,7 +5,7 @@ import "math"
 // Kernels of the sampler's per-vocabulary loops (package sampler runs them
 // on every logits row it samples: ~6k floats, dozens of rows per couplet).
 // Like the other elementwise kernels they come from elem: plain Go, or
-// AVX2/FMA assembly on amd64 (sample_amd64.s) unless CHUNLIAN_GEMM=go.
+// AVX2/FMA assembly on amd64 (sample_amd64.s) unless SetGEMMPath("go").
 
 // ScanMax returns the largest entry of x, the first index holding it and
 // whether x has NaNs (which it skips); m is -Inf and im 0 when no entry is
