@@ -269,9 +269,13 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		}
 	}
 	noise := rand.New(rand.NewPCG(p.seed, 0x5E1EC7))
+	tau := g.o.selectTemp
+	if p.topK == 1 {
+		tau = 0 // greedy decoding picks deterministically too
+	}
 	for i, cd := range cands {
 		cd.c.Score = g.o.weights.Score(feats[i])
-		cd.key = cd.c.Score + g.o.selectTemp*gumbel(noise)
+		cd.key = cd.c.Score + tau*gumbel(noise)
 	}
 	chosen := selectDiverse(cands, p.n)
 	stage.end()

@@ -75,7 +75,8 @@ func WithJudge(j Judge) Option { return func(o *options) { o.judge = j } }
 // before the best candidate is picked: the pick is a draw with probability
 // ∝ exp(score/τ) instead of the argmax, so that repeated requests for one
 // word do not keep returning its few likeliest couplets (docs/DECISIONS.md,
-// "Selection temperature"). Seeded by the request's seed.
+// "Selection temperature"). Seeded by the request's seed; greedy requests
+// (top-k 1) take the argmax.
 const DefaultSelectionTemperature = 0.1
 
 // WithSelectionTemperature replaces DefaultSelectionTemperature (0 = the

@@ -377,7 +377,7 @@ func evalRun(sc stackConfig, f evalFlags, stdout io.Writer) error {
 		tflag = fmt.Sprintf(" --temperature %g", *temperature)
 	}
 	fmt.Fprintf(w, "Model `%s`, %s engine, %s backend. Reproduce: `go run ./cmd/chunlian eval --seed %d --limit %d --bleu-limit %d --samples-per-couplet %d%s` (one request at a time, N = 1, temperature %g, top-p %.2f; the constrained runs draw %d sample(s) per couplet and rank them; in keyword mode even samples let the model place the keyword, odd ones put it first).\n\n",
-		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, *bleuLimit, sc.SamplesPerCouplet, tflag, *temperature, couplet.DefaultTopP, sc.SamplesPerCouplet)
+		st.Model.Name, sc.Engine, sc.Backend, *seed, *limit, *bleuLimit, st.Config.SamplesPerCouplet, tflag, *temperature, couplet.DefaultTopP, st.Config.SamplesPerCouplet)
 	fmt.Fprintln(w, "| set · decoding | couplets | rule 1 form | rule 2 仄起平收 | rule 3 same-char/mirror | rule 4 横批 | all rules | keyword present | failed | latency mean / p50 / p90 (ms) |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range rows {

@@ -40,8 +40,8 @@ func TestGenerateCommand(t *testing.T) {
 	if _, err := couplet.ParseText(strings.TrimSpace(out.String())); err != nil {
 		t.Errorf("text output %q: %v", out.String(), err)
 	}
-	if err := runGenerate([]string{"--random-model", "平"}, &out); err == nil {
-		t.Error("one-character keyword accepted")
+	if err := runGenerate([]string{"--random-model", "平安福"}, &out); err == nil {
+		t.Error("three-character keyword accepted")
 	}
 }
 
@@ -67,7 +67,7 @@ func TestEvalTemperature(t *testing.T) {
 	if err := runEval(append(base, "--temperature", "0.55"), &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"--samples-per-couplet 1 --temperature 0.55`", "temperature 0.55, top-p"} {
+	for _, want := range []string{"--samples-per-couplet 4 --temperature 0.55`", "temperature 0.55, top-p"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("eval output lacks %q:\n%s", want, out.String())
 		}
