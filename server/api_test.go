@@ -91,14 +91,14 @@ func TestGenerateRejectsMalformed(t *testing.T) {
 		{"unknown field", `{"prompt":"平安","foo":1}`, "", 400, codeUnknownField},
 		{"invalid utf8", []byte("{\"prompt\":\"\xff\xfe\"}"), "", 400, codeInvalidUTF8},
 		{"missing prompt", `{}`, "", 400, codeInvalidPrompt},
-		{"one char", `{"prompt":"平"}`, "", 400, codeInvalidPrompt},
+		{"five chars", `{"prompt":"平安喜乐福"}`, "", 400, codeInvalidPrompt},
 		{"three chars", `{"prompt":"平安喜"}`, "", 400, codeInvalidPrompt},
 		{"latin", `{"prompt":"ab"}`, "", 400, codeInvalidPrompt},
 		{"acrostic latin", `{"prompt":"a平","mode":"acrostic"}`, "", 400, codeInvalidPrompt},
 		{"bad mode", `{"prompt":"平安","mode":"poem"}`, "", 400, codeInvalidField},
 		{"n zero", `{"prompt":"平安","n":0}`, "", 400, codeInvalidField},
 		{"n huge", `{"prompt":"平安","n":1000}`, "", 400, codeInvalidField},
-		{"length zero", `{"prompt":"平安","length":0}`, "", 400, codeInvalidField},
+		{"length zero", `{"prompt":"平安","length":0}`, "", 400, couplet.CodeBadLength},
 		{"temperature", `{"prompt":"平安","temperature":3}`, "", 400, codeInvalidField},
 		{"top_p zero", `{"prompt":"平安","top_p":0}`, "", 400, codeInvalidField},
 		{"top_k negative", `{"prompt":"平安","top_k":-2}`, "", 400, codeInvalidField},
@@ -116,6 +116,13 @@ func TestGenerateRejectsMalformed(t *testing.T) {
 			}
 			checkError(t, body, tc.code)
 		})
+	}
+	// Blessing words of one and four characters are keywords too (福,
+	// 万事如意; traditional characters are simplified first).
+	for _, p := range []string{"福", "万事如意", "福壽"} {
+		if code, _, body := post(t, base+"/generate", `{"prompt":"`+p+`"}`); code != 200 {
+			t.Errorf("prompt %s: status %d: %s", p, code, body)
+		}
 	}
 	t.Run("wrong method", func(t *testing.T) {
 		code, hdr, body := get(t, base+"/generate")
@@ -284,14 +291,16 @@ func TestOpenAICompatible(t *testing.T) {
 		checkUsage(t, res.Usage)
 	})
 	t.Run("completions lower mode by length", func(t *testing.T) {
-		code, _, body := post(t, rs.base+"/v1/completions", map[string]any{"prompt": []string{"春回大地"}})
+		// Four Chinese characters would be a blessing phrase (万事如意):
+		// five are a 上联.
+		code, _, body := post(t, rs.base+"/v1/completions", map[string]any{"prompt": []string{"春回大地暖"}})
 		var res struct{ Choices []struct{ Text string } }
 		if code != 200 || json.Unmarshal(body, &res) != nil {
 			t.Fatalf("status %d body %s", code, body)
 		}
 		up, _, _ := checkCoupletText(t, res.Choices[0].Text)
-		if up != "春回大地" {
-			t.Errorf("lower mode kept upper %q, want 春回大地", up)
+		if up != "春回大地暖" {
+			t.Errorf("lower mode kept upper %q, want 春回大地暖", up)
 		}
 	})
 	t.Run("chat", func(t *testing.T) {

@@ -222,7 +222,7 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 		return req, errf(http.StatusBadRequest, codeInvalidField, "n 须在 1 到 %d 之间", "n must be between 1 and %d", maxN, maxN).withParam("n")
 	}
 	if p.Length != 0 && req.Mode != couplet.ModeLower && (p.Length < minLineLength || p.Length > maxLineLength) {
-		return req, errf(http.StatusBadRequest, codeInvalidField, "length 须在 %d 到 %d 之间（常用 5、7、9、11）", "length must be between %d and %d (usual: 5, 7, 9, 11)", minLineLength, maxLineLength, minLineLength, maxLineLength).withParam("length")
+		return req, errf(http.StatusBadRequest, couplet.CodeBadLength, "length 须在 %d 到 %d 之间（常用 5、7、9、11）", "length must be between %d and %d (usual: 5, 7, 9, 11)", minLineLength, maxLineLength, minLineLength, maxLineLength).withParam("length")
 	}
 	if t := p.Temperature; t != nil {
 		if !(*t >= 0 && *t <= couplet.Limits.MaxTemperature) {

@@ -39,9 +39,10 @@
         if (PUNCT.test(chars[0]) || PUNCT.test(chars[chars.length - 1])) return [false, "首尾不能是标点 · No punctuation at the start or end"];
         return [true, "✓ 上联 " + chars.length + " 字 · " + chars.length + " characters"];
       default:
-        if (chars.length === 0) return [false, "输入两个汉字，例如：平安、吉祥、如意 · Two Chinese characters"];
+        if (chars.length === 0) return [false, "输入吉祥词，例如：福、平安、万事如意 · A blessing word"];
         if (!HAN.test(v)) return [false, "只能输入汉字 · Chinese characters only"];
-        if (chars.length !== 2) return [false, "需要恰好两个汉字（现在 " + chars.length + " 个）· Exactly two characters (now " + chars.length + ")"];
+        if (mode.value === "acrostic" && chars.length !== 2) return [false, "藏头需要恰好两个汉字（现在 " + chars.length + " 个）· Exactly two characters (now " + chars.length + ")"];
+        if (mode.value !== "acrostic" && ![1, 2, 4].includes(chars.length)) return [false, "请输入一个、两个或四个汉字（现在 " + chars.length + " 个）· One, two or four characters (now " + chars.length + ")"];
         if (mode.value === "acrostic" && chars[0] === chars[1]) return [false, "藏头的两个字须不同 · The two head characters must differ"];
         return [true, mode.value === "acrostic" ? "✓ 上联以「" + chars[0] + "」开头，下联以「" + chars[1] + "」开头" : "✓ 可以生成 · Ready"];
     }
