@@ -41,6 +41,9 @@ func main() {
 		}
 		return
 	}
+	if os.Args[1] == "--version" || os.Args[1] == "-version" {
+		os.Args[1] = "version"
+	}
 	c, ok := commands[os.Args[1]]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "chunlian: unknown command %q\n\n", os.Args[1])
