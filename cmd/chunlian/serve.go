@@ -46,7 +46,8 @@ type serveConfig struct {
 	CORSOrigin     string // comma-separated
 	RequestTimeout time.Duration
 	DrainTimeout   time.Duration
-	MaxInFlight    int // 0 = max-num-seqs + max-queue
+	DrainDelay     time.Duration // /ready 503 while still serving, before the listener closes
+	MaxInFlight    int           // 0 = max-num-seqs + max-queue
 	Pprof          bool
 	LogLevel       string
 	LogFormat      string
@@ -66,12 +67,14 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	env.envBool("CHUNLIAN_PPROF", &c.Pprof)
 	envDuration(env, "CHUNLIAN_REQUEST_TIMEOUT", &c.RequestTimeout)
 	envDuration(env, "CHUNLIAN_DRAIN_TIMEOUT", &c.DrainTimeout)
+	envDuration(env, "CHUNLIAN_DRAIN_DELAY", &c.DrainDelay)
 
 	fs.StringVar(&c.Addr, "addr", c.Addr, "listen address host:port (port 0 = any free port) [CHUNLIAN_ADDR]")
 	fs.StringVar(&c.APIKey, "api-key", c.APIKey, "if set, the API (/generate, /v1/*) requires 'Authorization: Bearer KEY'; the web page, /health, /ready, /metrics stay open [CHUNLIAN_API_KEY]")
 	fs.StringVar(&c.CORSOrigin, "cors-origin", c.CORSOrigin, "comma-separated browser origins allowed by CORS (* = any); empty = CORS off [CHUNLIAN_CORS_ORIGIN]")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "per-request generation deadline (0 = none); past it: HTTP 504 [CHUNLIAN_REQUEST_TIMEOUT]")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM/SIGINT, how long in-flight requests may finish [CHUNLIAN_DRAIN_TIMEOUT]")
+	fs.DurationVar(&c.DrainDelay, "drain-delay", c.DrainDelay, "on SIGTERM/SIGINT, how long /ready says 503 while requests are still served, before the listener closes (let the balancer's readiness check notice; e.g. 5s behind Kubernetes); a second signal exits at once [CHUNLIAN_DRAIN_DELAY]")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go runtime profiles under /debug/pprof/ (CPU profile: /debug/pprof/profile?seconds=10); needs --api-key's key when one is set [CHUNLIAN_PPROF]")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "max concurrent generation requests in the HTTP layer (0 = max-num-seqs + max-queue); beyond: 503 [CHUNLIAN_MAX_IN_FLIGHT]")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error [CHUNLIAN_LOG_LEVEL]")
@@ -126,7 +129,7 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 	}
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
-		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
+		DrainTimeout: c.DrainTimeout, DrainDelay: c.DrainDelay, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
 	}
 	if c.DrainTimeout == 0 {
 		errs = append(errs, errors.New("--drain-timeout 0: must be > 0"))
@@ -169,7 +172,7 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 	if onListen != nil {
 		onListen(addr)
 	}
-	fmt.Fprintf(os.Stderr, "chunlian: serving on http://%s/ (dashboard: http://%s/dashboard); loading model…\n", addr, addr)
+	log.Info("serving; loading the model", "url", "http://"+addr+"/", "dashboard", "http://"+addr+"/dashboard")
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -180,6 +183,10 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 			stop()
 		case <-ctx.Done():
 		}
+		if s, ok := <-sig; ok { // a second signal: no drain
+			log.Warn("second signal: exiting without draining", "signal", s.String())
+			srv.Close()
+		}
 	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
@@ -187,6 +194,7 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 	// Load and warm up while already listening.
 	stackCfg := cfg.stack
 	stackCfg.wrapEngine = srv.Metrics().InstrumentEngine
+	stackCfg.logger = log
 	type built struct {
 		st  *stack
 		err error

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -40,6 +41,7 @@ type stackConfig struct {
 	CUDA                cudaConfig                        // CUDA-only flags (stack_cuda.go)
 	envErrs             []error                           // malformed CHUNLIAN_* values, reported by Validate
 	wrapEngine          func(engine.Engine) engine.Engine // optional decorator (metrics); not a flag
+	logger              *slog.Logger                      // serve's logger for start-up notes; nil = plain stderr lines; not a flag
 }
 
 // defaultStackConfig holds the built-in defaults (they match engine's and
@@ -186,6 +188,9 @@ func (c *stackConfig) Validate() error {
 	}
 	if c.BannerCandidates < 0 || c.BannerCandidates > 64 {
 		errs = append(errs, fmt.Errorf("--banner-candidates %d: want 0..64", c.BannerCandidates))
+	}
+	if c.CUDA.Device < 0 {
+		errs = append(errs, fmt.Errorf("--device %d: want a CUDA device ordinal ≥ 0 (CHUNLIAN_DEVICE must be an integer)", c.CUDA.Device))
 	}
 	if c.Threads < 0 {
 		errs = append(errs, fmt.Errorf("--threads %d: must be ≥ 0 (0 = all cores)", c.Threads))

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 // cudaConfig holds the CUDA-only flags (ignored by the CPU backend).
 type cudaConfig struct {
+	Device         int     // CUDA device ordinal among the visible ones (CUDA_VISIBLE_DEVICES applies first)
 	LibDir         string  // extra directory for libcuda/libnvrtc/libcublas
 	MemoryFraction float64 // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
 	MaxBlocks      int     // cap on KV blocks; 0 = none
@@ -37,6 +39,14 @@ func (c *cudaConfig) register(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv(cuda.EnvLibDir); ok {
 		c.LibDir = v
 	}
+	if v, ok := os.LookupEnv("CHUNLIAN_DEVICE"); ok {
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+			c.Device = n
+		} else {
+			c.Device = -1 // reported by validateDevice
+		}
+	}
+	fs.IntVar(&c.Device, "device", c.Device, "CUDA device ordinal to run on, counted among the GPUs CUDA_VISIBLE_DEVICES leaves visible (one replica per GPU: --device N, or CUDA_VISIBLE_DEVICES=N with --device 0) [CHUNLIAN_DEVICE]")
 	fs.StringVar(&c.LibDir, "cuda-lib-dir", c.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first ["+cuda.EnvLibDir+"]")
 	fs.Float64Var(&c.MemoryFraction, "gpu-memory-utilization", c.MemoryFraction, "CUDA: fraction of GPU memory for weights + activations + KV cache when --kv-cache-memory is 0")
 	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, "CUDA: cap on KV cache blocks (0 = no cap)")
@@ -50,6 +60,7 @@ func (c *cudaConfig) register(fs *flag.FlagSet) {
 // newCUDABackend builds the CUDA backend from the stack config.
 func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
 	return cuda.New(m, cuda.Options{
+		Device:         cfg.CUDA.Device,
 		LibDir:         cfg.CUDA.LibDir,
 		BlockSize:      cfg.BlockSize,
 		KVCacheBytes:   int64(cfg.KVCacheBytes),
@@ -75,7 +86,11 @@ func autoBackendIsCUDA(cfg stackConfig) bool {
 		if i := strings.Index(reason, " (tried"); i > 0 {
 			reason = reason[:i]
 		}
-		fmt.Fprintf(os.Stderr, "chunlian: --backend auto: using cpu (%s)\n", reason)
+		if cfg.logger != nil { // serve: one log stream (--log-format json stays JSON-only)
+			cfg.logger.Info("--backend auto: using cpu", "reason", reason)
+		} else {
+			fmt.Fprintf(os.Stderr, "chunlian: --backend auto: using cpu (%s)\n", reason)
+		}
 	}
 	return ok
 }
@@ -93,19 +108,42 @@ func firstLine(err error) string {
 	return s
 }
 
+// nvmlIndex maps a CUDA ordinal to NVML's index, which ignores
+// CUDA_VISIBLE_DEVICES: entry dev of a numeric CUDA_VISIBLE_DEVICES list,
+// else dev itself (UUID lists: NVML and CUDA then agree only on hosts of
+// identical GPUs, where both enumerate in PCI order).
+func nvmlIndex(dev int, visible string) int {
+	if visible == "" {
+		return dev
+	}
+	ids := strings.Split(visible, ",")
+	if dev < 0 || dev >= len(ids) {
+		return dev
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(ids[dev])); err == nil {
+		return n
+	}
+	return dev
+}
+
 // gpuHook returns the server's GPU reading (NVML utilisation and memory of
-// device 0) when the stack runs on the CUDA backend, else nil.
+// the device it runs on) when the stack runs on the CUDA backend, else nil.
 func gpuHook(st *stack) func() (server.GPUStats, bool) {
 	if _, ok := st.Backend.(*cuda.Backend); !ok {
 		return nil
 	}
 	n, err := cuda.OpenNVML(st.Config.CUDA.LibDir)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "chunlian: no GPU metrics: %v\n", err)
+		if st.Config.logger != nil {
+			st.Config.logger.Warn("no GPU metrics", "err", err)
+		} else {
+			fmt.Fprintf(os.Stderr, "chunlian: no GPU metrics: %v\n", err)
+		}
 		return nil
 	}
+	idx := nvmlIndex(st.Config.CUDA.Device, os.Getenv("CUDA_VISIBLE_DEVICES"))
 	return func() (server.GPUStats, bool) {
-		s, err := n.Sample(0)
+		s, err := n.Sample(idx)
 		if err != nil {
 			return server.GPUStats{}, false
 		}
