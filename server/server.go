@@ -186,6 +186,8 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Attach installs the loaded backend. Requests that need it get 503 until
 // Attach; /ready stays 503 until Warmup succeeds.
 func (s *Server) Attach(b Backend) {
+	name := b.ModelName
+	s.metrics.modelName.Store(&name)
 	s.backend.Store(&b)
 }
 
