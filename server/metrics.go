@@ -68,6 +68,9 @@ func newMetrics(reg *prometheus.Registry, s *Server) *Metrics {
 	m.httpDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "chunlian:http_request_duration_seconds", Help: "HTTP request duration by route (what clients see).", Buckets: latencyBuckets}, []string{"path"})
 	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:requests_rejected_total", Help: "Generation requests rejected before running, by reason (overloaded, queue_full, not_ready, shutting_down)."}, []string{"reason"})
 	m.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "chunlian:handler_panics_total", Help: "Recovered handler panics."})
+	for _, reason := range []string{codeOverloaded, codeQueueFull, codeNotReady, codeShuttingDown} {
+		m.rejected.WithLabelValues(reason) // exported as 0 from the start, so rate() and alerts see the series
+	}
 	reg.MustRegister(m.success, m.httpReqs, m.httpDur, m.rejected, m.panics, &engineCollector{s: s})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chunlian_build_info",
 		Help:        "Always 1; the labels say which build serves (version, revision, goversion, build_date, platform).",
