@@ -193,7 +193,9 @@ func scrapeRealServer(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 	srv.Attach(server.Backend{Generator: gen, Stats: eng.Stats, ModelName: "test", EngineName: "paged",
-		GPU: func() (server.GPUStats, bool) { return server.GPUStats{UtilizationPerc: 50, MemoryUsedBytes: 1, MemoryTotalBytes: 2}, true }})
+		GPU: func() (server.GPUStats, bool) {
+			return server.GPUStats{UtilizationPerc: 50, MemoryUsedBytes: 1, MemoryTotalBytes: 2}, true
+		}})
 	if err := srv.Warmup(context.Background()); err != nil {
 		t.Fatal(err)
 	}
