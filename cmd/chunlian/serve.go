@@ -33,10 +33,18 @@ func init() {
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 			defer signal.Stop(sig)
-			return serveMain(args, sig, nil)
+			err := serveMain(args, sig, nil)
+			if errors.Is(err, errLogged) {
+				os.Exit(1) // already in the JSON log
+			}
+			return err
 		},
 	}
 }
+
+// errLogged marks an error that serveMain has already logged as JSON
+// (--log-format json: nothing but JSON lines on stderr).
+var errLogged = errors.New("logged")
 
 // serveConfig is the stack config plus the HTTP layer's flags.
 type serveConfig struct {
@@ -142,7 +150,7 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 
 // serveMain runs the service until a signal arrives on sig. onListen, if
 // set, gets the bound address (tests listen on port 0).
-func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) error {
+func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) (err error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var cfg serveConfig
 	cfg.register(fs)
@@ -155,6 +163,14 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 	log, err := cfg.logger()
 	if err != nil {
 		return err
+	}
+	if cfg.LogFormat == "json" {
+		defer func() {
+			if err != nil {
+				log.Error("exiting", "err", err.Error())
+				err = fmt.Errorf("%w: %w", errLogged, err)
+			}
+		}()
 	}
 	sc, err := cfg.serverConfig(log)
 	if err = errors.Join(err, cfg.stack.Validate()); err != nil {
