@@ -3,8 +3,8 @@
 #
 #   scripts/release.sh                 # dist/chunlian_<version>_<os>_<arch>.tar.gz + dist/SHA256SUMS
 #   TARGETS="linux/amd64" scripts/release.sh
-#   scripts/release.sh --verify        # also rebuild linux/amd64 from `git archive HEAD` in another
-#                                      # directory with an empty Go build cache and compare the bytes
+#   scripts/release.sh --verify        # also build linux/amd64 twice from `git archive HEAD` in two
+#                                      # directories, once with an empty Go build cache, and compare
 #
 # Inputs (all optional): VERSION (default: git describe), SOURCE_DATE_EPOCH
 # (default: the commit's time; it sets the build date and every timestamp in
@@ -67,17 +67,19 @@ done
 (cd "$OUT" && sha256sum "${sums[@]}" > SHA256SUMS && cat SHA256SUMS)
 
 if [ $verify = 1 ]; then
-  # Rebuild linux/amd64 from a pristine export of HEAD, elsewhere, with an
-  # empty build cache: every package is compiled again, by another path.
+  # Build linux/amd64 twice from pristine exports of HEAD in two different
+  # directories, the second with an empty build cache (every package,
+  # the standard library included, compiled again), and compare the bytes.
   tmp=$(mktemp -d)
   trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
-  git archive HEAD | tar -x -C "$tmp" --one-top-level=src
-  first=$(mktemp -d)/chunlian
-  build_one . linux amd64 "$first"
-  echo "release: verify: rebuilding linux/amd64 in $tmp/src with an empty GOCACHE (minutes)"
-  GOCACHE="$tmp/cache" build_one "$tmp/src" linux amd64 "$tmp/chunlian"
-  a=$(sha256sum < "$first" | cut -d' ' -f1) b=$(sha256sum < "$tmp/chunlian" | cut -d' ' -f1)
-  echo "release: verify: $a (this tree) vs $b (fresh export, fresh cache)"
+  for d in a b; do
+    mkdir -p "$tmp/$d" && git archive HEAD | tar -x -C "$tmp/$d"
+  done
+  build_one "$tmp/a" linux amd64 "$tmp/chunlian-a"
+  echo "release: verify: rebuilding linux/amd64 elsewhere with an empty GOCACHE (minutes)"
+  GOCACHE="$tmp/cache" build_one "$tmp/b" linux amd64 "$tmp/chunlian-b"
+  a=$(sha256sum < "$tmp/chunlian-a" | cut -d' ' -f1) b=$(sha256sum < "$tmp/chunlian-b" | cut -d' ' -f1)
+  echo "release: verify: $a vs $b"
   if [ "$a" != "$b" ]; then
     echo "release: verify: NOT reproducible" >&2
     exit 1
