@@ -18,6 +18,11 @@
 # per replica (the 2-core knee is ~16-32 users) for DURATION (default 15s)
 # after a 3 s warm-up. Needs: bash, taskset (util-linux), python3, curl.
 # SMOKE=1 lets it run on a small machine (clients share the servers' cores).
+#
+# GPUs (one replica per GPU, issue 25): BACKEND=cuda gives replica i
+# `--backend cuda --device i` (plus its CORES_PER_REPLICA host cores), e.g.
+#   BACKEND=cuda SERIES=scale REPLICAS="1 2 4 8" CORES_PER_REPLICA=8 SERVER_CORES=64 USERS=1200 deploy/bench-replicas.sh
+# USERS sets the closed-loop users per replica directly.
 # Output: a Markdown table on stdout and in $OUT/summary.md, raw bench JSON
 # and server logs in $OUT.
 set -euo pipefail
@@ -31,6 +36,8 @@ DURATION=${DURATION:-15s}
 SERIES=${SERIES:-"scale split"}
 REPLICAS=${REPLICAS:-"1 2 4"}
 BASE_PORT=${BASE_PORT:-18100}
+BACKEND=${BACKEND:-cpu}
+USERS=${USERS:-}
 
 ncpu=$(nproc)
 need=$(( SERVER_CORES + 2 ))
@@ -61,17 +68,25 @@ run() {
   pids=()
   for i in $(seq 0 $(( n - 1 ))); do
     first=$(( i * each )) last=$(( i * each + each - 1 ))
-    taskset -c "$first-$last" "$CHUNLIAN" serve --backend cpu --addr "127.0.0.1:$(( BASE_PORT + i ))" \
+    local dev=()
+    [ "$BACKEND" = cuda ] && dev=(--device "$i")
+    taskset -c "$first-$last" "$CHUNLIAN" serve --backend "$BACKEND" "${dev[@]}" --addr "127.0.0.1:$(( BASE_PORT + i ))" \
       --threads "$each" --log-level warn > "$OUT/$tag-server$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq 0 $(( n - 1 ))); do
-    for _ in $(seq 1 300); do
-      curl -fs "http://127.0.0.1:$(( BASE_PORT + i ))/ready" >/dev/null 2>&1 && break
+    local ok=0
+    for _ in $(seq 1 1200); do # up to 2 min (the CUDA backend compiles its kernels at start)
+      if curl -fs "http://127.0.0.1:$(( BASE_PORT + i ))/ready" >/dev/null 2>&1; then ok=1; break; fi
       sleep 0.1
     done
+    if [ $ok = 0 ]; then
+      echo "bench-replicas: replica $i never ready; its log:" >&2
+      tail -20 "$OUT/$tag-server$i.log" >&2
+      exit 1
+    fi
   done
-  users=$(( USERS_PER_CORE * each ))
+  users=${USERS:-$(( USERS_PER_CORE * each ))}
   local bpids=()
   for i in $(seq 0 $(( n - 1 ))); do
     taskset -c "$client_cpus" "$CHUNLIAN" bench --url "http://127.0.0.1:$(( BASE_PORT + i ))" \
