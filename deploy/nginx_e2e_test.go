@@ -205,8 +205,8 @@ func TestNginxReplicaStopRestartUnderLoad(t *testing.T) {
 	if n == 0 || got[200] != n {
 		t.Errorf("restarted replica: nginx saw %d answers from it, its log %d (want equal and > 0)", n, got[200])
 	}
-	t.Logf("%d requests ok; stopped replica answered before its exit, %d after restart; %d while it was down (by the other two)",
-		ld.ok.Load(), n, moved)
+	t.Logf("%d requests ok in all; %d answered by the other two while the replica was down; %d by the restarted replica",
+		ld.ok.Load(), moved, n)
 }
 
 // checkDrainedReplica: every /generate request the stopped replica logged
@@ -235,17 +235,34 @@ func checkDrainedReplica(t *testing.T, b *replica, access string, until int64) {
 	if got[503] != from["503"] {
 		t.Errorf("stopped replica refused %d requests with 503, nginx saw %d", got[503], from["503"])
 	}
+	// Phases of its log: serving, the drain delay (/ready 503, still
+	// serving), the drain (listener closed, in-flight requests finishing).
+	phase, inDelay, afterClose := 0, 0, 0
 	var stopped bool
 	for _, e := range entries {
-		if strings.HasPrefix(e.Msg, "drain timeout") {
+		switch {
+		case strings.HasPrefix(e.Msg, "draining"):
+			phase = 1
+		case strings.HasPrefix(e.Msg, "closing the listener"):
+			phase = 2
+		case strings.HasPrefix(e.Msg, "drain timeout"):
 			t.Errorf("stopped replica hit its drain timeout: %+v", e)
+		case e.Msg == "stopped":
+			stopped = true
+		case e.Msg == "http" && e.Path == "/generate" && e.Status == 200 && phase == 1:
+			inDelay++
+		case e.Msg == "http" && e.Path == "/generate" && e.Status == 200 && phase == 2:
+			afterClose++
 		}
-		stopped = stopped || e.Msg == "stopped"
 	}
 	if !stopped {
 		t.Error("stopped replica never logged \"stopped\"")
 	}
-	t.Logf("stopped replica: %d answered, %d refused with 503 and retried by nginx", got[200], got[503])
+	if inDelay == 0 {
+		t.Error("stopped replica answered nothing during its drain delay (it should serve while /ready is 503)")
+	}
+	t.Logf("stopped replica: %d answered (%d during the drain delay, %d finished after the listener closed), %d refused with 503 and retried by nginx",
+		got[200], inDelay, afterClose, got[503])
 }
 
 // A second SIGTERM during the drain delay exits at once, with status 1.
