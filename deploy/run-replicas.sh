@@ -11,8 +11,9 @@
 # Env: CHUNLIAN (binary, default ./chunlian, else on PATH), LISTEN (8080),
 # BASE_PORT (8100: replica i on BASE_PORT+i), CORES_PER_REPLICA (default
 # nproc/N), DIR (config and logs; default a temp dir), EXTRA (more `serve`
-# flags). Needs nginx on PATH (Debian: apt-get install nginx); without it
-# the replicas still start and their addresses are printed.
+# flags), NGINX (the nginx binary, default nginx on PATH; Debian: apt-get
+# install nginx). Without nginx the replicas still start and their
+# addresses are printed.
 set -euo pipefail
 n=${1:?usage: run-replicas.sh N}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,7 +58,8 @@ for i in $(seq 0 $(( n - 1 ))); do
 done
 echo "run-replicas: $n replicas ready"
 
-if ! command -v nginx >/dev/null; then
+NGINX=${NGINX:-nginx}
+if ! command -v "$NGINX" >/dev/null; then
   echo "run-replicas: nginx not installed: use the replicas directly; Ctrl-C stops them"
   wait
   exit 0
@@ -70,8 +72,8 @@ sed -e "s|server chunlian:8000 max_fails=1 fail_timeout=2s;|$upstreams|" \
     -e "s|/tmp/nginx-|$DIR/nginx-|g" \
     -e "s|access_log /dev/stdout upstreams;|access_log $DIR/access.log upstreams;|" \
     "$here/compose/nginx.conf" > "$DIR/nginx.conf"
-nginx -t -q -c "$DIR/nginx.conf" -p "$DIR"
-nginx -c "$DIR/nginx.conf" -p "$DIR" -g 'daemon off;' &
+"$NGINX" -t -q -c "$DIR/nginx.conf" -p "$DIR"
+"$NGINX" -c "$DIR/nginx.conf" -p "$DIR" -g 'daemon off;' &
 nginx_pid=$!
 echo "run-replicas: nginx on http://127.0.0.1:$LISTEN/ (access log $DIR/access.log); Ctrl-C stops everything"
 wait "$nginx_pid"
