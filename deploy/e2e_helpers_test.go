@@ -104,6 +104,9 @@ type replica struct {
 	log  string // its stderr (JSON log lines)
 	done chan struct{}
 	err  error // cmd.Wait's result, once done is closed
+	// grace is how long stop waits after SIGTERM before a second SIGTERM
+	// (which skips the drain); 0 = send both at once.
+	grace time.Duration
 }
 
 func (r *replica) addr() string { return fmt.Sprintf("127.0.0.1:%d", r.port) }
@@ -122,7 +125,7 @@ func startReplica(t *testing.T, modelDir string, port int, logPath string, extra
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{port: port, cmd: cmd, log: logPath, done: make(chan struct{})}
+	r := &replica{port: port, cmd: cmd, log: logPath, done: make(chan struct{}), grace: 30 * time.Second}
 	go func() {
 		r.err = cmd.Wait()
 		f.Close()
@@ -132,7 +135,8 @@ func startReplica(t *testing.T, modelDir string, port int, logPath string, extra
 	return r
 }
 
-// stop sends SIGTERM (a no-op once exited) and waits up to 60 s.
+// stop sends SIGTERM (a no-op once exited), a second one after r.grace,
+// and kills the process if it is still there 30 s later.
 func (r *replica) stop(t *testing.T) {
 	select {
 	case <-r.done:
@@ -140,11 +144,32 @@ func (r *replica) stop(t *testing.T) {
 	default:
 	}
 	r.cmd.Process.Signal(syscall.SIGTERM)
+	if r.grace == 0 {
+		// Two signals sent back to back can merge into one (POSIX does not
+		// queue them): send the second once the first has turned /ready.
+		c := &http.Client{Timeout: time.Second}
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			res, err := c.Get("http://" + r.addr() + "/ready")
+			if err != nil {
+				break
+			}
+			res.Body.Close()
+			if res.StatusCode != 200 {
+				break
+			}
+		}
+	}
 	select {
 	case <-r.done:
-	case <-time.After(60 * time.Second):
+		return
+	case <-time.After(r.grace):
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
 		r.cmd.Process.Kill()
-		t.Errorf("replica %s ignored SIGTERM for 60 s", r.addr())
+		t.Errorf("replica %s ignored two SIGTERMs for 30 s", r.addr())
 	}
 }
 

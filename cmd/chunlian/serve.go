@@ -30,7 +30,7 @@ func init() {
 	commands["serve"] = command{
 		summary: "run the HTTP service (web page, API, metrics) on 127.0.0.1:8000",
 		run: func(args []string) error {
-			sig := make(chan os.Signal, 1)
+			sig := make(chan os.Signal, 2) // two: a quick second signal (forced exit) is not dropped
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 			defer signal.Stop(sig)
 			err := serveMain(args, sig, nil)
