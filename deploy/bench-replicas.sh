@@ -16,7 +16,8 @@
 #          is one big replica or several small ones better on the same cores?
 # Each run: a closed loop of USERS_PER_CORE (default 8) users per server core
 # per replica (the 2-core knee is ~16-32 users) for DURATION (default 15s)
-# after a 3 s warm-up. Needs: bash, taskset (util-linux), python3, curl.
+# after a 3 s warm-up. Needs: bash, python3, taskset (util-linux; without
+# it the replicas run unpinned, with a warning).
 # SMOKE=1 lets it run on a small machine (clients share the servers' cores).
 #
 # GPUs (one replica per GPU, issue 25): BACKEND=cuda gives replica i
@@ -45,9 +46,18 @@ if [ "$ncpu" -lt "$need" ] && [ "${SMOKE:-0}" != 1 ]; then
   echo "bench-replicas: $ncpu cores; need $need (SERVER_CORES=$SERVER_CORES + 2 for the clients)" >&2
   exit 2
 fi
-for tool in taskset python3 curl; do
-  command -v "$tool" >/dev/null || { echo "bench-replicas: $tool missing" >&2; exit 2; }
-done
+command -v python3 >/dev/null || { echo "bench-replicas: python3 missing" >&2; exit 2; }
+pin() { local cpus=$1; shift; taskset -c "$cpus" "$@"; }
+if ! command -v taskset >/dev/null; then
+  echo "bench-replicas: taskset missing: replicas and clients run UNPINNED (figures less clean)" >&2
+  pin() { shift; "$@"; }
+fi
+# ready PORT: /ready answers 200 (python3, since curl may be absent)
+ready() {
+  python3 -c 'import sys, urllib.request
+try: sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=1).status == 200 else 1)
+except Exception: sys.exit(1)' "http://127.0.0.1:$1/ready"
+}
 [ -x "$CHUNLIAN" ] || { echo "bench-replicas: no binary at $CHUNLIAN (set CHUNLIAN=)" >&2; exit 2; }
 mkdir -p "$OUT"
 client_cpus="$SERVER_CORES-$(( ncpu - 1 ))"
@@ -70,14 +80,14 @@ run() {
     first=$(( i * each )) last=$(( i * each + each - 1 ))
     local dev=()
     [ "$BACKEND" = cuda ] && dev=(--device "$i")
-    taskset -c "$first-$last" "$CHUNLIAN" serve --backend "$BACKEND" "${dev[@]}" --addr "127.0.0.1:$(( BASE_PORT + i ))" \
+    pin "$first-$last" "$CHUNLIAN" serve --backend "$BACKEND" "${dev[@]}" --addr "127.0.0.1:$(( BASE_PORT + i ))" \
       --threads "$each" --log-level warn > "$OUT/$tag-server$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq 0 $(( n - 1 ))); do
     local ok=0
     for _ in $(seq 1 1200); do # up to 2 min (the CUDA backend compiles its kernels at start)
-      if curl -fs "http://127.0.0.1:$(( BASE_PORT + i ))/ready" >/dev/null 2>&1; then ok=1; break; fi
+      if ready $(( BASE_PORT + i )); then ok=1; break; fi
       sleep 0.1
     done
     if [ $ok = 0 ]; then
@@ -89,7 +99,7 @@ run() {
   users=${USERS:-$(( USERS_PER_CORE * each ))}
   local bpids=()
   for i in $(seq 0 $(( n - 1 ))); do
-    taskset -c "$client_cpus" "$CHUNLIAN" bench --url "http://127.0.0.1:$(( BASE_PORT + i ))" \
+    pin "$client_cpus" "$CHUNLIAN" bench --url "http://127.0.0.1:$(( BASE_PORT + i ))" \
       --concurrency "$users" --duration "$DURATION" --warmup 3s --quiet \
       --json "$OUT/$tag-bench$i.json" > "$OUT/$tag-bench$i.md" 2>&1 &
     bpids+=($!)

@@ -51,7 +51,9 @@ for i in $(seq 0 $(( n - 1 ))); do
 done
 
 for i in $(seq 0 $(( n - 1 ))); do
-  until curl -fs "http://127.0.0.1:$(( BASE_PORT + i ))/ready" >/dev/null 2>&1; do
+  until python3 -c 'import sys, urllib.request
+try: sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=1).status == 200 else 1)
+except Exception: sys.exit(1)' "http://127.0.0.1:$(( BASE_PORT + i ))/ready"; do
     kill -0 "${pids[$i]}" 2>/dev/null || { echo "run-replicas: replica $i exited:" >&2; tail -5 "$DIR/replica$i.log" >&2; exit 1; }
     sleep 0.2
   done
