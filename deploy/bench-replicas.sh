@@ -47,10 +47,12 @@ if [ "$ncpu" -lt "$need" ] && [ "${SMOKE:-0}" != 1 ]; then
   exit 2
 fi
 command -v python3 >/dev/null || { echo "bench-replicas: python3 missing" >&2; exit 2; }
-pin() { local cpus=$1; shift; taskset -c "$cpus" "$@"; }
+# pin CPUS CMD…: run CMD on CPUS. Only ever called with & : the exec makes
+# the background job's pid the command's own, so cleanup's kill reaches it.
+pin() { local cpus=$1; shift; exec taskset -c "$cpus" "$@"; }
 if ! command -v taskset >/dev/null; then
   echo "bench-replicas: taskset missing: replicas and clients run UNPINNED (figures less clean)" >&2
-  pin() { shift; "$@"; }
+  pin() { shift; exec "$@"; }
 fi
 # ready PORT: /ready answers 200 (python3, since curl may be absent)
 ready() {
