@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"chunlian/buildinfo"
 	"chunlian/engine"
 )
 
@@ -23,12 +24,24 @@ import (
 type Metrics struct {
 	reg *prometheus.Registry
 
-	ttft, tpot, e2e, queue *prometheus.HistogramVec // no labels; Vec keeps the API uniform
-	success                *prometheus.CounterVec   // finished_reason
+	ttft, tpot, e2e, queue *prometheus.HistogramVec // model_name
+	success                *prometheus.CounterVec   // finished_reason, model_name
 	httpReqs               *prometheus.CounterVec   // path, code
 	httpDur                *prometheus.HistogramVec // path
 	rejected               *prometheus.CounterVec   // reason
 	panics                 prometheus.Counter
+
+	// modelName labels the engine metrics (vLLM's model_name), set by
+	// Attach; "" until a model is attached.
+	modelName atomic.Pointer[string]
+}
+
+// model is the model_name label value.
+func (m *Metrics) model() string {
+	if p := m.modelName.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
@@ -42,7 +55,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *Metrics {
 	}
 	m := &Metrics{reg: reg}
 	h := func(name, help string, b []float64) *prometheus.HistogramVec {
-		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: b}, nil)
+		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: b}, []string{"model_name"})
 		reg.MustRegister(v)
 		return v
 	}
@@ -50,12 +63,18 @@ func newMetrics(reg *prometheus.Registry, s *Server) *Metrics {
 	m.tpot = h("chunlian:time_per_output_token_seconds", "Mean time between generated tokens of an engine request (decode time / (tokens-1)).", tpotBuckets)
 	m.e2e = h("chunlian:e2e_request_latency_seconds", "Engine request arrival to finish (one couplet request may issue several engine requests: candidates, retries, banner scoring).", latencyBuckets)
 	m.queue = h("chunlian:request_queue_time_seconds", "Engine request time in the waiting queue.", latencyBuckets)
-	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:request_success_total", Help: "Finished engine samples by finish reason (stop, length, dead_end, abort)."}, []string{"finished_reason"})
+	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:request_success_total", Help: "Finished engine samples by finish reason (stop, length, dead_end, abort)."}, []string{"finished_reason", "model_name"})
 	m.httpReqs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:http_requests_total", Help: "HTTP requests by route and status code."}, []string{"path", "code"})
 	m.httpDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "chunlian:http_request_duration_seconds", Help: "HTTP request duration by route (what clients see).", Buckets: latencyBuckets}, []string{"path"})
 	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "chunlian:requests_rejected_total", Help: "Generation requests rejected before running, by reason (overloaded, queue_full, not_ready, shutting_down)."}, []string{"reason"})
 	m.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "chunlian:handler_panics_total", Help: "Recovered handler panics."})
+	for _, reason := range []string{codeOverloaded, codeQueueFull, codeNotReady, codeShuttingDown} {
+		m.rejected.WithLabelValues(reason) // exported as 0 from the start, so rate() and alerts see the series
+	}
 	reg.MustRegister(m.success, m.httpReqs, m.httpDur, m.rejected, m.panics, &engineCollector{s: s})
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chunlian_build_info",
+		Help:        "Always 1; the labels say which build serves (version, revision, goversion, build_date, platform).",
+		ConstLabels: buildinfo.Read().Labels()}, func() float64 { return 1 }))
 	return m
 }
 
@@ -76,23 +95,23 @@ func (m *Metrics) observeHTTP(path string, status int, d time.Duration) {
 type engineCollector struct{ s *Server }
 
 var (
-	descRunning   = prometheus.NewDesc("chunlian:num_requests_running", "Sequences in the running batch.", nil, nil)
-	descWaiting   = prometheus.NewDesc("chunlian:num_requests_waiting", "Requests waiting to be scheduled.", nil, nil)
-	descKVUsage   = prometheus.NewDesc("chunlian:kv_cache_usage_perc", "KV cache usage, 0..1 (used blocks / total blocks).", nil, nil)
-	descKVBlocks  = prometheus.NewDesc("chunlian:kv_cache_blocks", "KV cache blocks by state.", []string{"state"}, nil)
-	descKVLive    = prometheus.NewDesc("chunlian:kv_cache_live_slots_perc", "Share of the allocated KV slots (used blocks × block size) that hold a live token, 0..1 (a shared slot counted once; 0 when none is allocated). PagedAttention's memory-efficiency figure.", nil, nil)
-	descPrefixQ   = prometheus.NewDesc("chunlian:prefix_cache_queries_total", "Prefix cache queries, in tokens.", nil, nil)
-	descPrefixH   = prometheus.NewDesc("chunlian:prefix_cache_hits_total", "Prefix cache hits, in tokens.", nil, nil)
-	descPreempt   = prometheus.NewDesc("chunlian:num_preemptions_total", "Sequences preempted (recompute) for lack of KV blocks.", nil, nil)
-	descPromptTok = prometheus.NewDesc("chunlian:prompt_tokens_total", "Prompt tokens processed.", nil, nil)
-	descGenTok    = prometheus.NewDesc("chunlian:generation_tokens_total", "Tokens generated.", nil, nil)
-	descSteps     = prometheus.NewDesc("chunlian:engine_steps_total", "Engine steps (forward passes).", nil, nil)
-	descComputed  = prometheus.NewDesc("chunlian:engine_computed_tokens_total", "Token rows run through the model (prompt tokens not served by the prefix cache, fed-back and recomputed tokens).", nil, nil)
-	descStepSec   = prometheus.NewDesc("chunlian:engine_step_seconds_total", "Engine goroutine wall time by step phase: schedule, forward (logits on the host included), consume (sampling, rules, delivery).", []string{"phase"}, nil)
+	descRunning   = prometheus.NewDesc("chunlian:num_requests_running", "Sequences in the running batch.", []string{"model_name"}, nil)
+	descWaiting   = prometheus.NewDesc("chunlian:num_requests_waiting", "Requests waiting to be scheduled.", []string{"model_name"}, nil)
+	descKVUsage   = prometheus.NewDesc("chunlian:kv_cache_usage_perc", "KV cache usage, 0..1 (used blocks / total blocks).", []string{"model_name"}, nil)
+	descKVBlocks  = prometheus.NewDesc("chunlian:kv_cache_blocks", "KV cache blocks by state.", []string{"state", "model_name"}, nil)
+	descKVLive    = prometheus.NewDesc("chunlian:kv_cache_live_slots_perc", "Share of the allocated KV slots (used blocks × block size) that hold a live token, 0..1 (a shared slot counted once; 0 when none is allocated). PagedAttention's memory-efficiency figure.", []string{"model_name"}, nil)
+	descPrefixQ   = prometheus.NewDesc("chunlian:prefix_cache_queries_total", "Prefix cache queries, in tokens.", []string{"model_name"}, nil)
+	descPrefixH   = prometheus.NewDesc("chunlian:prefix_cache_hits_total", "Prefix cache hits, in tokens.", []string{"model_name"}, nil)
+	descPreempt   = prometheus.NewDesc("chunlian:num_preemptions_total", "Sequences preempted (recompute) for lack of KV blocks.", []string{"model_name"}, nil)
+	descPromptTok = prometheus.NewDesc("chunlian:prompt_tokens_total", "Prompt tokens processed.", []string{"model_name"}, nil)
+	descGenTok    = prometheus.NewDesc("chunlian:generation_tokens_total", "Tokens generated.", []string{"model_name"}, nil)
+	descSteps     = prometheus.NewDesc("chunlian:engine_steps_total", "Engine steps (forward passes).", []string{"model_name"}, nil)
+	descComputed  = prometheus.NewDesc("chunlian:engine_computed_tokens_total", "Token rows run through the model (prompt tokens not served by the prefix cache, fed-back and recomputed tokens).", []string{"model_name"}, nil)
+	descStepSec   = prometheus.NewDesc("chunlian:engine_step_seconds_total", "Engine goroutine wall time by step phase: schedule, forward (logits on the host included), consume (sampling, rules, delivery).", []string{"phase", "model_name"}, nil)
 	descReady     = prometheus.NewDesc("chunlian:ready", "1 when the model is loaded and warmed up and the server is not draining.", nil, nil)
-	descGPUUtil   = prometheus.NewDesc("chunlian:gpu_utilization_perc", "GPU utilisation, 0..100 (only on a GPU backend).", nil, nil)
-	descGPUMem    = prometheus.NewDesc("chunlian:gpu_memory_used_bytes", "GPU memory used (only on a GPU backend).", nil, nil)
-	descGPUMemTot = prometheus.NewDesc("chunlian:gpu_memory_total_bytes", "GPU memory total (only on a GPU backend).", nil, nil)
+	descGPUUtil   = prometheus.NewDesc("chunlian:gpu_utilization_perc", "GPU utilisation, 0..100 (only on a GPU backend).", []string{"model_name"}, nil)
+	descGPUMem    = prometheus.NewDesc("chunlian:gpu_memory_used_bytes", "GPU memory used (only on a GPU backend).", []string{"model_name"}, nil)
+	descGPUMemTot = prometheus.NewDesc("chunlian:gpu_memory_total_bytes", "GPU memory total (only on a GPU backend).", []string{"model_name"}, nil)
 )
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -108,11 +127,12 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	if b != nil && b.Stats != nil {
 		st = b.Stats()
 	}
+	model := c.s.metrics.model()
 	g := func(d *prometheus.Desc, v float64, l ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append(l, model)...)
 	}
 	cn := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, model)
 	}
 	g(descRunning, float64(st.Running))
 	g(descWaiting, float64(st.Waiting))
@@ -139,13 +159,13 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		name string
 		v    float64
 	}{{"schedule", st.StepSeconds.Schedule}, {"forward", st.StepSeconds.Forward}, {"consume", st.StepSeconds.Consume}} {
-		ch <- prometheus.MustNewConstMetric(descStepSec, prometheus.CounterValue, ph.v, ph.name)
+		ch <- prometheus.MustNewConstMetric(descStepSec, prometheus.CounterValue, ph.v, ph.name, model)
 	}
 	ready := 0.0
 	if c.s.Ready() {
 		ready = 1
 	}
-	g(descReady, ready)
+	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
 	if b != nil && b.GPU != nil {
 		if gs, ok := b.GPU(); ok {
 			g(descGPUUtil, gs.UtilizationPerc)
@@ -188,23 +208,24 @@ func (ie *instrumentedEngine) Generate(ctx context.Context, req *engine.Request)
 			if n < 1 {
 				n = 1
 			}
-			ie.m.success.WithLabelValues(string(engine.FinishAbort)).Add(float64(n))
+			ie.m.success.WithLabelValues(string(engine.FinishAbort), ie.m.model()).Add(float64(n))
 		}
 		return res, err
 	}
 	gen, longest := 0, 0
 	for _, c := range res.Completions {
-		ie.m.success.WithLabelValues(string(c.Finish)).Inc()
+		ie.m.success.WithLabelValues(string(c.Finish), ie.m.model()).Inc()
 		gen += len(c.Tokens)
 		longest = max(longest, len(c.Tokens))
 	}
 	t := res.Timings
-	ie.m.e2e.WithLabelValues().Observe(t.Total.Seconds())
-	ie.m.queue.WithLabelValues().Observe(t.Queue.Seconds())
+	model := ie.m.model()
+	ie.m.e2e.WithLabelValues(model).Observe(t.Total.Seconds())
+	ie.m.queue.WithLabelValues(model).Observe(t.Queue.Seconds())
 	if longest > 0 { // score-only requests (MaxTokens 0) have no first token
-		ie.m.ttft.WithLabelValues().Observe(t.FirstToken.Seconds())
+		ie.m.ttft.WithLabelValues(model).Observe(t.FirstToken.Seconds())
 		if longest > 1 {
-			ie.m.tpot.WithLabelValues().Observe(t.Decode.Seconds() / float64(longest-1))
+			ie.m.tpot.WithLabelValues(model).Observe(t.Decode.Seconds() / float64(longest-1))
 		}
 	}
 	if u != nil {

@@ -158,7 +158,7 @@ func TestClientDisconnectFreesBlocks(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, _, m := get(t, rs.base+"/metrics")
-		if strings.Contains(string(m), `chunlian:request_success_total{finished_reason="abort"}`) {
+		if strings.Contains(string(m), `chunlian:request_success_total{finished_reason="abort",model_name=`) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -83,7 +83,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	switch s.state.Load() {
 	case stateReady:
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	case stateDraining:
+	case stateLeaving, stateDraining:
 		w.Header().Set("Retry-After", "5")
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
 	default:

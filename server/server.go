@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +79,10 @@ type Config struct {
 	RequestTimeout time.Duration
 	// DrainTimeout bounds graceful shutdown (default 30s).
 	DrainTimeout time.Duration
+	// DrainDelay is how long, once shutdown begins, /ready says 503 while
+	// requests are still served, before the listener closes (0 = close at
+	// once): long enough for the balancer's readiness checks to notice.
+	DrainDelay time.Duration
 	// MaxBodyBytes bounds request bodies (default 64 KiB); larger → 413.
 	MaxBodyBytes int64
 	// MaxInFlight is a hard bound on concurrent generation requests in the
@@ -115,6 +120,9 @@ func (c *Config) Validate() error {
 	if c.RequestTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--request-timeout %v: must be ≥ 0", c.RequestTimeout))
 	}
+	if c.DrainDelay < 0 {
+		errs = append(errs, fmt.Errorf("--drain-delay %v: must be ≥ 0", c.DrainDelay))
+	}
 	if c.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--drain-timeout %v: must be ≥ 0", c.DrainTimeout))
 	}
@@ -145,7 +153,8 @@ const DefaultMaxConns = 2048
 const (
 	stateLoading int32 = iota
 	stateReady
-	stateDraining
+	stateLeaving  // shutdown begun: /ready 503, requests still admitted (DrainDelay)
+	stateDraining // listener closed: new requests get 503 shutting_down
 )
 
 // Server is the HTTP service. Create with New, Attach a Backend, Warmup,
@@ -161,6 +170,10 @@ type Server struct {
 	adm      *admission
 	handler  http.Handler
 	started  time.Time
+
+	force     chan struct{} // closed by Close: skip the rest of the drain
+	forceOnce sync.Once
+	after     func(time.Duration) <-chan time.Time // the drain delay's clock (time.After; tests replace it)
 }
 
 // New validates cfg and builds the server (not yet ready).
@@ -196,6 +209,8 @@ func New(cfg Config) (*Server, error) {
 		inflight: make(chan struct{}, cfg.MaxInFlight),
 		adm:      newAdmission(cfg.Admission, nil),
 		started:  time.Now(),
+		force:    make(chan struct{}),
+		after:    time.After,
 	}
 	s.metrics = newMetrics(cfg.Registry, s)
 	s.handler = s.routes()
@@ -211,6 +226,8 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Attach installs the loaded backend. Requests that need it get 503 until
 // Attach; /ready stays 503 until Warmup succeeds.
 func (s *Server) Attach(b Backend) {
+	name := b.ModelName
+	s.metrics.modelName.Store(&name)
 	s.backend.Store(&b)
 }
 
@@ -240,11 +257,13 @@ func (s *Server) Warmup(ctx context.Context) error {
 }
 
 // Serve serves on ln until ctx ends (SIGTERM/SIGINT in `chunlian serve`),
-// then drains: /ready turns 503, the listener closes (no new connections),
-// in-flight requests finish for up to DrainTimeout, and Serve returns nil.
-// Requests still running after the drain timeout are cut off (their contexts
-// are cancelled, so the engine frees their blocks) and Serve returns nil too,
-// after logging it; a listener failure is returned as an error.
+// then drains (drain.go): /ready turns 503 while requests are still served
+// for DrainDelay, then the listener closes (no new connections), in-flight
+// requests finish for up to DrainTimeout, and Serve returns nil. Requests
+// still running after the drain timeout are cut off (their contexts are
+// cancelled, so the engine frees their blocks) and Serve returns nil too,
+// after logging it; Close makes it return ErrForced at once; a listener
+// failure is returned as an error.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
 		Handler: s.handler,
@@ -275,19 +294,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	select {
 	case err := <-errc:
 		return fmt.Errorf("server: %w", err)
+	case <-s.force:
+		return s.forceClose(hs, errc)
 	case <-ctx.Done():
 	}
-	s.state.Store(stateDraining)
-	s.log.Info("draining", "timeout", s.cfg.DrainTimeout.String())
-	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-	defer cancel()
-	if err := hs.Shutdown(dctx); err != nil {
-		s.log.Warn("drain timeout: closing remaining connections", "err", err)
-		hs.Close()
-	}
-	<-errc // http.ErrServerClosed
-	s.log.Info("stopped")
-	return nil
+	return s.drain(hs, errc) // drain.go
 }
 
 // sampleGauges records the engine gauges into the rolling stats (called by

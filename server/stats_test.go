@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,25 +139,32 @@ func TestMetricsEndpoint(t *testing.T) {
 		v, _ := strconv.ParseFloat(m[1], 64)
 		return v
 	}
-	for _, name := range []string{"chunlian:prompt_tokens_total", "chunlian:generation_tokens_total",
-		"chunlian:time_to_first_token_seconds_count", "chunlian:e2e_request_latency_seconds_count",
-		"chunlian:request_queue_time_seconds_count", "chunlian:time_per_output_token_seconds_count",
-		"chunlian:prefix_cache_queries_total", "chunlian:engine_steps_total", "chunlian:engine_computed_tokens_total", `chunlian:engine_step_seconds_total{phase="forward"}`, `chunlian:engine_step_seconds_total{phase="consume"}`, "chunlian:ready", "process_cpu_seconds_total"} {
+	const mn = `{model_name="chunlian-test"}` // the engine metrics carry the model's name, as vLLM's do
+	for _, name := range []string{"chunlian:prompt_tokens_total" + mn, "chunlian:generation_tokens_total" + mn,
+		"chunlian:time_to_first_token_seconds_count" + mn, "chunlian:e2e_request_latency_seconds_count" + mn,
+		"chunlian:request_queue_time_seconds_count" + mn, "chunlian:time_per_output_token_seconds_count" + mn,
+		"chunlian:prefix_cache_queries_total" + mn, "chunlian:engine_steps_total" + mn, "chunlian:engine_computed_tokens_total" + mn,
+		`chunlian:engine_step_seconds_total{model_name="chunlian-test",phase="forward"}`, `chunlian:engine_step_seconds_total{model_name="chunlian-test",phase="consume"}`,
+		"chunlian:ready", "process_cpu_seconds_total"} {
 		if v := value(name); v <= 0 {
 			t.Errorf("%s = %v, want > 0", name, v)
 		}
 	}
-	for _, name := range []string{"chunlian:num_requests_running", "chunlian:num_requests_waiting", "chunlian:kv_cache_usage_perc",
-		"chunlian:prefix_cache_hits_total", "chunlian:num_preemptions_total"} {
+	for _, name := range []string{"chunlian:num_requests_running" + mn, "chunlian:num_requests_waiting" + mn, "chunlian:kv_cache_usage_perc" + mn,
+		"chunlian:prefix_cache_hits_total" + mn, "chunlian:num_preemptions_total" + mn} {
 		if v := value(name); v < 0 {
 			t.Errorf("%s = %v", name, v)
 		}
 	}
 	for _, s := range []string{`chunlian:request_success_total{finished_reason="`, `chunlian:http_requests_total{code="200",path="/generate"} 3`,
-		"go_goroutines", `chunlian:time_to_first_token_seconds_bucket{le="`} {
+		"go_goroutines", `chunlian:time_to_first_token_seconds_bucket{model_name="chunlian-test",le="`,
+		`chunlian_build_info{build_date="`, `,goversion="` + runtime.Version() + `",platform="`} {
 		if !strings.Contains(text, s) {
 			t.Errorf("/metrics lacks %s", s)
 		}
+	}
+	if !regexp.MustCompile(`(?m)^chunlian_build_info\{.*revision=".+".*\} 1$`).MatchString(text) {
+		t.Error("chunlian_build_info is not 1 with a revision label")
 	}
 	if strings.Contains(text, "chunlian:gpu_utilization_perc") {
 		t.Error("GPU metrics without a GPU hook")
@@ -169,8 +177,8 @@ func TestKVLiveSlotsMetric(t *testing.T) {
 		live, alloc int
 		want        string
 	}{
-		{30, 40, "chunlian:kv_cache_live_slots_perc 0.75"},
-		{0, 0, "chunlian:kv_cache_live_slots_perc 0\n"},
+		{30, 40, `chunlian:kv_cache_live_slots_perc{model_name="fake"} 0.75`},
+		{0, 0, "chunlian:kv_cache_live_slots_perc{model_name=\"fake\"} 0\n"},
 	} {
 		srv, base := newFakeServer(t, Config{}, nil)
 		b := *srv.backend.Load()
@@ -193,7 +201,7 @@ func TestGPUHook(t *testing.T) {
 	}
 	srv.Attach(b)
 	_, _, body := get(t, base+"/metrics")
-	if !strings.Contains(string(body), "chunlian:gpu_utilization_perc 87") {
+	if !strings.Contains(string(body), `chunlian:gpu_utilization_perc{model_name="fake"} 87`) {
 		t.Errorf("GPU utilisation missing from /metrics")
 	}
 	_, _, body = get(t, base+"/api/stats")

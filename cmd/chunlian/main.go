@@ -18,6 +18,7 @@
 package main
 
 import (
+	"chunlian/buildinfo"
 	"errors"
 	"fmt"
 	"io"
@@ -48,6 +49,7 @@ func subcommands(stdout io.Writer) []*cobra.Command {
 		newGenerateCmd(stdout),
 		newEvalCmd(stdout),
 		newBenchCmd(stdout),
+		newVersionCmd(stdout),
 	}
 }
 
@@ -63,6 +65,8 @@ func newRoot(stdout io.Writer) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetOut(stdout)
+	root.Version = buildinfo.Read().Version // --version
+	root.SetVersionTemplate("{{.Version}}\n")
 	for _, c := range subcommands(stdout) {
 		root.AddCommand(c)
 	}

@@ -42,23 +42,32 @@ dashboard and Prometheus metrics.
 
 Start-up: validate all flags, listen (/health answers and /ready says 503
 while the model loads), build the stack, warm up, /ready 200. On SIGINT or
-SIGTERM: /ready 503, stop accepting, drain in-flight requests up to
---drain-timeout, exit 0.`,
+SIGTERM: /ready 503 (still serving for --drain-delay), stop accepting,
+drain in-flight requests up to --drain-timeout, exit 0; a second signal
+exits at once.`,
 		Example: "  chunlian serve\n  chunlian serve --addr 0.0.0.0:8000 --api-key $KEY\n  CHUNLIAN_BACKEND=cpu chunlian serve --threads 2",
 		Args:    noArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if sig == nil {
-				ch := make(chan os.Signal, 1)
+				ch := make(chan os.Signal, 2) // two: a quick second signal (forced exit) is not dropped
 				signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 				defer signal.Stop(ch)
 				sig = ch
 			}
-			return serveRun(cfg, sig, onListen)
+			err := serveRun(cfg, sig, onListen)
+			if errors.Is(err, errLogged) {
+				os.Exit(1) // already in the JSON log
+			}
+			return err
 		},
 	}
 	cfg.register(cmd.Flags())
 	return withEnv(cmd)
 }
+
+// errLogged marks an error that serveMain has already logged as JSON
+// (--log-format json: nothing but JSON lines on stderr).
+var errLogged = errors.New("logged")
 
 // serveConfig is the stack config plus the HTTP layer's flags.
 type serveConfig struct {
@@ -68,7 +77,8 @@ type serveConfig struct {
 	CORSOrigin     string // comma-separated
 	RequestTimeout time.Duration
 	DrainTimeout   time.Duration
-	MaxInFlight    int // 0 = the server's default
+	DrainDelay     time.Duration // /ready 503 while still serving, before the listener closes
+	MaxInFlight    int           // 0 = the server's default
 	Pprof          bool
 	LogLevel       string
 	LogFormat      string
@@ -92,6 +102,7 @@ func (c *serveConfig) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.CORSOrigin, "cors-origin", c.CORSOrigin, "comma-separated browser origins allowed by CORS (* = any); empty = CORS off")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "per-request generation deadline (0 = none); past it: HTTP 504")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+	fs.DurationVar(&c.DrainDelay, "drain-delay", c.DrainDelay, "on SIGTERM/SIGINT, how long /ready says 503 while requests are still served, before the listener closes (let the balancer's readiness check notice; e.g. 5s behind Kubernetes); a second signal exits at once")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go runtime profiles under /debug/pprof/ (CPU profile: /debug/pprof/profile?seconds=10); needs --api-key's key when one is set")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "hard cap on concurrent generation requests in the HTTP layer (0 = 256); adaptive admission usually refuses earlier; beyond: 503")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -138,7 +149,7 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 	inflight := c.MaxInFlight // 0 = the server's default; admission adapts below it
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
-		DrainTimeout: c.DrainTimeout, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
+		DrainTimeout: c.DrainTimeout, DrainDelay: c.DrainDelay, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
 		MaxConns:          maxConnsForFDs(cmp.Or(c.MaxConns, server.DefaultMaxConns)), // stay under the open-file limit
 		ProbeReserveConns: c.ProbeReserveConns, WriteTimeout: c.WriteTimeout, PublicMetrics: c.PublicMetrics,
 		Admission: server.AdmissionConfig{LatencyFactor: c.AdmissionFactor, Disabled: !c.Admission},
@@ -168,6 +179,14 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 	if err != nil {
 		return err
 	}
+	if cfg.LogFormat == "json" {
+		defer func() {
+			if err != nil {
+				log.Error("exiting", "err", err.Error())
+				err = fmt.Errorf("%w: %w", errLogged, err)
+			}
+		}()
+	}
 	sc, err := cfg.serverConfig(log)
 	if err = errors.Join(err, cfg.stack.Validate()); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
@@ -184,7 +203,7 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 	if onListen != nil {
 		onListen(addr)
 	}
-	fmt.Fprintf(os.Stderr, "chunlian: serving on http://%s/ (dashboard: http://%s/dashboard); loading model…\n", addr, addr)
+	log.Info("serving; loading the model", "url", "http://"+addr+"/", "dashboard", "http://"+addr+"/dashboard")
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -195,6 +214,10 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 			stop()
 		case <-ctx.Done():
 		}
+		if s, ok := <-sig; ok { // a second signal: no drain
+			log.Warn("second signal: exiting without draining", "signal", s.String())
+			srv.Close()
+		}
 	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
@@ -202,6 +225,7 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 	// Load and warm up while already listening.
 	stackCfg := cfg.stack
 	stackCfg.wrapEngine = srv.Metrics().InstrumentEngine
+	stackCfg.logger = log
 	type built struct {
 		st  *stack
 		err error

@@ -8,6 +8,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -43,6 +44,9 @@ type stackConfig struct {
 	CUDA                cudaConfig // CUDA-only flags (stack_cuda.go)
 	// wrapEngine is an optional engine decorator (metrics); not a flag.
 	wrapEngine func(engine.Engine) engine.Engine
+	// logger takes serve's start-up notes (nil = plain stderr lines), so
+	// --log-format json stays JSON-only; not a flag.
+	logger *slog.Logger
 }
 
 // Ranked samples per couplet when --samples-per-couplet is 0, by backend:
@@ -97,6 +101,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
 	fs.StringVar(&c.BannersFile, "banners-file", c.BannersFile, "a 横批 list of your own (one four-character phrase per line, # comments) used instead of the embedded curated list; empty = the embedded list")
 	fs.Var(&c.Experimental, "experimental", "comma-separated experimental features: "+knownFeatures())
+	fs.IntVar(&c.CUDA.Device, "device", c.CUDA.Device, "CUDA device ordinal to run on, counted among the GPUs CUDA_VISIBLE_DEVICES leaves visible (one replica per GPU: --device N, or CUDA_VISIBLE_DEVICES=N with --device 0)")
 	fs.StringVar(&c.CUDA.LibDir, "cuda-lib-dir", c.CUDA.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first")
 	fs.StringVar(&c.CUDA.NVRTCTarget, "cuda-nvrtc-target", c.CUDA.NVRTCTarget, "what NVRTC compiles the kernels to: cubin (default) or ptx (the driver compiles it; for an NVRTC that fails on a new GPU)")
 }
@@ -161,6 +166,9 @@ func (c *stackConfig) Validate() error {
 	}
 	if c.BannerCandidates < 0 || c.BannerCandidates > 64 {
 		bad("--banner-candidates %d: want 0..64", c.BannerCandidates)
+	}
+	if c.CUDA.Device < 0 {
+		errs = append(errs, fmt.Errorf("--device %d: want a CUDA device ordinal ≥ 0 (CHUNLIAN_DEVICE must be an integer)", c.CUDA.Device))
 	}
 	if c.Threads < 0 {
 		bad("--threads %d: must be ≥ 0 (0 = all cores)", c.Threads)

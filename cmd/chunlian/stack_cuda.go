@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 // cudaConfig holds the CUDA-only flags (ignored by the CPU backend).
 type cudaConfig struct {
+	Device         int           // CUDA device ordinal among the visible ones (CUDA_VISIBLE_DEVICES applies first)
 	LibDir         string        // extra directory for libcuda/libnvrtc/libcublas (--cuda-lib-dir, registerModel)
 	NVRTCTarget    string        // "" | cubin | ptx (--cuda-nvrtc-target, registerModel)
 	MemoryFraction float64       // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
@@ -46,6 +48,7 @@ func (c *cudaConfig) register(fs *pflag.FlagSet) {
 // newCUDABackend builds the CUDA backend from the stack config.
 func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
 	return cuda.New(m, cuda.Options{
+		Device:         cfg.CUDA.Device,
 		LibDir:         cfg.CUDA.LibDir,
 		BlockSize:      cfg.BlockSize,
 		KVCacheBytes:   int64(cfg.KVCacheBytes),
@@ -69,7 +72,11 @@ func autoBackendIsCUDA(cfg stackConfig) bool {
 		if i := strings.Index(reason, " (tried"); i > 0 {
 			reason = reason[:i]
 		}
-		fmt.Fprintf(os.Stderr, "chunlian: --backend auto: using cpu (%s)\n", reason)
+		if cfg.logger != nil { // serve: one log stream (--log-format json stays JSON-only)
+			cfg.logger.Info("--backend auto: using cpu", "reason", reason)
+		} else {
+			fmt.Fprintf(os.Stderr, "chunlian: --backend auto: using cpu (%s)\n", reason)
+		}
 	}
 	return ok
 }
@@ -87,19 +94,42 @@ func firstLine(err error) string {
 	return s
 }
 
+// nvmlIndex maps a CUDA ordinal to NVML's index, which ignores
+// CUDA_VISIBLE_DEVICES: entry dev of a numeric CUDA_VISIBLE_DEVICES list,
+// else dev itself (UUID lists: NVML and CUDA then agree only on hosts of
+// identical GPUs, where both enumerate in PCI order).
+func nvmlIndex(dev int, visible string) int {
+	if visible == "" {
+		return dev
+	}
+	ids := strings.Split(visible, ",")
+	if dev < 0 || dev >= len(ids) {
+		return dev
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(ids[dev])); err == nil {
+		return n
+	}
+	return dev
+}
+
 // gpuHook returns the server's GPU reading (NVML utilisation and memory of
-// device 0) when the stack runs on the CUDA backend, else nil.
+// the device it runs on) when the stack runs on the CUDA backend, else nil.
 func gpuHook(st *stack) func() (server.GPUStats, bool) {
 	if _, ok := st.Backend.(*cuda.Backend); !ok {
 		return nil
 	}
 	n, err := cuda.OpenNVML(st.Config.CUDA.LibDir)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "chunlian: no GPU metrics: %v\n", err)
+		if st.Config.logger != nil {
+			st.Config.logger.Warn("no GPU metrics", "err", err)
+		} else {
+			fmt.Fprintf(os.Stderr, "chunlian: no GPU metrics: %v\n", err)
+		}
 		return nil
 	}
+	idx := nvmlIndex(st.Config.CUDA.Device, os.Getenv("CUDA_VISIBLE_DEVICES"))
 	return func() (server.GPUStats, bool) {
-		s, err := n.Sample(0)
+		s, err := n.Sample(idx)
 		if err != nil {
 			return server.GPUStats{}, false
 		}
