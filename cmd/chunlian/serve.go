@@ -47,13 +47,14 @@ drain in-flight requests up to --drain-timeout, exit 0; a second signal
 exits at once.`,
 		Example: "  chunlian serve\n  chunlian serve --addr 0.0.0.0:8000 --api-key $KEY\n  CHUNLIAN_BACKEND=cpu chunlian serve --threads 2",
 		Args:    noArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sig == nil {
 				ch := make(chan os.Signal, 2) // two: a quick second signal (forced exit) is not dropped
 				signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 				defer signal.Stop(ch)
 				sig = ch
 			}
+			cfg.admissionSet = cmd.Flags().Changed("admission")
 			err := serveRun(cfg, sig, onListen)
 			if errors.Is(err, errLogged) {
 				os.Exit(1) // already in the JSON log
@@ -90,6 +91,7 @@ type serveConfig struct {
 	AdmissionFactor   float64
 	Admission         bool
 	MemoryLimit       byteSize // 0 = sized from the loaded model
+	admissionSet      bool     // --admission given (flag or env): the CUDA default does not apply
 }
 
 func (c *serveConfig) register(fs *pflag.FlagSet) {
@@ -147,12 +149,24 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 		}
 	}
 	inflight := c.MaxInFlight // 0 = the server's default; admission adapts below it
+	admissionOff := !c.Admission
+	if c.stack.Backend == "cuda" {
+		// The GPU batches thousands of sequences at a p99 far inside its
+		// goal: the engine's own limits bound the load there, and the
+		// CPU-sized defaults (256 in flight, latency-based admission) cut
+		// its throughput by an order of magnitude (docs/DECISIONS.md,
+		// "Admission"). Set flags win.
+		if inflight == 0 {
+			inflight = c.stack.MaxNumSeqs + c.stack.MaxQueue
+		}
+		admissionOff = admissionOff || !c.admissionSet
+	}
 	sc := server.Config{
 		APIKey: c.APIKey, CORSOrigins: origins, RequestTimeout: c.RequestTimeout,
 		DrainTimeout: c.DrainTimeout, DrainDelay: c.DrainDelay, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
 		MaxConns:          maxConnsForFDs(cmp.Or(c.MaxConns, server.DefaultMaxConns)), // stay under the open-file limit
 		ProbeReserveConns: c.ProbeReserveConns, WriteTimeout: c.WriteTimeout, PublicMetrics: c.PublicMetrics,
-		Admission: server.AdmissionConfig{LatencyFactor: c.AdmissionFactor, Disabled: !c.Admission},
+		Admission: server.AdmissionConfig{LatencyFactor: c.AdmissionFactor, Disabled: admissionOff},
 	}
 	if c.DrainTimeout == 0 {
 		errs = append(errs, errors.New("--drain-timeout 0: must be > 0"))
@@ -174,11 +188,13 @@ func serveMain(args []string, sig <-chan os.Signal, onListen func(addr string)) 
 
 // serveRun runs the service on a parsed config until a signal arrives on
 // sig.
-func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string)) error {
+func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string)) (err error) {
 	log, err := cfg.logger()
 	if err != nil {
 		return err
 	}
+	cfg.stack.logger = log
+	cfg.stack.Backend = cfg.stack.resolveBackend() // the HTTP defaults below depend on it
 	if cfg.LogFormat == "json" {
 		defer func() {
 			if err != nil {

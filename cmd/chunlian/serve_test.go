@@ -3,12 +3,15 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"chunlian/model"
 )
@@ -97,6 +100,37 @@ func TestServeRejectsBadConfig(t *testing.T) {
 		err := serveMain(tc.args, make(chan os.Signal), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestServeDefaultsPerBackend: on the CUDA backend the HTTP layer's
+// defaults step aside for the engine's limits (in-flight cap = seqs +
+// queue, no latency-based admission) unless --admission is given; on the
+// CPU they stay.
+func TestServeDefaultsPerBackend(t *testing.T) {
+	for _, tc := range []struct {
+		backend      string
+		admissionSet bool
+		wantOff      bool
+		wantInFlight bool // cap = seqs + queue
+	}{
+		{"cpu", false, false, false},
+		{"cuda", false, true, true},
+		{"cuda", true, false, true},
+	} {
+		var c serveConfig
+		c.register(pflag.NewFlagSet("t", pflag.ContinueOnError))
+		c.stack.Backend, c.admissionSet = tc.backend, tc.admissionSet
+		sc, err := c.serverConfig(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sc.Admission.Disabled != tc.wantOff {
+			t.Errorf("%s (flag set %v): admission disabled %v, want %v", tc.backend, tc.admissionSet, sc.Admission.Disabled, tc.wantOff)
+		}
+		if got := sc.MaxInFlight == c.stack.MaxNumSeqs+c.stack.MaxQueue; got != tc.wantInFlight {
+			t.Errorf("%s: MaxInFlight %d", tc.backend, sc.MaxInFlight)
 		}
 	}
 }

@@ -228,13 +228,7 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	configureKernels(cfg)
 	s := &stack{Config: cfg, Model: m}
 	var err error
-	backend := cfg.Backend
-	if backend == "auto" {
-		backend = "cpu"
-		if autoBackendIsCUDA(cfg) {
-			backend = "cuda"
-		}
-	}
+	backend := cfg.resolveBackend()
 	switch backend {
 	case "cpu":
 		s.Backend, err = forward.NewCPU(m, forward.CPUOptions{
@@ -277,6 +271,19 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 		return nil, fmt.Errorf("couplet generator: %w", err)
 	}
 	return s, nil
+}
+
+// resolveBackend turns --backend auto into cpu or cuda (probing the CUDA
+// driver once: resolve it before building when the result matters
+// earlier, as serve's HTTP defaults do).
+func (c *stackConfig) resolveBackend() string {
+	if c.Backend != "auto" {
+		return c.Backend
+	}
+	if autoBackendIsCUDA(*c) {
+		return "cuda"
+	}
+	return "cpu"
 }
 
 // Close stops the engine (requests still running get engine.ErrClosed) and
