@@ -26,8 +26,8 @@ func TestKernelsCompile(t *testing.T) {
 		{48, "compute_80"},
 		{128, "sm_80"},
 		// CHUNLIAN_CUDA_TEST_ARCH (e.g. sm_90) adds the device's own CUBIN
-		// target: h200.sh runs this first, in its own process, to learn
-		// whether the device's NVRTC compiles the kernels natively.
+		// target: run it alone first to learn whether the device's NVRTC
+		// compiles the kernels natively.
 		{64, os.Getenv("CHUNLIAN_CUDA_TEST_ARCH")},
 	} {
 		if tc.arch == "" {

@@ -67,6 +67,6 @@
 // worker only after 20 ms. CopyBlocks is handed over without waiting too.
 // Forward and ForwardDraw refuse to run while a launch is outstanding.
 //
-// Figures on an H200: docs/BENCHMARKS.md (bash cuda/h200.sh reproduces
+// Figures on an H200: docs/BENCHMARKS.md (scripts/gpu.sh reproduces
 // them).
 package cuda

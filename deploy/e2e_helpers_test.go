@@ -1,3 +1,10 @@
+// Package deploy holds no code: its tests check the deployment bundle in
+// this folder (nginx, compose, Prometheus, Grafana, Kubernetes, systemd)
+// against the real server. metrics_test.go runs in every `go test`; the
+// end-to-end tests drive the built binary behind the real nginx, HAProxy
+// and Prometheus and run only with CHUNLIAN_DEPLOY_E2E=1 (.ci/run sets
+// it). The Kubernetes manifests are validated by the separate module in
+// k8s/validate.
 package deploy
 
 // Helpers of the end-to-end tests: the chunlian binary, replicas as child

@@ -174,7 +174,7 @@ func TestMetricNames(t *testing.T) {
 func scrapeRealServer(t *testing.T) map[string]bool {
 	t.Helper()
 	m := model.NewRandom(model.TestConfig(), 7)
-	cpu, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16, Threads: 1})
+	cpu, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

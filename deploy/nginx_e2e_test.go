@@ -30,7 +30,6 @@ func renderNginx(t *testing.T, dir string, listen int, upstreams []string) strin
 	for _, r := range [][2]string{
 		{"server chunlian:8000 max_fails=1 fail_timeout=2s;", strings.Join(servers, "\n        ")},
 		{"listen 80;", fmt.Sprintf("listen 127.0.0.1:%d;", listen)},
-		{"pid /tmp/nginx.pid;", "pid " + dir + "/nginx.pid;"},
 		{"access_log /dev/stdout upstreams;", "access_log " + dir + "/access.log upstreams;"},
 	} {
 		if n := strings.Count(conf, r[0]); n != 1 {
@@ -38,7 +37,10 @@ func renderNginx(t *testing.T, dir string, listen int, upstreams []string) strin
 		}
 		conf = strings.Replace(conf, r[0], r[1], 1)
 	}
-	conf = strings.ReplaceAll(conf, "/tmp/nginx-", dir+"/nginx-")
+	// The shipped config's pid file and temp folders (a container's) move
+	// into the test's directory.
+	conf = regexp.MustCompile(`(?m)^pid [^;]*;`).ReplaceAllString(conf, "pid "+dir+"/nginx.pid;")
+	conf = regexp.MustCompile(`(_temp_path\s+)\S*/nginx-`).ReplaceAllString(conf, "${1}"+dir+"/nginx-")
 	if os.Geteuid() == 0 { // workers would run as nobody and not reach dir
 		conf = "user root;\n" + conf
 	}

@@ -1,0 +1,63 @@
+#!/bin/bash
+# The GPU machine's check, in two halves:
+#
+#   bash scripts/gpu.sh build    # here: CGO-free binaries into .carry/gpu/ (gzipped)
+#   bash scripts/gpu.sh check    # on the device, with carry [".carry/gpu"]:
+#                                # the CUDA tests, the default pipeline through
+#                                # HTTP (backend's default samples vs 1, same
+#                                # call) and CPU replica scaling; ~2 min
+#
+# build compiles the committed tree (git archive HEAD) with an empty embedded
+# model file: the device tool moves at most 64 MiB, and the tracked weights
+# already travel, so the binaries load them with --model weights/chunlian-base
+# (CHUNLIAN_MODEL). check writes summary.txt and the raw reports to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+build)
+	T=$(mktemp -d)
+	trap 'rm -rf "$T"' EXIT
+	git archive HEAD | tar -xf - -C "$T"
+	: > "$T/weights/chunlian-base/model.safetensors"
+	mkdir -p .carry/gpu
+	(cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/gpu/cuda.test" ./cuda/ &&
+		CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$(git rev-parse --short HEAD)" -o "$OLDPWD/.carry/gpu/chunlian" ./cmd/chunlian)
+	gzip -f .carry/gpu/chunlian .carry/gpu/cuda.test
+	{ git rev-parse HEAD; git log -1 --format=%s; date -u; } > .carry/gpu/BUILD.txt
+	ls -la .carry/gpu
+	;;
+check)
+	set +e
+	: "${OUT:?OUT must name the folder that comes back}"
+	B=/tmp/gpu-bin
+	mkdir -p $B
+	gunzip -c .carry/gpu/chunlian.gz > $B/chunlian
+	gunzip -c .carry/gpu/cuda.test.gz > $B/cuda.test
+	chmod +x $B/*
+	export CHUNLIAN_CUDA_LIB_DIR=${CHUNLIAN_CUDA_LIB_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
+	export CHUNLIAN_MODEL=weights/chunlian-base
+	S=$OUT/summary.txt
+	{ cat .carry/gpu/BUILD.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > $S
+	T0=$(date +%s)
+	timeout 170 $B/cuda.test -test.count 1 -test.v > $OUT/cuda_test.log 2>&1
+	echo "cuda.test rc=$? ($(($(date +%s) - T0)) s)" >> $S
+	grep -E "^(--- FAIL|FAIL|ok|PASS)|panic" $OUT/cuda_test.log | head -20 >> $S
+	SF="--backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --log-level warn"
+	for k in ${SAMPLES:-0 1}; do
+		timeout 100 $B/chunlian bench --spawn engine --server-flags "$SF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
+			--duration 6s --warmup 2s --quiet --json $OUT/gpu-k$k.json --out $OUT/gpu-k$k.md > /dev/null 2>&1
+		echo "bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
+		grep -E "^\| engine \|" $OUT/gpu-k$k.md >> $S
+	done
+	if [ "${REPLICAS:-1}" = 1 ]; then
+		CHUNLIAN=$B/chunlian OUT=/tmp/br SERIES=scale DURATION=6s timeout 150 bash deploy/bench-replicas.sh > /tmp/br.md 2>&1
+		echo "bench-replicas rc=$? ($(($(date +%s) - T0)) s)" >> $S
+		cat /tmp/br.md >> $S
+	fi
+	cat $S
+	;;
+*)
+	echo "usage: scripts/gpu.sh build | check" >&2
+	exit 2
+	;;
+esac
