@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -67,7 +68,7 @@ func TestEvalTemperature(t *testing.T) {
 	if err := runEval(append(base, "--temperature", "0.55"), &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"--samples-per-couplet 4 --temperature 0.55`", "temperature 0.55, top-p"} {
+	for _, want := range []string{fmt.Sprintf("--samples-per-couplet %d --temperature 0.55`", cpuDefaultSamples), "temperature 0.55, top-p"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("eval output lacks %q:\n%s", want, out.String())
 		}

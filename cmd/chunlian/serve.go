@@ -115,7 +115,7 @@ func (c *serveConfig) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", 0, "each response write must complete within it (0 = 30s)")
 	fs.BoolVar(&c.PublicMetrics, "public-metrics", false, "leave /metrics and /api/stats open when --api-key is set")
 	fs.BoolVar(&c.Admission, "admission", c.Admission, "adaptive, cost-aware admission (503 + Retry-After past the knee); false = only --max-in-flight and --max-queue limit load")
-	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 2)")
+	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 3)")
 	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB, half of it); the GOMEMLIMIT variable wins")
 }
 
