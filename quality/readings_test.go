@@ -54,6 +54,19 @@ func readReadings(t *testing.T, path string) []reading {
 	return out
 }
 
+// groupByWord groups rows by blessing word, words in first-seen order.
+func groupByWord(rows []reading) (map[string][]reading, []string) {
+	byWord := map[string][]reading{}
+	var words []string
+	for _, r := range rows {
+		if byWord[r.word] == nil {
+			words = append(words, r.word)
+		}
+		byWord[r.word] = append(byWord[r.word], r)
+	}
+	return byWord, words
+}
+
 // oddShare is the share of readers' verdicts that are "o".
 func (r reading) oddShare() float64 {
 	n := 0
@@ -74,14 +87,7 @@ func (r reading) oddShare() float64 {
 // held-out figure is in docs/DECISIONS.md.
 func TestDefaultWeightsTrackReaders(t *testing.T) {
 	rows := readReadings(t, "testdata/readings/tuning.tsv")
-	byWord := map[string][]reading{}
-	var words []string
-	for _, r := range rows {
-		if byWord[r.word] == nil {
-			words = append(words, r.word)
-		}
-		byWord[r.word] = append(byWord[r.word], r)
-	}
+	byWord, words := groupByWord(rows)
 	if len(words) != 20 || len(rows) != 320 {
 		t.Fatalf("%d words, %d rows: the recorded reading changed", len(words), len(rows))
 	}
@@ -183,14 +189,7 @@ func (r reading) mark() float64 {
 // prints the table with -v).
 func TestReadingsLeaveOneWordOut(t *testing.T) {
 	rows := readReadings(t, "testdata/readings/tuning.tsv")
-	byWord := map[string][]reading{}
-	var words []string
-	for _, r := range rows {
-		if byWord[r.word] == nil {
-			words = append(words, r.word)
-		}
-		byWord[r.word] = append(byWord[r.word], r)
-	}
+	byWord, words := groupByWord(rows)
 	judge := critic.Judge{}
 	feats := func(r reading) [5]float64 {
 		f := couplet.TextFeatures(r.upper, r.lower, r.logProb, judge)
