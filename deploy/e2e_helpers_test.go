@@ -118,6 +118,25 @@ type replica struct {
 
 func (r *replica) addr() string { return fmt.Sprintf("127.0.0.1:%d", r.port) }
 
+// startDaemon starts cmd with stdout and stderr into logPath and, at the
+// test's end, stops it with stop and waits for it.
+func startDaemon(t *testing.T, cmd *exec.Cmd, logPath string, stop os.Signal) {
+	t.Helper()
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(stop)
+		cmd.Wait()
+		logf.Close()
+	})
+}
+
 // startReplica runs `chunlian serve` on port with JSON logs into logPath.
 func startReplica(t *testing.T, modelDir string, port int, logPath string, extra ...string) *replica {
 	t.Helper()

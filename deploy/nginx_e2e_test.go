@@ -57,20 +57,7 @@ func startNginx(t *testing.T, conf, dir string) {
 	if out, err := exec.Command("nginx", "-t", "-c", conf, "-p", dir).CombinedOutput(); err != nil {
 		t.Fatalf("nginx -t: %v\n%s", err, out)
 	}
-	cmd := exec.Command("nginx", "-c", conf, "-p", dir, "-g", "daemon off;")
-	logf, err := os.Create(filepath.Join(dir, "nginx.stderr"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGQUIT) // graceful stop
-		cmd.Wait()
-		logf.Close()
-	})
+	startDaemon(t, exec.Command("nginx", "-c", conf, "-p", dir, "-g", "daemon off;"), filepath.Join(dir, "nginx.stderr"), syscall.SIGQUIT) // SIGQUIT: graceful stop
 }
 
 // attempt is one try of one client request at one replica, from nginx's

@@ -17,26 +17,13 @@ import (
 // context cancel that starts the drain and Serve's result.
 func drainServer(t *testing.T, cfg Config, fn func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error)) (*Server, string, chan time.Time, context.CancelFunc, chan error) {
 	t.Helper()
-	cfg.Logger = quietLogger()
-	srv, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := fakeServer(t, cfg, fn)
 	gate := make(chan time.Time)
 	srv.after = func(d time.Duration) <-chan time.Time {
 		if d != cfg.DrainDelay {
 			t.Errorf("drain delay %v, want %v", d, cfg.DrainDelay)
 		}
 		return gate
-	}
-	if fn == nil {
-		fn = func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error) {
-			return []couplet.Couplet{fakeCouplet}, nil
-		}
-	}
-	srv.Attach(Backend{Generator: fakeGen{fn}, ModelName: "fake"})
-	if err := srv.Warmup(context.Background()); err != nil {
-		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

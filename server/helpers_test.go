@@ -251,8 +251,9 @@ func (f fakeGen) Generate(ctx context.Context, req couplet.Request) ([]couplet.C
 
 var fakeCouplet = couplet.Couplet{Upper: "春回大地千山秀", Lower: "福满人间万户欢", Banner: "国泰民安", Score: -1}
 
-// newFakeServer serves a fake generator (ready at once).
-func newFakeServer(t *testing.T, cfg Config, fn func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error)) (*Server, string) {
+// fakeServer builds a server on a fake generator (nil fn: always
+// fakeCouplet), attached and warmed up, not yet serving.
+func fakeServer(t *testing.T, cfg Config, fn func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error)) *Server {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
@@ -270,6 +271,13 @@ func newFakeServer(t *testing.T, cfg Config, fn func(ctx context.Context, req co
 	if err := srv.Warmup(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return srv
+}
+
+// newFakeServer serves a fake generator (ready at once).
+func newFakeServer(t *testing.T, cfg Config, fn func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error)) (*Server, string) {
+	t.Helper()
+	srv := fakeServer(t, cfg, fn)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return srv, ts.URL

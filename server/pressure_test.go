@@ -253,12 +253,8 @@ func TestGracefulDrain(t *testing.T) {
 func TestDrainTimeoutCutsOff(t *testing.T) {
 	block := make(chan struct{})
 	defer close(block)
-	srv, err := New(Config{Logger: quietLogger(), DrainTimeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
 	entered := make(chan struct{})
-	srv.Attach(Backend{Generator: fakeGen{func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error) {
+	srv := fakeServer(t, Config{DrainTimeout: 50 * time.Millisecond}, func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error) {
 		if req.Seed == 1 {
 			return []couplet.Couplet{fakeCouplet}, nil
 		}
@@ -269,10 +265,7 @@ func TestDrainTimeoutCutsOff(t *testing.T) {
 		case <-block:
 			return []couplet.Couplet{fakeCouplet}, nil
 		}
-	}}})
-	if err := srv.Warmup(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

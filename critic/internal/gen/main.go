@@ -255,6 +255,15 @@ func mergeKeys(a, b map[string]float64) map[string]bool {
 }
 
 // score mirrors critic.Festive: the mean log-odds over the pair's units.
+// scores is score of every pair of ps.
+func scores(t map[string]float64, ps []string) []float64 {
+	out := make([]float64, len(ps))
+	for i, p := range ps {
+		out[i] = score(t, p)
+	}
+	return out
+}
+
 func score(t map[string]float64, p string) float64 {
 	var s float64
 	n := 0
@@ -305,14 +314,7 @@ func evalFestive(spring, other []string) {
 	str, ste := split(spring)
 	otr, ote := split(other)
 	t := logOdds(str, otr)
-	pos := make([]float64, len(ste))
-	for i, p := range ste {
-		pos[i] = score(t, p)
-	}
-	neg := make([]float64, len(ote))
-	for i, p := range ote {
-		neg[i] = score(t, p)
-	}
+	pos, neg := scores(t, ste), scores(t, ote)
 	fmt.Printf("festive held-out AUC %.4f (%d spring vs %d other pairs, table of %d units)\n", auc(pos, neg), len(pos), len(neg), len(t))
 }
 
@@ -368,13 +370,6 @@ func evalReal(shared string, spring, other []string) {
 		}
 	}
 	t := logOdds(tr, other)
-	pos := make([]float64, len(real))
-	for i, p := range real {
-		pos[i] = score(t, p)
-	}
-	neg := make([]float64, len(test))
-	for i, p := range test {
-		neg[i] = score(t, p)
-	}
+	pos, neg := scores(t, real), scores(t, test)
 	fmt.Printf("festive AUC of the %d real 春联 (with_banner.tsv, left out of training) vs the %d test.tsv pairs: %.4f\n", len(pos), len(neg), auc(pos, neg))
 }
