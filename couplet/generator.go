@@ -24,7 +24,6 @@ type Generator struct {
 	e       engine.Engine
 	banners []bannerCand
 	sources []string // banner lists actually read
-	singles map[rune]string
 	o       options
 }
 
@@ -150,7 +149,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 			g.sources = append(g.sources, "(inline)")
 		}
 	}
-	g.singles = singleWords(g.banners)
+	t.singles = singleWords(g.banners)
 	return g, nil
 }
 
@@ -164,7 +163,7 @@ func (g *Generator) MaxLength() int { return g.t.maxChars }
 
 // Validate checks a request without generating (for the HTTP layer).
 func (g *Generator) Validate(req Request) error {
-	_, err := g.t.prepare(g.expandSingle(req))
+	_, err := g.t.prepare(req)
 	return err
 }
 
@@ -212,7 +211,6 @@ type candidate struct {
 // request per picked couplet writes the model's own 横批 and scores the
 // best retrieved ones in the same batch (chooseBanners).
 func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error) {
-	req = g.expandSingle(req)
 	p, err := g.t.prepare(req)
 	if err != nil {
 		return nil, err

@@ -272,18 +272,3 @@ func singleWords(banners []bannerCand) map[rune]string {
 	}
 	return out
 }
-
-// expandSingle rewrites a one-character keyword request to its word
-// (singleWords); other requests pass unchanged.
-func (g *Generator) expandSingle(req Request) Request {
-	if req.Mode != "" && req.Mode != ModeKeyword {
-		return req
-	}
-	rs := []rune(Normalize(req.Text))
-	if len(rs) == 1 {
-		if w, ok := g.singles[rs[0]]; ok {
-			req.Text = w
-		}
-	}
-	return req
-}

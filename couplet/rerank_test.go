@@ -80,7 +80,7 @@ func TestSplitPhraseAndKeywordPresent(t *testing.T) {
 func TestKeywordBreadth(t *testing.T) {
 	fe := &fakeEngine{vocab: testModel.Tok.Size()}
 	g := newFakeGen(t, fe, WithBanners("五福临门", "福满人间", "万象更新"))
-	if w := g.singles['福']; w != "五福" {
+	if w := g.t.singles['福']; w != "五福" {
 		t.Fatalf("single word for 福 = %q, want 五福 (first of the most frequent halves)", w)
 	}
 	for _, text := range []string{"福", "万事如意", "年年有余", "平安"} {

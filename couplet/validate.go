@@ -136,15 +136,20 @@ func (t *tables) prepare(req Request) (*plan, error) {
 			return nil, inputErr(CodeUnknownChar, "模型不认识“%c”字", "the model does not know the character %q", r)
 		}
 	}
+	if len(text) == 1 && p.mode == ModeKeyword {
+		// A one-character word is written with the two-character word of
+		// the 横批 list that holds it (singleWords): 福 → 五福.
+		w, ok := t.singles[text[0]]
+		if !ok {
+			return nil, inputErr(CodeBadKeyword, "“%c”字暂无可用的吉祥词，请输入两个汉字（例如：平安）", "no blessing word is known for %q; please enter two Chinese characters (e.g. 平安)", text[0])
+		}
+		text = []rune(w)
+	}
 	switch {
 	case len(text) == 4 && p.mode == ModeKeyword:
 		if err := t.prepareEmbedded(p, text); err != nil {
 			return nil, err
 		}
-	case len(text) == 1 && p.mode == ModeKeyword:
-		// Generator.expandSingle turns a known one-character word into a
-		// two-character one before prepare; what reaches here has none.
-		return nil, inputErr(CodeBadKeyword, "“%c”字暂无可用的吉祥词，请输入两个汉字（例如：平安）", "no blessing word is known for %q; please enter two Chinese characters (e.g. 平安)", text[0])
 	case len(text) != 2:
 		return nil, inputErr(CodeBadKeyword, "请输入两个汉字（例如：平安），收到 %q", "please enter exactly two Chinese characters (e.g. 平安), got %q", string(text))
 	default:

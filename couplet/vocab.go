@@ -39,6 +39,9 @@ type tables struct {
 	tone  []Tone     // [vocab] 平仄 of each Han id (ToneUnknown otherwise)
 	char  []rune     // [vocab] the character of a Han/punct id, 0 otherwise
 	han   []int32    // ids of all Han tokens, ascending
+	// singles maps a character to the two-character word a one-character
+	// keyword is written with (singleWords over the 横批 list; set by New).
+	singles map[rune]string
 	// maxChars is the longest Length whose Layout fits in sp.MaxLine tokens.
 	maxChars int
 	// The processors' allowed sets (processor.go): Han ids, Han ids of
