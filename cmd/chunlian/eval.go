@@ -87,7 +87,7 @@ func (s *evalStats) add(c couplet.Couplet, keyword string, lowerMode bool, d tim
 	s.r4 += b2i(r.Rule4())
 	s.all += b2i(r.Rule1() && rule2 && r.Rule3() && r.Rule4())
 	if keyword != "" {
-		s.kw += b2i(couplet.ContainsKeyword(c, keyword))
+		s.kw += b2i(couplet.KeywordPresent(c, keyword))
 	}
 }
 
