@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 )
 
@@ -263,5 +264,48 @@ func TestAssess(t *testing.T) {
 	}
 	if b := Assess("天增岁月人增寿", "春满乾坤福满楼", ""); b.BannerUnsuitable || len(b.Unsuitable) > 0 {
 		t.Errorf("Assess of a clean couplet without 横批 = %+v", b)
+	}
+}
+
+// TestWrongYear: for the Spring Festival of 2027 (羊 arrives, 马 leaves)
+// only the right animals may be welcomed or bid farewell; animals used as
+// images belong to no year.
+func TestWrongYear(t *testing.T) {
+	if a, l := YearAnimals(2027); a != '羊' || l != '马' {
+		t.Fatalf("YearAnimals(2027) = %c, %c; want 羊, 马", a, l)
+	}
+	if a, l := YearAnimals(2020); a != '鼠' || l != '猪' {
+		t.Fatalf("YearAnimals(2020) = %c, %c; want 鼠, 猪", a, l)
+	}
+	for _, c := range []struct {
+		text string
+		want int
+	}{
+		{"玉兔迎春增福气", 1}, {"金龙辞岁发祥光", 1}, {"灵羊辞岁祥吉庆", 1}, {"骏马迎春福寿康", 1},
+		{"蛇年大吉", 1}, {"金犬迎春", 1},
+		{"骏马辞岁", 0}, {"金羊迎春到", 0}, {"羊年大吉", 0}, {"马到成功", 0}, {"龙凤呈祥", 0},
+		{"鸡鸣犬吠", 0}, {"龙辞旧岁蛇贺新春", 2},
+	} {
+		if got := WrongYear(c.text, 2027); len(got) != c.want {
+			t.Errorf("WrongYear(%q, 2027) = %q, want %d claims", c.text, got, c.want)
+		}
+	}
+	if got := (Judge{}).Unsuitable("玉兔迎春增福气"); len(got) != 0 {
+		t.Errorf("Judge without a year flags %q", got)
+	}
+	if got := (Judge{Year: 2027}).Unsuitable("玉兔迎春增福气"); len(got) != 1 {
+		t.Errorf("Judge{Year: 2027}.Unsuitable = %q, want the 兔迎 claim", got)
+	}
+}
+
+func TestFestivalYear(t *testing.T) {
+	for _, c := range []struct {
+		date string
+		want int
+	}{{"2026-12-04", 2027}, {"2027-01-15", 2027}, {"2027-02-20", 2027}, {"2027-03-01", 2028}} {
+		d, _ := time.Parse(time.DateOnly, c.date)
+		if got := FestivalYear(d); got != c.want {
+			t.Errorf("FestivalYear(%s) = %d, want %d", c.date, got, c.want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"strings"
 	"sync"
+	"time"
 )
 
 var (
@@ -112,4 +113,77 @@ func allMasked(m []bool, from, to int) bool {
 // unsuitable.txt.
 func UnsuitableBanner(banner string) bool {
 	return loadLists().banners[banner] || len(Unsuitable(banner)) > 0
+}
+
+// zodiac lists the twelve year animals in cycle order; the Gregorian year
+// whose Spring Festival starts the year of the rat has year%12 == 4.
+const zodiac = "鼠牛虎兔龙蛇马羊猴鸡狗猪"
+
+// aliases names an animal by another character (犬 for 狗).
+var aliases = map[rune]rune{'犬': '狗'}
+
+// Year-claim verbs: an animal directly followed by one of these (玉兔迎春,
+// 金龙辞岁) says which year arrives or leaves; elsewhere an animal is an
+// image (龙凤呈祥, 马到成功, 犬吠) and belongs to no year.
+const (
+	leaveVerbs  = "辞送别"
+	arriveVerbs = "迎贺献闹"
+)
+
+// FestivalYear is the Gregorian year of the Spring Festival a couplet
+// written at t is for: the coming one from March on, else this year's
+// (the festival falls between January 21 and February 20, and its
+// couplets stay up until the Lantern Festival).
+func FestivalYear(t time.Time) int {
+	if t.Month() >= time.March {
+		return t.Year() + 1
+	}
+	return t.Year()
+}
+
+// YearAnimals returns the animal of the year that the Spring Festival of
+// the Gregorian year y starts, and the one it ends: 2027 → 羊, 马.
+func YearAnimals(y int) (arriving, leaving rune) {
+	a := []rune(zodiac)
+	i := ((y-4)%12 + 12) % 12
+	return a[i], a[(i+11)%12]
+}
+
+// WrongYear returns the year claims of text that do not fit the Spring
+// Festival of the Gregorian year y, as the animal and its verb (兔迎, 羊辞)
+// or the animal and 年 (蛇年); nil when there is none. A claim fits when
+// the leaving animal is bid farewell (马辞), the arriving one welcomed
+// (羊迎), or either one named with 年.
+func WrongYear(text string, y int) []string {
+	arriving, leaving := YearAnimals(y)
+	r := []rune(text)
+	var out []string
+	for i := 0; i+1 < len(r); i++ {
+		a := r[i]
+		if b, ok := aliases[a]; ok {
+			a = b
+		}
+		if !isAnimal(a) {
+			continue
+		}
+		v := r[i+1]
+		switch {
+		case containsRune(leaveVerbs, v) && a != leaving,
+			containsRune(arriveVerbs, v) && a != arriving,
+			v == '年' && a != leaving && a != arriving:
+			out = append(out, string([]rune{r[i], v}))
+		}
+	}
+	return out
+}
+
+func isAnimal(c rune) bool { return containsRune(zodiac, c) }
+
+func containsRune(s string, c rune) bool {
+	for _, x := range s {
+		if x == c {
+			return true
+		}
+	}
+	return false
 }

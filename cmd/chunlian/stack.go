@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -40,6 +41,7 @@ type stackConfig struct {
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
 	BannerCandidates    int        // retrieved 横批 candidates scored by the model per couplet
 	BannersFile         string     // an operator's 横批 list instead of the embedded one
+	FestivalYear        int        // the Spring Festival's Gregorian year for the year-animal check; 0 = from the clock
 	Experimental        features   // --experimental
 	CUDA                cudaConfig // CUDA-only flags (stack_cuda.go)
 	// wrapEngine is an optional engine decorator (metrics); not a flag.
@@ -100,6 +102,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, fmt.Sprintf("constrained samples drawn and ranked for each returned couplet (quality vs throughput); 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultSamples, cudaDefaultSamples))
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
 	fs.StringVar(&c.BannersFile, "banners-file", c.BannersFile, "a 横批 list of your own (one four-character phrase per line, # comments) used instead of the embedded curated list; empty = the embedded list")
+	fs.IntVar(&c.FestivalYear, "festival-year", c.FestivalYear, "Gregorian year of the Spring Festival the couplets are for: candidates that welcome or bid farewell to another year's animal (玉兔迎春 for 2027, the year of the goat) rank last; 0 = the coming festival by the clock (from March on, next year's)")
 	fs.Var(&c.Experimental, "experimental", "comma-separated experimental features: "+knownFeatures())
 	fs.IntVar(&c.CUDA.Device, "device", c.CUDA.Device, "CUDA device ordinal to run on, counted among the GPUs CUDA_VISIBLE_DEVICES leaves visible (one replica per GPU: --device N, or CUDA_VISIBLE_DEVICES=N with --device 0)")
 	fs.StringVar(&c.CUDA.LibDir, "cuda-lib-dir", c.CUDA.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first")
@@ -125,8 +128,16 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 		couplet.WithBannerSources(bannerSources(c.BannersFile)...), // generate.go
 		couplet.WithOversample(c.SamplesPerCouplet),
 		couplet.WithBannerTopK(c.BannerCandidates),
-		couplet.WithJudge(critic.Judge{}),
+		couplet.WithJudge(critic.Judge{Year: c.festivalYear()}),
 	}
+}
+
+// festivalYear is --festival-year, or the coming festival's year by the clock.
+func (c *stackConfig) festivalYear() int {
+	if c.FestivalYear != 0 {
+		return c.FestivalYear
+	}
+	return critic.FestivalYear(time.Now())
 }
 
 // Validate reports every problem at once, each naming the flag to fix.
@@ -160,6 +171,9 @@ func (c *stackConfig) Validate() error {
 	}
 	if c.MaxQueue < 0 {
 		bad("--max-queue %d: must be ≥ 0", c.MaxQueue)
+	}
+	if c.FestivalYear != 0 && (c.FestivalYear < 1900 || c.FestivalYear > 2200) {
+		bad("--festival-year %d: want 1900..2200, or 0 for the coming festival", c.FestivalYear)
 	}
 	if c.SamplesPerCouplet < 0 || c.SamplesPerCouplet > 32 {
 		bad("--samples-per-couplet %d: want 1..32, or 0 for the backend's default", c.SamplesPerCouplet)
