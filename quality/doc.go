@@ -8,6 +8,11 @@
 // Each function runs on a CPU backend of its own, never on an engine's
 // backend, which belongs to the engine goroutine.
 //
+// RunEval is `chunlian eval`'s constraint evaluation on a couplet
+// generator: rule pass rates, keyword inclusion and latency with the
+// constraints on and off, and the figures above (EvalReport.WriteMarkdown
+// prints docs/EVAL.md's section "Constrained decoding (Go engine)").
+//
 // It also holds the reader's instruments (docs/EVAL.md, "Reading as a
 // reader does"): the blind reading kit (WriteBlindSheet, ScoreSheet,
 // Wilson) and the automatic signals of chunlian's couplets against human
