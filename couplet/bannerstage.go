@@ -155,7 +155,6 @@ func (f forcedBanner) Forced(gen []int32, logits []float32) (int32, bool) {
 // returned as they are, except that a refused 横批 request falls back to
 // the most relevant retrieved 横批 (fallbackBanner).
 func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate, tr *Trace) ([]*candidate, error) {
-	sp := g.t.sp
 	stage := startStage(tr, g.e, StageBannerRetrieval)
 	pools := make([][]*bannerCand, len(chosen)) // [len(chosen)][≤bannerPool]
 	if g.o.bannerTopK > 0 {
@@ -171,45 +170,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 	ok := make([]bool, len(chosen))    // likewise
 	var wg sync.WaitGroup
 	for ci, cd := range chosen {
-		// prompt + (upper <sep> if generated) + lower + <ban>
-		full := slices.Clone(prompt)
-		if p.mode != ModeLower {
-			full = append(full, cd.upperIDs...)
-			full = append(full, sp.Sep)
-		}
-		full = append(full, cd.lowerIDs...)
-		full = append(full, sp.Banner)
-		k := min(g.o.bannerTopK, len(pools[ci]))
-		assign := &bannerAssign{pool: pools[ci], k: k}
-		// The model writes its own 横批 only when no real phrase is
-		// retrieved: a free 横批 is often a made-up variant of an idiom.
-		own := 0
-		if k == 0 {
-			own = 1
-		}
-		req := &engine.Request{
-			Prompt: full,
-			Params: sampler.Params{
-				Temperature: p.temp, TopP: p.topP, TopK: p.topK,
-				MaxTokens: 4, N: own + k,
-				Seed: bannerSeed(p.seed, cd.attempt, cd.sample),
-			},
-			NewProcessor: func(i int) sampler.LogitsProcessor {
-				if own == 1 {
-					return bannerProc{t: g.t}
-				}
-				return forcedBanner{a: assign, slot: i}
-			},
-		}
-		if p.onToken != nil {
-			att, smp := cd.attempt, cd.sample
-			req.OnEvent = func(ev engine.Event) {
-				if ev.Index != 0 || own == 0 || ev.Done || ev.Token < 0 || int(ev.Token) >= len(g.t.char) || g.t.char[ev.Token] == 0 {
-					return
-				}
-				p.onToken(TokenEvent{Attempt: att, Sample: smp, Part: PartBanner, Text: string(g.t.char[ev.Token])})
-			}
-		}
+		req, assign, own := g.bannerRequest(p, prompt, cd, pools[ci])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -254,6 +215,51 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 		}
 	}
 	return out, nil
+}
+
+// bannerRequest is the 横批 request of one chosen couplet: prompt + (上联
+// <sep> if generated) + 下联 + <ban>, then either the model's own 横批
+// (own = 1, when nothing is retrieved: a free 横批 is often a made-up
+// variant of an idiom) or the k candidates of pool that assign forces,
+// one per sample.
+func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool []*bannerCand) (req *engine.Request, assign *bannerAssign, own int) {
+	sp := g.t.sp
+	full := slices.Clone(prompt)
+	if p.mode != ModeLower {
+		full = append(full, cd.upperIDs...)
+		full = append(full, sp.Sep)
+	}
+	full = append(full, cd.lowerIDs...)
+	full = append(full, sp.Banner)
+	k := min(g.o.bannerTopK, len(pool))
+	assign = &bannerAssign{pool: pool, k: k}
+	if k == 0 {
+		own = 1
+	}
+	req = &engine.Request{
+		Prompt: full,
+		Params: sampler.Params{
+			Temperature: p.temp, TopP: p.topP, TopK: p.topK,
+			MaxTokens: 4, N: own + k,
+			Seed: bannerSeed(p.seed, cd.attempt, cd.sample),
+		},
+		NewProcessor: func(i int) sampler.LogitsProcessor {
+			if own == 1 {
+				return bannerProc{t: g.t}
+			}
+			return forcedBanner{a: assign, slot: i}
+		},
+	}
+	if p.onToken != nil {
+		att, smp := cd.attempt, cd.sample
+		req.OnEvent = func(ev engine.Event) {
+			if ev.Index != 0 || own == 0 || ev.Done || ev.Token < 0 || int(ev.Token) >= len(g.t.char) || g.t.char[ev.Token] == 0 {
+				return
+			}
+			p.onToken(TokenEvent{Attempt: att, Sample: smp, Part: PartBanner, Text: string(g.t.char[ev.Token])})
+		}
+	}
+	return req, assign, own
 }
 
 // pickBanner returns the 横批 request's winning sample: the highest sum of

@@ -105,22 +105,42 @@ func commandLine(fs *pflag.FlagSet) string {
 }
 
 func benchRun(f benchFlags, set map[string]bool, cmdline string, stdout io.Writer) error {
+	cfg, err := benchConfig(f, set, cmdline)
+	if err != nil {
+		return err
+	}
+
+	// Ctrl-C / SIGTERM end the run; Run then returns the partial report.
+	// After it returns, stop() restores default handling so a second Ctrl-C
+	// kills at once while the report is being written.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	rep, err := bench.Run(ctx, cfg)
+	stop()
+	if err != nil {
+		return err
+	}
+	return writeBenchReport(rep, f, stdout)
+}
+
+// benchConfig turns the parsed flags into the load tester's config (set:
+// the flags given on the command line).
+func benchConfig(f benchFlags, set map[string]bool, cmdline string) (bench.Config, error) {
 	urls, api, model, spawn, serverFlags, readyTO, serverLogs, conc, rates := f.urls, f.api, f.model, f.spawn, f.serverFlags, f.readyTO, f.serverLogs, f.conc, f.rates
 	duration, warmup, requests, modes, seed, n, maxTokens, stream, timeout := f.duration, f.warmup, f.requests, f.modes, f.seed, f.n, f.maxTokens, f.stream, f.timeout
-	allowRemote, maxRun, jsonPath, outPath, plotDir, quiet := f.allowRemote, f.maxRun, f.jsonPath, f.outPath, f.plotDir, f.quiet
+	allowRemote, maxRun, quiet := f.allowRemote, f.maxRun, f.quiet
 	var cfg bench.Config
 	var err error
 	if *rates != "" && !set["concurrency"] {
 		*conc = "" // only open loop asked for
 	}
 	if cfg.Concurrency, err = parseInts(*conc); err != nil {
-		return fmt.Errorf("--concurrency: %w", err)
+		return cfg, fmt.Errorf("--concurrency: %w", err)
 	}
 	if cfg.Rates, err = parseFloats(*rates); err != nil {
-		return fmt.Errorf("--rate: %w", err)
+		return cfg, fmt.Errorf("--rate: %w", err)
 	}
 	if cfg.Modes, err = bench.ParseModes(*modes); err != nil {
-		return fmt.Errorf("--modes: %w", err)
+		return cfg, fmt.Errorf("--modes: %w", err)
 	}
 	cfg.Duration, cfg.Warmup, cfg.Requests = *duration, *warmup, *requests
 	if *requests > 0 && !set["duration"] {
@@ -134,7 +154,7 @@ func benchRun(f benchFlags, set map[string]bool, cmdline string, stdout io.Write
 
 	switch {
 	case *spawn != "" && *urls != "":
-		return errors.New("give --url or --spawn, not both")
+		return cfg, errors.New("give --url or --spawn, not both")
 	case *spawn != "":
 		for _, s := range strings.Split(*spawn, ",") {
 			if s = strings.TrimSpace(s); s != "" {
@@ -142,14 +162,14 @@ func benchRun(f benchFlags, set map[string]bool, cmdline string, stdout io.Write
 			}
 		}
 		if cfg.ServerBin, err = os.Executable(); err != nil {
-			return fmt.Errorf("--spawn: cannot find own binary: %w", err)
+			return cfg, fmt.Errorf("--spawn: cannot find own binary: %w", err)
 		}
 	case *urls != "":
 		if cfg.Targets, err = parseTargets(*urls, *api, *model); err != nil {
-			return err
+			return cfg, err
 		}
 	default:
-		return usageError{"give --url or --spawn"}
+		return cfg, usageError{"give --url or --spawn"}
 	}
 
 	if !*quiet {
@@ -159,17 +179,14 @@ func benchRun(f benchFlags, set map[string]bool, cmdline string, stdout io.Write
 		}
 	}
 	cfg.Log = os.Stderr
+	return cfg, nil
+}
 
-	// Ctrl-C / SIGTERM end the run; Run then returns the partial report.
-	// After it returns, stop() restores default handling so a second Ctrl-C
-	// kills at once while the report is being written.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	rep, err := bench.Run(ctx, cfg)
-	stop()
-	if err != nil {
-		return err
-	}
-
+// writeBenchReport writes rep where the flags ask (Markdown to --out or
+// stdout, --json, --plots) and fails when a target could not be measured
+// or the run was interrupted.
+func writeBenchReport(rep *bench.Report, f benchFlags, stdout io.Writer) error {
+	jsonPath, outPath, plotDir := f.jsonPath, f.outPath, f.plotDir
 	var md bytes.Buffer
 	rep.WriteMarkdown(&md)
 	if *plotDir != "" {

@@ -48,7 +48,7 @@ func defineReader(fs *pflag.FlagSet) *readerFlags {
 		signals:      fs.Bool("signals", false, "automatic signals of chunlian's couplets and human ones of the same words, side by side (Markdown)"),
 		signalsOut:   fs.String("signals-out", "", "--signals: also write the couplets compared, as source<TAB>word<TAB>上联<TAB>下联<TAB>横批 lines"),
 		perWord:      fs.Int("per-word", 100, "--signals: chunlian couplets per blessing word (distinct-2 is over these); human ones: all of the word's, at most as many"),
-		wordList:     fs.String("word-list", strings.Join(evalWords[:15], ","), "--blind, --signals: comma-separated blessing words"),
+		wordList:     fs.String("word-list", strings.Join(quality.BlessingWords[:15], ","), "--blind, --signals: comma-separated blessing words"),
 		sharedFolder: fs.String("shared", "../shared/data", "--blind, --signals: the shared data folder (spring/, couplets/train.tsv)"),
 	}
 }

@@ -1,5 +1,6 @@
 // Command chunlian is the whole product in one binary. main only wires the
-// domain packages together; each subcommand lives in its own file.
+// domain packages together; each subcommand lives in its own file, except
+// `version`, a few lines at the end of this one.
 //
 // The command line is built on spf13/cobra and spf13/pflag: flags may come
 // before or after positional arguments, every subcommand has its own
@@ -184,4 +185,30 @@ func noArgs(_ *cobra.Command, args []string) error {
 		return usageError{fmt.Sprintf("unexpected arguments %q (all options are flags)", args)}
 	}
 	return nil
+}
+
+// newVersionCmd builds `chunlian version` (also `chunlian --version`):
+// what the binary is (buildinfo.Read) and what it can run here
+// (buildinfo.Probe).
+func newVersionCmd(stdout io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "print the version, commit, Go version, build date, kernels and backends",
+		Long: `Print what this binary is (version, commit, Go version, build date, platform)
+and what it can run on this machine (CPU kernels, whether the CUDA libraries load).`,
+		Example: "  chunlian version\n  chunlian version --short\n  chunlian --version",
+		Args:    noArgs,
+	}
+	short := cmd.Flags().Bool("short", false, "print the version only")
+	libDir := cmd.Flags().String("cuda-lib-dir", "", "directory holding the CUDA libraries, searched first")
+	cmd.RunE = func(*cobra.Command, []string) error {
+		in := buildinfo.Read()
+		if *short {
+			fmt.Fprintln(stdout, in.Version)
+			return nil
+		}
+		fmt.Fprint(stdout, in.String(), buildinfo.Probe(*libDir).String())
+		return nil
+	}
+	return withEnv(cmd)
 }

@@ -17,6 +17,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -223,18 +225,7 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	go func() {
-		select {
-		case s := <-sig:
-			log.Info("signal received, shutting down", "signal", s.String())
-			stop()
-		case <-ctx.Done():
-		}
-		if s, ok := <-sig; ok { // a second signal: no drain
-			log.Warn("second signal: exiting without draining", "signal", s.String())
-			srv.Close()
-		}
-	}()
+	go watchSignals(ctx, stop, sig, srv, log)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
 
@@ -242,31 +233,9 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 	stackCfg := cfg.stack
 	stackCfg.wrapEngine = srv.Metrics().InstrumentEngine
 	stackCfg.logger = log
-	type built struct {
-		st  *stack
-		err error
-	}
 	loaded := make(chan built, 1)
 	go func() {
-		t0 := time.Now()
-		st, err := buildStack(stackCfg)
-		if err == nil {
-			name := st.Model.Name
-			if name == "" {
-				name = "chunlian"
-			}
-			srv.Attach(server.Backend{Generator: st.Gen, Stats: st.Engine.Stats, ModelName: name, EngineName: stackCfg.Engine,
-				MaxModelLen: st.Model.Config.MaxPositions,
-				GPU:         gpuHook(st)}) // gpuHook: stack_cuda.go
-			log.Info("model loaded", "model", name, "engine", stackCfg.Engine, "backend", stackCfg.Backend,
-				"kv_blocks", st.Backend.NumBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
-			if cb, ok := st.Backend.(*forward.CPU); ok {
-				log.Info("cpu kernels", "kernels", cb.Kernels()) // why a machine is slow, in one line
-			}
-			wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-			err = srv.Warmup(wctx)
-			cancel()
-		}
+		st, err := loadAndAttach(ctx, srv, stackCfg, log)
 		loaded <- built{st, err}
 	}()
 
@@ -292,4 +261,81 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 		log.Warn("closing the stack", "err", cerr)
 	}
 	return err
+}
+
+// watchSignals stops the service (stop: drain, then exit) on the first
+// signal from sig and closes it without draining on a second one.
+func watchSignals(ctx context.Context, stop func(), sig <-chan os.Signal, srv *server.Server, log *slog.Logger) {
+	select {
+	case s := <-sig:
+		log.Info("signal received, shutting down", "signal", s.String())
+		stop()
+	case <-ctx.Done():
+	}
+	if s, ok := <-sig; ok { // a second signal: no drain
+		log.Warn("second signal: exiting without draining", "signal", s.String())
+		srv.Close()
+	}
+}
+
+// built is the result of loadAndAttach.
+type built struct {
+	st  *stack
+	err error
+}
+
+// loadAndAttach builds the stack, attaches it to srv and warms it up (at
+// most 5 minutes). On an error after the build, the stack is returned too
+// so the caller can close it.
+func loadAndAttach(ctx context.Context, srv *server.Server, cfg stackConfig, log *slog.Logger) (*stack, error) {
+	t0 := time.Now()
+	st, err := buildStack(cfg)
+	if err != nil {
+		return nil, err
+	}
+	name := st.Model.Name
+	if name == "" {
+		name = "chunlian"
+	}
+	srv.Attach(server.Backend{Generator: st.Gen, Stats: st.Engine.Stats, ModelName: name, EngineName: cfg.Engine,
+		MaxModelLen: st.Model.Config.MaxPositions,
+		GPU:         gpuHook(st)}) // gpuHook: stack_cuda.go
+	log.Info("model loaded", "model", name, "engine", cfg.Engine, "backend", cfg.Backend,
+		"kv_blocks", st.Backend.NumBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
+	if cb, ok := st.Backend.(*forward.CPU); ok {
+		log.Info("cpu kernels", "kernels", cb.Kernels()) // why a machine is slow, in one line
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	return st, srv.Warmup(wctx)
+}
+
+// memLimitHeadroom is the floor of the heap growth allowed above the live
+// heap of a loaded, warmed-up server (the figures behind it are in
+// docs/DECISIONS.md: requests allocate little; the live heap is the
+// weights and the KV cache).
+const memLimitHeadroom = 256 << 20
+
+// setMemoryLimit sets the Go runtime's soft memory limit (GOMEMLIMIT) once
+// the model is loaded and warmed up: live heap (weights + KV cache, which
+// sit on the Go heap with the CPU backend) plus max(256 MiB, half of it).
+// Without it the GC lets the heap grow to twice the live heap (GOGC=100),
+// so the weights alone doubled RSS. explicit > 0 sets that limit instead;
+// a GOMEMLIMIT in the environment (the runtime's own setting) wins over
+// both. It is process-wide state, so it lives in cmd, not in a library.
+func setMemoryLimit(log *slog.Logger, explicit int64) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		log.Info("memory limit from GOMEMLIMIT", "bytes", debug.SetMemoryLimit(-1))
+		return
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	live := int64(ms.HeapAlloc)
+	limit := explicit
+	if limit <= 0 {
+		limit = live + max(memLimitHeadroom, live/2)
+	}
+	debug.SetMemoryLimit(limit)
+	log.Info("memory limit", "limit_mib", limit>>20, "live_heap_mib", live>>20)
 }

@@ -19,7 +19,7 @@ Two tasks:
 GPU utilisation and memory are sampled with NVML (nvidia-ml-py) while each
 case runs. Prints a Markdown table and writes --json.
 
-    python3 bench/hf_baseline.py --model weights/chunlian-base \
+    python3 scripts/hf_baseline.py --model weights/chunlian-base \
         --batches 128,1024 --seq-requests 50 --json hf.json
 """
 import argparse
