@@ -47,8 +47,7 @@ class TestEpoch(unittest.TestCase):
         v = C.Vocab(sorted(set(CHARS)))
         data = train.Data(self.dir, v, args, np.random.default_rng(1))
         got = []
-        for x, ft, mode in data.epoch(np.random.default_rng(2)):
-            self.assertEqual(mode, "lower")
+        for x, ft in data.epoch(np.random.default_rng(2)):
             n = ft - 5  # lower targets: after <bos> <low> <len_N> <up> U1..Un <sep>
             for r in x:
                 self.assertEqual(list(r[:4]), C.prompt_ids(v, "lower", n)[:4])

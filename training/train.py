@@ -70,8 +70,7 @@ class Data:
             f"{sum(g.U.shape[0] for g in self.triples.values())} triples, loaded in {time.time() - t0:.1f}s")
 
     def epoch(self, rng):
-        """One epoch as a shuffled list of (ids int32 [b, T], first_target, mode);
-        a batch holds one mode only ("lower", "keyword" or "acrostic")."""
+        """One epoch as a shuffled list of (ids int32 [b, T], first_target)."""
         a = self.args
         seqs = {}  # T -> list of (array, first_target)
 
@@ -87,7 +86,7 @@ class Data:
                     ids, ft = sequences(subset(g, idx), n, name, rng)
                     if name == "lower" and a.lower_targets == "lower":
                         ft += n + 1  # the upper line is given in lower mode: targets start at L1
-                    seqs.setdefault((ids.shape[1], ft, name), []).append(ids)
+                    seqs.setdefault((ids.shape[1], ft), []).append(ids)
 
         for n, g in self.pairs.items():
             add(g, n)
@@ -101,12 +100,12 @@ class Data:
             if len(idx):
                 add(subset(g, idx), n, spring)
         batches = []
-        for (T, ft, name), arrs in seqs.items():
+        for (T, ft), arrs in seqs.items():
             x = np.concatenate(arrs)
             x = x[rng.permutation(len(x))]
             b = max(1, a.batch_tokens // T)
             for i in range(0, len(x), b):
-                batches.append((x[i:i + b], ft, name))
+                batches.append((x[i:i + b], ft))
         order = rng.permutation(len(batches))
         return [batches[i] for i in order]
 
@@ -127,24 +126,14 @@ def make_config(vocab_size, args):
     )
 
 
-def loss_on(model, trunk, x, ft, teacher=None, kd=0.0):
+def loss_on(model, trunk, x, ft):
     """Mean cross-entropy of the tokens at positions >= ft (x: int64 [b, T])
     and the number of such tokens. trunk is model.model (its layers possibly
-    compiled); the LM head runs on the target positions only. With a teacher
-    (a frozen model) and kd > 0, adds kd x the mean KL(teacher || model) over
-    the same positions: the teacher's whole next-token distribution, not only
-    the target, is what the student is held to."""
+    compiled); the LM head runs on the target positions only."""
     h = trunk(x)[:, ft - 1:-1]  # [b, T-ft, d]
     tgt = x[:, ft:]
     lg = model.head(h).float()  # [b, T-ft, V]
-    loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1))
-    if teacher is not None and kd > 0:
-        with torch.no_grad():
-            tl = teacher.head(teacher.model(x)[:, ft - 1:-1]).float()
-        lp = F.log_softmax(lg, -1).reshape(-1, lg.shape[-1])
-        tp = F.log_softmax(tl, -1).reshape(-1, tl.shape[-1])
-        loss = loss + kd * F.kl_div(lp, tp, log_target=True, reduction="batchmean")
-    return loss, tgt.numel()
+    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1)), tgt.numel()
 
 
 # ---------------------------------------------------------------- export
@@ -232,9 +221,6 @@ def parse(argv=None):
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
-    ap.add_argument("--kd-lower", type=float, default=0.0,
-                    help="weight of KL(--init model || model) on lower-mode batches: keeps the lower mode "
-                         "(test BLEU-4, perplexity) where --init had it while other modes change; needs --init")
     ap.add_argument("--spring-mix", default="",
                     help="lower,keyword,acrostic shares for the spring-festival couplets (triples and pseudo-triples); "
                          "empty = --mix. With --mix 1,0,0 the keyword and acrostic modes learn 春联 only")
@@ -288,13 +274,6 @@ def train(args):
         model = L.Llama(dict(L.cfg_from_hf(make_config(len(v), args)), dropout=args.dropout))
         model.init_weights()
         model = model.to(dev)
-    teacher = None
-    if args.kd_lower > 0:
-        assert args.init, "--kd-lower needs --init (the teacher)"
-        teacher = L.load_dir(args.init).to(dev).eval()
-        for p in teacher.parameters():
-            p.requires_grad_(False)
-        log(f"lower-mode distillation toward {args.init}, weight {args.kd_lower}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: vocab {len(v)}, d {args.d}, layers {args.layers}, heads {args.heads}, ffn {args.ffn}, "
         f"{n_params / 1e6:.2f}M params")
@@ -397,14 +376,13 @@ def train(args):
         batches = data.epoch(rng)
         epoch += 1
         log(f"epoch {epoch}: {len(batches)} batches")
-        for ids, ft, mode in batches:
-            tch = teacher if mode == "lower" else None
+        for ids, ft in batches:
             x = torch.from_numpy(ids).to(dev, non_blocking=True).long()
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             try:
                 with amp(dev):
-                    loss, ntok = loss_on(model, trunk, x, ft, tch, args.kd_lower)
+                    loss, ntok = loss_on(model, trunk, x, ft)
                 loss.backward()
             except Exception as e:  # a torch.compile failure must not cost the device call
                 if not compiled:
@@ -415,7 +393,7 @@ def train(args):
                 compiled = False
                 opt.zero_grad(set_to_none=True)
                 with amp(dev):
-                    loss, ntok = loss_on(model, trunk, x, ft, tch, args.kd_lower)
+                    loss, ntok = loss_on(model, trunk, x, ft)
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
