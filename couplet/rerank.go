@@ -31,7 +31,7 @@ type Features struct {
 	Festive  float64 // Judge.Festive of 上联+下联
 	Reverse  float64 // mean log P(上联 | 下联) by the lower-mode prompt
 	Bad      int     // Judge.Unsuitable words in 上联+下联
-	Repeated int     // characters used more than once within the couplet, beyond mirrored repeats
+	Repeated int     // repetitions a reader takes for slips (repeats): all but adjacent mirrored ones
 }
 
 // Weights combine Features into a candidate's score (see Weights.Score).
@@ -113,9 +113,11 @@ func TextFeatures(upper, lower string, logProb float64, j Judge) Features {
 // repeats counts the repetitions a reader takes for slips: a character
 // repeated within a line where the other line does not repeat at the same
 // positions (耕耘蜜果陶甜蜜), a third occurrence even when mirrored
-// (福寿寿寿寿), and a 下联 character that stands elsewhere in the 上联
-// (国泰民安… / 民安…). Mirrored pairs (叠字 年年 / 岁岁, 平安…平安 /
-// 吉祥…吉祥) are a figure, not a slip, and count nothing.
+// (福寿寿寿寿), a mirrored repeat that is not adjacent (喜气盈门增喜气 /
+// 春风拂面暖春风: once per line), and a 下联 character that stands
+// elsewhere in the 上联 (国泰民安… / 民安…). Adjacent mirrored pairs (叠字
+// 年年 / 岁岁) are a figure, not a slip, and count nothing.
+// docs/DECISIONS.md, "Candidate ranking weights", has the readings.
 func repeats(upper, lower string) int {
 	u, l := []rune(upper), []rune(lower)
 	if len(u) != len(l) {
@@ -132,8 +134,8 @@ func repeats(upper, lower string) int {
 			for k := 0; k < i; k++ {
 				if a[k] == a[i] {
 					seen++
-					if b[k] != b[i] {
-						n++
+					if b[k] != b[i] || k < i-1 {
+						n++ // unmirrored, or a mirrored echo
 						break
 					}
 				}

@@ -16,8 +16,9 @@ func TestRepeats(t *testing.T) {
 		want int
 	}{
 		{"春回大地千山秀", "福满人间万户新", 0},
-		{"平安竹报平安喜", "吉祥花开吉祥春", 0}, // mirrored repeats are a figure
-		{"年年如意春常在", "岁岁平安福永存", 0},
+		{"平安竹报平安喜", "吉祥花开吉祥春", 4}, // mirrored echoes: 平 安 / 吉 祥, once per line
+		{"喜气盈门增喜气", "春风拂面暖春风", 4},
+		{"年年如意春常在", "岁岁平安福永存", 0}, // adjacent mirrored repeats (叠字) are a figure
 		{"耕耘蜜果陶甜蜜", "收获农桑享幸福", 1}, // 蜜 repeated, 下联 not
 		{"福寿寿寿寿昌久", "国富富富富和谐", 4}, // third and fourth occurrences, both lines
 		{"国泰民安山河壮", "民安物阜岁月新", 2}, // 民安 of the 下联 stands in the 上联
