@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -247,6 +248,75 @@ func TestAdmissionHTTP(t *testing.T) {
 	if c := <-done; c != 200 {
 		t.Errorf("admitted request: %d", c)
 	}
+}
+
+// Through the HTTP layer: past the budget a request waits and starts when
+// a running one finishes; a waiting request whose client leaves gives its
+// place and its in-flight slot back.
+func TestAdmissionHTTPQueue(t *testing.T) {
+	block := make(chan struct{})
+	started := make(chan struct{}, 4)
+	two := 2 * defaultCost
+	srv, base := newFakeServer(t, Config{Admission: AdmissionConfig{InitialBudget: two, MinBudget: two, MaxBudget: two}}, nil)
+	srv.Attach(Backend{Generator: fakeGen{func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error) {
+		started <- struct{}{}
+		<-block
+		return []couplet.Couplet{fakeCouplet}, nil
+	}}, ModelName: "fake"})
+	codes := make(chan int, 4)
+	send := func(ctx context.Context) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/generate", strings.NewReader(`{"prompt":"平安"}`))
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			codes <- 0
+			return
+		}
+		res.Body.Close()
+		codes <- res.StatusCode
+	}
+	// waitFor polls the server's state (no timing is asserted: the bound
+	// only turns a hang into a failure).
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("never: %s", what)
+			}
+		}
+	}
+	waitQueued := func(n int) {
+		t.Helper()
+		waitFor(fmt.Sprintf("%d requests queued", n), func() bool {
+			srv.adm.mu.Lock()
+			defer srv.adm.mu.Unlock()
+			return len(srv.adm.queue) == n
+		})
+	}
+	go send(context.Background())
+	go send(context.Background())
+	<-started
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	go send(ctx)
+	waitQueued(1)
+	cancel()
+	if c := <-codes; c != 0 {
+		t.Fatalf("the cancelled request got %d", c)
+	}
+	waitQueued(0)
+	waitFor("the waiting request's in-flight slot given back", func() bool { return len(srv.inflight) == 2 })
+	go send(context.Background())
+	waitQueued(1)
+	block <- struct{}{} // one running request finishes: the waiting one starts
+	<-started
+	close(block)
+	for range 3 {
+		if c := <-codes; c != 200 {
+			t.Errorf("a started or queued request got %d, want 200", c)
+		}
+	}
+	waitFor("no cost in flight once all finished", func() bool { _, c := srv.adm.snapshot(); return c == 0 })
 }
 
 // postNoT posts from a goroutine that must not call t.Fatal.
