@@ -27,16 +27,18 @@ import (
 // A request that does not fit waits in a FIFO queue of bounded cost
 // (queueShare of the budget) until running work frees room; its queueing
 // delay is the time from arrival to start. A CoDel-style detector watches
-// that delay: when the smallest delay of the requests that started during
-// an interval exceeds the target, a queue stood for the whole interval, so
-// demand exceeds the budget (overload), not a passing burst or a dip of the
-// budget. While overloaded (for overloadHold intervals after the last
-// detection) a request that does not fit is refused at once with 503 and
-// Retry-After instead of queueing, and the budget tracks the lower
-// OverloadFactor: below overload the service runs at the batch size of
-// full throughput; under overload accepted requests keep a latency near
-// OverloadFactor × unloaded. Per-step latency alone cannot tell the two
-// apart, since batching raises it as much as excess load does.
+// it: when every request that started during an interval waited longer
+// than the target while the budget was at its latency limit, a queue stood
+// through the interval that the budget could not absorb, so demand exceeds
+// what the service can run at that latency (overload), not a passing burst
+// or a dip of the budget; refusing within an interval more than both the
+// budget and what started says the same. While overloaded (until a Retry-After
+// past the last such interval) a request that does not fit is refused at once with 503 and
+// Retry-After instead of queueing, and the budget tracks OverloadFactor
+// instead of LatencyFactor. So below overload the service runs at the
+// batch size of full throughput, and under overload accepted requests keep
+// a latency near OverloadFactor × unloaded. Per-step latency alone cannot
+// tell the two apart: batching raises it as much as excess load does.
 //
 // One request is always admitted when nothing runs, whatever its cost, so a
 // single large request is never refused or queued on an idle server.
@@ -48,12 +50,12 @@ type AdmissionConfig struct {
 	// alone doubles a step's latency at ten users on two cores, so 2 shed
 	// load below the knee; docs/DECISIONS.md has the measurements).
 	LatencyFactor float64
-	// OverloadFactor replaces LatencyFactor while a standing queue shows
-	// overload (default 2: docs/DECISIONS.md).
+	// OverloadFactor replaces LatencyFactor while queueing shows overload
+	// (default 2, at most LatencyFactor: docs/DECISIONS.md).
 	OverloadFactor float64
 	// QueueTarget is the queueing delay above which a queue that stands for
-	// a whole interval means overload (default: a quarter of the unloaded
-	// latency of a default request); the interval is eight targets.
+	// a whole interval means overload (default: half the unloaded latency
+	// of a default request); the interval is intervalRatio targets.
 	QueueTarget time.Duration
 	// InitialBudget is the budget at start, in cost units (default 8
 	// default-sized requests); MinBudget the floor (default 1 request).
@@ -71,7 +73,7 @@ const (
 	aloneSamples  = 32   // unloaded per-step latencies kept for the mean
 	minAlone      = 3    // before that many, the budget never shrinks and nothing is overloaded
 	ewmaAlpha     = 0.25 // weight of the newest per-step latency
-	queueShare    = 0.5  // queued cost bound, as a share of the budget: a wait of about one request
+	queueShare    = 0.5  // queued cost bound, as a share of the budget: a wait of about half a request
 	targetShare   = 0.5  // default QueueTarget, as a share of the unloaded default request
 	intervalRatio = 4    // detector interval / QueueTarget
 	// retryAfter is the Retry-After of a refusal: work drains within about
@@ -119,6 +121,8 @@ type admission struct {
 	ivStart    time.Time     // start of the detector's current interval
 	ivMin      time.Duration // smallest queueing delay of a start in it; -1 = none yet
 	ivRefused  float64       // summed cost of the requests refused in it
+	ivStarted  float64       // summed cost of the requests started in it
+	ivAtLimit  bool          // the smoothed latency exceeded LatencyFactor × unloaded in it
 	overUntil  time.Time     // overloaded before this instant
 }
 
@@ -213,6 +217,7 @@ func (a *admission) start(t *ticket, now time.Time) {
 	a.count++
 	a.seq++
 	t.seq = a.seq
+	a.ivStarted += t.cost
 	if a.ivMin < 0 || t.wait < a.ivMin {
 		a.ivMin = t.wait
 	}
@@ -238,24 +243,28 @@ func (a *admission) dispatch(now time.Time) {
 // detect closes the detector's interval once it has lasted its length.
 // It finds overload when a queue stood through the interval (every request
 // that started in it waited longer than the target, or none started while
-// the oldest waiter has) or when the cost refused in it reached the budget
-// (the queue overflowed by a budget: demand about twice what runs). Overload
+// the oldest waiter has) while the budget was at its latency limit (else
+// the queue only waits for the budget to grow), or when the cost refused
+// in it reached both the budget and the cost started in it (demand at
+// least twice what runs; a refused client is counted once a Retry-After:
+// the budget alone would be reached ever more easily as it shrinks).
+// Overload
 // lasts a Retry-After beyond the last such interval: refused clients come
 // back only then, and only then show whether demand is still high.
 func (a *admission) detect(now time.Time) {
 	target, ok := a.target()
 	if !ok {
-		a.ivStart, a.ivMin, a.ivRefused = now, -1, 0
+		a.ivStart, a.ivMin, a.ivRefused, a.ivStarted, a.ivAtLimit = now, -1, 0, 0, false
 		return
 	}
 	if now.Sub(a.ivStart) < intervalRatio*target {
 		return
 	}
-	standing := a.ivMin > target || (a.ivMin < 0 && len(a.queue) > 0 && now.Sub(a.queue[0].arrived) > target)
-	if standing || a.ivRefused >= a.budget {
+	standing := a.ivAtLimit && (a.ivMin > target || (a.ivMin < 0 && len(a.queue) > 0 && now.Sub(a.queue[0].arrived) > target))
+	if standing || a.ivRefused >= math.Max(a.budget, a.ivStarted) {
 		a.overUntil = now.Add(retryAfter + intervalRatio*target)
 	}
-	a.ivStart, a.ivMin, a.ivRefused = now, -1, 0
+	a.ivStart, a.ivMin, a.ivRefused, a.ivStarted, a.ivAtLimit = now, -1, 0, 0, false
 }
 
 // target is the queueing-delay target; false while it is unknown (no
@@ -312,6 +321,7 @@ func (a *admission) adapt(cost, per float64, alone bool, now time.Time) {
 		factor = a.cfg.OverloadFactor
 	}
 	base, known := a.baseline()
+	a.ivAtLimit = a.ivAtLimit || (known && a.ewma > a.cfg.LatencyFactor*base)
 	switch {
 	case known && a.ewma > factor*base:
 		if now.Sub(a.lastShrink) >= shrinkEvery {
