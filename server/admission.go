@@ -9,29 +9,39 @@ import (
 	"chunlian/couplet"
 )
 
-// Adaptive, cost-aware admission.
+// Adaptive, cost-aware admission with a short queue.
 //
 // A request's cost is the work it asks for: n candidates × the decode steps
 // of one (two lines of the requested length and the 横批). Admission keeps
-// the summed cost of admitted, unfinished requests under a budget; a
-// request that does not fit is refused at once with 503 and Retry-After
-// instead of queueing behind work that would make everybody slow. The
+// the summed cost of requests running in the engine under a budget. The
 // budget adapts, AIMD-style, to the latency per decode step that finished
-// requests saw (latency / steps: queueing in the engine and bigger batches
-// both raise it), smoothed (EWMA), against the unloaded per-step latency:
-// the mean over the last requests that ran alone (admitted on an idle
-// server, nobody admitted while they ran). While the smoothed latency stays
-// within LatencyFactor × that and the budget is in use, the budget grows
-// additively; above it, it shrinks multiplicatively (at most once per
-// shrinkEvery). Means and smoothing matter: on a shared or noisy machine
-// single requests vary by several times (p99/p50 ≈ 3.5 unloaded on the
-// shared 2-core box), and a minimum-based baseline shed nearly everything;
-// the mean carries that spread into the baseline. So the service runs near the knee of its latency
-// curve whatever the machine, the model or the request mix, and accepted
-// requests keep a latency near LatencyFactor × unloaded.
+// requests saw (latency / steps: bigger batches raise it), smoothed (EWMA),
+// against the unloaded per-step latency: the mean over the last requests
+// that ran alone (admitted on an idle server, nobody admitted while they
+// ran). While the smoothed latency stays within the factor × that and the
+// budget is in use, the budget grows additively; above it, it shrinks
+// multiplicatively (at most once per shrinkEvery). Means and smoothing
+// matter: on a shared machine single requests vary by several times, and a
+// minimum-based baseline shed nearly everything.
 //
-// One request is always admitted when nothing is in flight, whatever its
-// cost, so a single large request is never refused on an idle server.
+// A request that does not fit waits in a FIFO queue of bounded cost
+// (queueShare of the budget) until running work frees room; its queueing
+// delay is the time from arrival to start. A CoDel-style detector watches
+// it: when every request that started during an interval waited longer
+// than the target while the budget was at its latency limit, a queue stood
+// through the interval that the budget could not absorb, so demand exceeds
+// what the service can run at that latency (overload), not a passing burst
+// or a dip of the budget; refusing within an interval more than both the
+// budget and what started says the same. While overloaded (until a Retry-After
+// past the last such interval) a request that does not fit is refused at once with 503 and
+// Retry-After instead of queueing, and the budget tracks OverloadFactor
+// instead of LatencyFactor. So below overload the service runs at the
+// batch size of full throughput, and under overload accepted requests keep
+// a latency near OverloadFactor × unloaded. Per-step latency alone cannot
+// tell the two apart: batching raises it as much as excess load does.
+//
+// One request is always admitted when nothing runs, whatever its cost, so a
+// single large request is never refused or queued on an idle server.
 
 // AdmissionConfig tunes admission; zero values mean the defaults.
 type AdmissionConfig struct {
@@ -40,6 +50,13 @@ type AdmissionConfig struct {
 	// alone doubles a step's latency at ten users on two cores, so 2 shed
 	// load below the knee; docs/DECISIONS.md has the measurements).
 	LatencyFactor float64
+	// OverloadFactor replaces LatencyFactor while queueing shows overload
+	// (default 2, at most LatencyFactor: docs/DECISIONS.md).
+	OverloadFactor float64
+	// QueueTarget is the queueing delay above which a queue that stands for
+	// a whole interval means overload (default: half the unloaded latency
+	// of a default request); the interval is intervalRatio targets.
+	QueueTarget time.Duration
 	// InitialBudget is the budget at start, in cost units (default 8
 	// default-sized requests); MinBudget the floor (default 1 request).
 	InitialBudget, MinBudget float64
@@ -54,8 +71,14 @@ const (
 	shrinkFactor  = 0.8
 	growPerFinish = 0.25 // of the finished request's cost, per good completion
 	aloneSamples  = 32   // unloaded per-step latencies kept for the mean
-	minAlone      = 3    // before that many, the budget never shrinks
+	minAlone      = 3    // before that many, the budget never shrinks and nothing is overloaded
 	ewmaAlpha     = 0.25 // weight of the newest per-step latency
+	queueShare    = 0.5  // queued cost bound, as a share of the budget: a wait of about half a request
+	targetShare   = 0.5  // default QueueTarget, as a share of the unloaded default request
+	intervalRatio = 4    // detector interval / QueueTarget
+	// retryAfter is the Retry-After of a refusal: work drains within about
+	// one unloaded request, and a second is the smallest the header says.
+	retryAfter = time.Second
 )
 
 // requestCost is the cost of req in decode steps × candidates. Cheap and
@@ -86,25 +109,50 @@ type admission struct {
 	now        func() time.Time
 	mu         sync.Mutex
 	budget     float64
-	inflight   float64   // summed cost of admitted, unfinished requests
-	count      int       // admitted, unfinished requests
-	seq        uint64    // admissions so far
+	inflight   float64   // summed cost of started, unfinished requests
+	count      int       // started, unfinished requests
+	seq        uint64    // starts so far
 	alone      []float64 // ring of unloaded per-step latencies (seconds)
 	aloneNext  int
 	ewma       float64 // smoothed per-step latency of all finished requests; 0 = none yet
 	lastShrink time.Time
+	queue      []*ticket     // waiting requests, oldest first; non-empty only while count > 0
+	queued     float64       // summed cost of the queue
+	ivStart    time.Time     // start of the detector's current interval
+	ivMin      time.Duration // smallest queueing delay of a start in it; -1 = none yet
+	ivRefused  float64       // summed cost of the requests refused in it
+	ivStarted  float64       // summed cost of the requests started in it
+	ivAtLimit  bool          // the smoothed latency exceeded LatencyFactor × unloaded in it
+	overUntil  time.Time     // overloaded before this instant
 }
 
-// ticket is one admitted request's record, returned to done.
+// ticket is one request's record: maybe queued, then started, then
+// returned to done.
 type ticket struct {
-	cost   float64
-	seq    uint64 // a.seq after this admission
-	onIdle bool   // admitted on an idle server
+	cost    float64
+	arrived time.Time
+	ready   chan struct{} // closed when a queued request starts
+	started bool
+	seq     uint64        // a.seq after this start
+	onIdle  bool          // started on an idle server
+	wait    time.Duration // queueing delay: arrival to start
 }
+
+// verdict is tryAdmit's answer.
+type verdict int
+
+const (
+	admitted verdict = iota // started at once
+	queued                  // started when ticket.ready closes, unless cancelled
+	refused                 // 503 with Retry-After
+)
 
 func newAdmission(cfg AdmissionConfig, now func() time.Time) *admission {
 	if cfg.LatencyFactor == 0 {
 		cfg.LatencyFactor = 3
+	}
+	if cfg.OverloadFactor == 0 {
+		cfg.OverloadFactor = math.Min(2, cfg.LatencyFactor)
 	}
 	if cfg.InitialBudget == 0 {
 		cfg.InitialBudget = 8 * defaultCost
@@ -118,42 +166,143 @@ func newAdmission(cfg AdmissionConfig, now func() time.Time) *admission {
 	if now == nil {
 		now = time.Now
 	}
-	return &admission{cfg: cfg, now: now, budget: cfg.InitialBudget}
+	return &admission{cfg: cfg, now: now, budget: cfg.InitialBudget, ivMin: -1}
 }
 
-// tryAdmit admits a request of cost c, or reports false with the seconds
-// a client should wait before retrying (Retry-After).
-func (a *admission) tryAdmit(c float64) (t ticket, ok bool, retryAfter int) {
+// tryAdmit starts, queues or refuses a request of cost c; a refusal comes
+// with the seconds a client should wait before retrying (Retry-After).
+func (a *admission) tryAdmit(c float64) (*ticket, verdict, int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cfg.Disabled || a.count == 0 || a.inflight+c <= a.budget {
-		t = ticket{cost: c, onIdle: a.count == 0}
-		a.inflight += c
-		a.count++
-		a.seq++
-		t.seq = a.seq
-		return t, true, 0
+	now := a.now()
+	t := &ticket{cost: c, arrived: now}
+	a.detect(now)
+	if a.cfg.Disabled || a.count == 0 || (len(a.queue) == 0 && a.inflight+c <= a.budget) {
+		a.start(t, now)
+		return t, admitted, 0
 	}
-	// Work drains within about one unloaded request time; a second is
-	// the smallest Retry-After.
-	return ticket{}, false, 1
+	if now.Before(a.overUntil) || a.queued+c > queueShare*a.budget {
+		a.ivRefused += c
+		return nil, refused, int(retryAfter / time.Second)
+	}
+	t.ready = make(chan struct{})
+	a.queue = append(a.queue, t)
+	a.queued += c
+	return t, queued, 0
 }
 
-// done records a finished admitted request: its decode steps and its
-// latency (0 = it never ran: not recorded).
-func (a *admission) done(t ticket, steps float64, latency time.Duration) {
+// cancel withdraws a queued request whose client left. It reports false
+// when the request had already started: the caller then owes done.
+func (a *admission) cancel(t *ticket) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	alone := t.onIdle && a.seq == t.seq // nobody was admitted while it ran
+	if t.started {
+		return false
+	}
+	for i, q := range a.queue {
+		if q == t {
+			a.queue = append(a.queue[:i], a.queue[i+1:]...)
+			a.queued -= t.cost
+			break
+		}
+	}
+	a.dispatch(a.now()) // a large head leaving may let smaller ones start
+	return true
+}
+
+// start counts t as running; the caller holds a.mu.
+func (a *admission) start(t *ticket, now time.Time) {
+	t.started, t.onIdle, t.wait = true, a.count == 0, now.Sub(t.arrived)
+	a.inflight += t.cost
+	a.count++
+	a.seq++
+	t.seq = a.seq
+	a.ivStarted += t.cost
+	if a.ivMin < 0 || t.wait < a.ivMin {
+		a.ivMin = t.wait
+	}
+}
+
+// dispatch starts queued requests, oldest first, while they fit (the
+// oldest blocks the others: no overtaking by cheap requests).
+func (a *admission) dispatch(now time.Time) {
+	for len(a.queue) > 0 {
+		t := a.queue[0]
+		if a.count > 0 && a.inflight+t.cost > a.budget {
+			return
+		}
+		a.queue[0] = nil
+		a.queue = a.queue[1:]
+		a.queued -= t.cost
+		a.start(t, now)
+		close(t.ready)
+	}
+	a.queued = 0 // no float drift when empty
+}
+
+// detect closes the detector's interval once it has lasted its length.
+// It finds overload when a queue stood through the interval (every request
+// that started in it waited longer than the target, or none started while
+// the oldest waiter has) while the budget was at its latency limit (else
+// the queue only waits for the budget to grow), or when the cost refused
+// in it reached both the budget and the cost started in it (demand at
+// least twice what runs; a refused client is counted once a Retry-After:
+// the budget alone would be reached ever more easily as it shrinks).
+// Overload
+// lasts a Retry-After beyond the last such interval: refused clients come
+// back only then, and only then show whether demand is still high.
+func (a *admission) detect(now time.Time) {
+	target, ok := a.target()
+	if !ok {
+		a.ivStart, a.ivMin, a.ivRefused, a.ivStarted, a.ivAtLimit = now, -1, 0, 0, false
+		return
+	}
+	if now.Sub(a.ivStart) < intervalRatio*target {
+		return
+	}
+	standing := a.ivAtLimit && (a.ivMin > target || (a.ivMin < 0 && len(a.queue) > 0 && now.Sub(a.queue[0].arrived) > target))
+	if standing || a.ivRefused >= math.Max(a.budget, a.ivStarted) {
+		a.overUntil = now.Add(retryAfter + intervalRatio*target)
+	}
+	a.ivStart, a.ivMin, a.ivRefused, a.ivStarted, a.ivAtLimit = now, -1, 0, 0, false
+}
+
+// target is the queueing-delay target; false while it is unknown (no
+// configured one and no baseline yet).
+func (a *admission) target() (time.Duration, bool) {
+	if a.cfg.QueueTarget > 0 {
+		return a.cfg.QueueTarget, true
+	}
+	base, ok := a.baseline()
+	if !ok {
+		return 0, false
+	}
+	return time.Duration(targetShare * base * requestSteps(couplet.Request{}) * float64(time.Second)), true
+}
+
+// done records a finished started request: its decode steps and its
+// latency from start (0 = it never ran: not recorded), and starts queued
+// requests that now fit.
+func (a *admission) done(t *ticket, steps float64, latency time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	alone := t.onIdle && a.seq == t.seq // nobody started while it ran
 	a.inflight -= t.cost
 	a.count--
 	if a.count == 0 {
 		a.inflight = 0 // no float drift when idle
 	}
-	if latency <= 0 || steps <= 0 {
-		return
+	if latency > 0 && steps > 0 {
+		a.adapt(t.cost, latency.Seconds()/steps, alone, now)
 	}
-	per := latency.Seconds() / steps
+	a.detect(now)
+	a.dispatch(now)
+}
+
+// adapt feeds one finished request's per-step latency to the baseline and
+// the budget; the caller holds a.mu.
+func (a *admission) adapt(cost, per float64, alone bool, now time.Time) {
 	if alone {
 		if len(a.alone) < aloneSamples {
 			a.alone = append(a.alone, per)
@@ -167,16 +316,20 @@ func (a *admission) done(t ticket, steps float64, latency time.Duration) {
 	} else {
 		a.ewma += ewmaAlpha * (per - a.ewma)
 	}
-	now := a.now()
+	factor := a.cfg.LatencyFactor
+	if now.Before(a.overUntil) {
+		factor = a.cfg.OverloadFactor
+	}
 	base, known := a.baseline()
+	a.ivAtLimit = a.ivAtLimit || (known && a.ewma > a.cfg.LatencyFactor*base)
 	switch {
-	case known && a.ewma > a.cfg.LatencyFactor*base:
+	case known && a.ewma > factor*base:
 		if now.Sub(a.lastShrink) >= shrinkEvery {
 			a.budget = math.Max(a.cfg.MinBudget, a.budget*shrinkFactor)
 			a.lastShrink = now
 		}
-	case a.inflight+t.cost >= a.budget/2: // the budget was in use: probe upwards
-		a.budget = math.Min(a.cfg.MaxBudget, a.budget+growPerFinish*t.cost)
+	case a.inflight+cost >= a.budget/2 || len(a.queue) > 0: // the budget was in use: probe upwards
+		a.budget = math.Min(a.cfg.MaxBudget, a.budget+growPerFinish*cost)
 	}
 }
 

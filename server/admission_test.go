@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,31 +39,73 @@ func TestRequestCost(t *testing.T) {
 
 // admitN admits n default requests and returns their tickets; it fails
 // the test if one is refused.
-func admitN(t *testing.T, a *admission, n int) []ticket {
+func admitN(t *testing.T, a *admission, n int) []*ticket {
 	t.Helper()
-	var ts []ticket
+	var ts []*ticket
 	for i := 0; i < n; i++ {
-		tk, ok, _ := a.tryAdmit(defaultCost)
-		if !ok {
-			t.Fatalf("request %d refused", i)
+		tk, v, _ := a.tryAdmit(defaultCost)
+		if v != admitted {
+			t.Fatalf("request %d not started at once (verdict %d)", i, v)
 		}
 		ts = append(ts, tk)
 	}
 	return ts
 }
 
-// Within the budget everything is admitted; past it requests are refused
-// with a Retry-After; finishing frees the budget.
+// Within the budget everything starts at once; past it a request waits in
+// the queue while its cost fits queueShare of the budget, and is refused
+// with a Retry-After beyond; finishing starts the oldest waiter.
 func TestAdmissionBudget(t *testing.T) {
 	a, _ := newTestAdmission(AdmissionConfig{InitialBudget: 4 * defaultCost})
 	ts := admitN(t, a, 4)
-	_, ok, retry := a.tryAdmit(defaultCost)
-	if ok || retry < 1 {
-		t.Fatalf("past the budget: ok=%v retry=%d, want refused with Retry-After ≥ 1", ok, retry)
+	var ws []*ticket
+	for range int(queueShare * 4) {
+		w, v, _ := a.tryAdmit(defaultCost)
+		if v != queued {
+			t.Fatalf("past the budget, queue of %d: verdict %d, want queued", len(ws), v)
+		}
+		ws = append(ws, w)
+	}
+	if _, v, retry := a.tryAdmit(defaultCost); v != refused || retry < 1 {
+		t.Fatalf("past the budget and the queue: verdict %d retry=%d, want refused with Retry-After ≥ 1", v, retry)
 	}
 	a.done(ts[0], 22, 0)
-	if _, ok, _ := a.tryAdmit(defaultCost); !ok {
-		t.Error("refused after a request finished")
+	select {
+	case <-ws[0].ready:
+	default:
+		t.Fatal("the oldest queued request did not start when a request finished")
+	}
+	if ws[1].started {
+		t.Fatal("two queued requests started when one request finished")
+	}
+	if _, v, _ := a.tryAdmit(defaultCost); v != queued {
+		t.Errorf("verdict %d with a place free in the queue again, want queued", v)
+	}
+}
+
+// A queued request whose client leaves gives its place up; one that had
+// already started must be finished by the caller.
+func TestAdmissionCancel(t *testing.T) {
+	a, _ := newTestAdmission(AdmissionConfig{InitialBudget: 8 * defaultCost})
+	ts := admitN(t, a, 8)
+	w, v, _ := a.tryAdmit(defaultCost)
+	if v != queued || !a.cancel(w) {
+		t.Fatalf("verdict %d; a queued request could not be withdrawn", v)
+	}
+	a.done(ts[0], 22, 0)
+	if w.started {
+		t.Fatal("a withdrawn request started")
+	}
+	w2, v, _ := a.tryAdmit(2 * defaultCost) // does not fit next to seven: queued
+	if v != queued {
+		t.Fatalf("verdict %d, want queued", v)
+	}
+	a.done(ts[1], 22, 0)
+	if a.cancel(w2) {
+		t.Error("cancel took back a request that had started")
+	}
+	if _, inflight := a.snapshot(); inflight != 8*defaultCost {
+		t.Errorf("in flight %v, want six requests and the started one of double cost, %v", inflight, 8*defaultCost)
 	}
 }
 
@@ -69,17 +114,21 @@ func TestAdmissionBudget(t *testing.T) {
 func TestAdmissionCostAware(t *testing.T) {
 	a, _ := newTestAdmission(AdmissionConfig{InitialBudget: 8 * defaultCost})
 	huge := requestCost(couplet.Request{N: 10, Length: 28})
-	tk, ok, _ := a.tryAdmit(huge)
-	if !ok {
-		t.Fatal("an idle server refused a large request")
+	tk, v, _ := a.tryAdmit(huge)
+	if v != admitted {
+		t.Fatal("an idle server did not start a large request at once")
 	}
-	if _, ok, _ := a.tryAdmit(defaultCost); ok {
-		t.Error("a default request was admitted while a request above the whole budget runs")
+	w, v, _ := a.tryAdmit(defaultCost)
+	if v != queued {
+		t.Errorf("a default request while a request above the whole budget runs: verdict %d, want queued", v)
 	}
 	a.done(tk, 64, 0)
-	admitN(t, a, 8)
-	if _, ok, _ := a.tryAdmit(huge); ok {
-		t.Error("a large request was admitted on top of a full budget")
+	if v == queued && !w.started {
+		t.Error("the queued request did not start when the large one finished")
+	}
+	admitN(t, a, 7)
+	if _, v, _ := a.tryAdmit(huge); v != refused {
+		t.Errorf("a large request on top of a full budget: verdict %d, want refused (its cost is over the queue's bound)", v)
 	}
 }
 
@@ -154,10 +203,13 @@ func TestAdmissionAdapts(t *testing.T) {
 	// Fast again, with the budget in use: once the smoothed latency is
 	// back under the factor the budget grows.
 	b1 := budget()
-	var ts []ticket
+	var ts []*ticket
 	for {
-		tk, ok, _ := a.tryAdmit(defaultCost)
-		if !ok {
+		tk, v, _ := a.tryAdmit(defaultCost)
+		if v != admitted {
+			if v == queued {
+				a.cancel(tk)
+			}
 			break
 		}
 		ts = append(ts, tk)
@@ -198,6 +250,75 @@ func TestAdmissionHTTP(t *testing.T) {
 	}
 }
 
+// Through the HTTP layer: past the budget a request waits and starts when
+// a running one finishes; a waiting request whose client leaves gives its
+// place and its in-flight slot back.
+func TestAdmissionHTTPQueue(t *testing.T) {
+	block := make(chan struct{})
+	started := make(chan struct{}, 4)
+	two := 2 * defaultCost
+	srv, base := newFakeServer(t, Config{Admission: AdmissionConfig{InitialBudget: two, MinBudget: two, MaxBudget: two}}, nil)
+	srv.Attach(Backend{Generator: fakeGen{func(ctx context.Context, req couplet.Request) ([]couplet.Couplet, error) {
+		started <- struct{}{}
+		<-block
+		return []couplet.Couplet{fakeCouplet}, nil
+	}}, ModelName: "fake"})
+	codes := make(chan int, 4)
+	send := func(ctx context.Context) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/generate", strings.NewReader(`{"prompt":"平安"}`))
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			codes <- 0
+			return
+		}
+		res.Body.Close()
+		codes <- res.StatusCode
+	}
+	// waitFor polls the server's state (no timing is asserted: the bound
+	// only turns a hang into a failure).
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("never: %s", what)
+			}
+		}
+	}
+	waitQueued := func(n int) {
+		t.Helper()
+		waitFor(fmt.Sprintf("%d requests queued", n), func() bool {
+			srv.adm.mu.Lock()
+			defer srv.adm.mu.Unlock()
+			return len(srv.adm.queue) == n
+		})
+	}
+	go send(context.Background())
+	go send(context.Background())
+	<-started
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	go send(ctx)
+	waitQueued(1)
+	cancel()
+	if c := <-codes; c != 0 {
+		t.Fatalf("the cancelled request got %d", c)
+	}
+	waitQueued(0)
+	waitFor("the waiting request's in-flight slot given back", func() bool { return len(srv.inflight) == 2 })
+	go send(context.Background())
+	waitQueued(1)
+	block <- struct{}{} // one running request finishes: the waiting one starts
+	<-started
+	close(block)
+	for range 3 {
+		if c := <-codes; c != 200 {
+			t.Errorf("a started or queued request got %d, want 200", c)
+		}
+	}
+	waitFor("no cost in flight once all finished", func() bool { _, c := srv.adm.snapshot(); return c == 0 })
+}
+
 // postNoT posts from a goroutine that must not call t.Fatal.
 func postNoT(url, body string) (int, http.Header, error) {
 	res, err := http.Post(url, "application/json", strings.NewReader(body))
@@ -206,4 +327,176 @@ func postNoT(url, body string) (int, http.Header, error) {
 	}
 	res.Body.Close()
 	return res.StatusCode, res.Header, nil
+}
+
+// simEngine is a deterministic model of the engine behind admission, on a
+// fake clock: continuous batching, one decode step at a time for every
+// running request, a step taking simStep × (1 + b/5) for b running
+// requests (batching raises a step's latency: ×2.5 at ten, as on the
+// 2-core CPU, where throughput at ten users is about four times one
+// user's), and a stalled step now and then (another process taking the
+// cores: simStall of the steps last simStallX as long). Users are closed
+// loop: send, wait for the answer, send again; a refused user waits the
+// Retry-After.
+type simEngine struct {
+	a     *admission
+	clk   *fakeClock
+	rng   *rand.Rand
+	steps float64    // decode steps of a default request
+	us    []*simUser // users of all runs so far: a run's users carry on into the next
+	// busy, when > 1, slows every step by that much during the first
+	// second of every four (other processes on the machine).
+	busy float64
+}
+
+const (
+	simStep   = 2 * time.Millisecond
+	simStall  = 0.02
+	simStallX = 10
+)
+
+type simUser struct {
+	wake    time.Time // idle until then
+	arrived time.Time
+	tk      *ticket // waiting or running request; nil = idle
+	left    int     // decode steps left once started
+	running bool
+	active  bool // sends requests (else it only finishes the one it has)
+}
+
+// simResult counts what a simulated run measured after its warm-up.
+type simResult struct {
+	ok, refused int
+	lat, wait   []time.Duration // accepted requests: arrival → finish, arrival → start
+}
+
+func (r simResult) p99(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[(len(s)*99)/100]
+}
+
+func newSim(cfg AdmissionConfig) *simEngine {
+	a, clk := newTestAdmission(cfg)
+	return &simEngine{a: a, clk: clk, rng: rand.New(rand.NewPCG(1, 2)), steps: requestSteps(couplet.Request{})}
+}
+
+// run simulates users for warm + dur and reports the requests that
+// arrived after warm.
+func (e *simEngine) run(users int, warm, dur time.Duration) simResult {
+	var res simResult
+	for len(e.us) < users {
+		e.us = append(e.us, &simUser{wake: e.clk.now()})
+	}
+	for i, u := range e.us {
+		u.active = i < users
+	}
+	us := e.us
+	from, end := e.clk.now().Add(warm), e.clk.now().Add(warm+dur)
+	for e.clk.now().Before(end) {
+		now := e.clk.now()
+		b, next := 0, end
+		for _, u := range us {
+			if u.active && u.tk == nil && !u.wake.After(now) {
+				tk, v, retry := e.a.tryAdmit(defaultCost)
+				if v == refused {
+					u.wake = now.Add(time.Duration(retry) * time.Second)
+					if !now.Before(from) {
+						res.refused++
+					}
+				} else {
+					u.tk, u.arrived, u.left, u.running = tk, now, int(e.steps), false
+				}
+			}
+			if u.tk != nil && u.tk.started {
+				u.running = true
+				b++
+			} else if u.active && u.tk == nil && u.wake.Before(next) {
+				next = u.wake
+			}
+		}
+		if b == 0 { // idle: on to the next user's wake-up
+			e.clk.advance(next.Sub(now))
+			continue
+		}
+		d := time.Duration(float64(simStep) * (1 + float64(b)/5))
+		if e.rng.Float64() < simStall {
+			d *= simStallX
+		}
+		if e.busy > 1 && now.Sub(time.Unix(0, 0))%(4*time.Second) < time.Second {
+			d = time.Duration(float64(d) * e.busy)
+		}
+		e.clk.advance(d)
+		for _, u := range us {
+			if !u.running {
+				continue
+			}
+			if u.left--; u.left > 0 {
+				continue
+			}
+			tk := u.tk
+			started := u.arrived.Add(tk.wait)
+			e.a.done(tk, e.steps, e.clk.now().Sub(started))
+			if !u.arrived.Before(from) {
+				res.ok++
+				res.lat = append(res.lat, e.clk.now().Sub(u.arrived))
+				res.wait = append(res.wait, tk.wait)
+			}
+			u.tk, u.running, u.wake = nil, false, e.clk.now()
+		}
+	}
+	return res
+}
+
+// unloaded runs one user first, so that the controller knows the
+// unloaded speed, and returns that run.
+func (e *simEngine) unloaded() simResult { return e.run(1, time.Second, 20*time.Second) }
+
+// Load well under capacity (ten users, where the CPU gives full
+// throughput) is never refused, on a quiet machine and on one where other
+// processes halve the speed one second in four, and keeps the throughput
+// of no admission at all.
+func TestAdmissionSimUnderCapacity(t *testing.T) {
+	for _, busy := range []float64{1, 2} {
+		free := newSim(AdmissionConfig{Disabled: true})
+		free.busy = busy
+		free.unloaded()
+		want := free.run(10, 0, 60*time.Second)
+		e := newSim(AdmissionConfig{})
+		e.busy = busy
+		e.unloaded()
+		got := e.run(10, 0, 60*time.Second)
+		t.Logf("busy %v, 10 users: %d ok, %d refused, p99 %v, p99 wait %v (no admission: %d ok, p99 %v)",
+			busy, got.ok, got.refused, got.p99(got.lat), got.p99(got.wait), want.ok, want.p99(want.lat))
+		if got.refused > 0 {
+			t.Errorf("busy %v: %d requests refused at ten users", busy, got.refused)
+		}
+		if float64(got.ok) < 0.97*float64(want.ok) {
+			t.Errorf("busy %v: %d requests served, want at least 97%% of the %d without admission", busy, got.ok, want.ok)
+		}
+	}
+}
+
+// At 20 times that load the excess is refused, and accepted requests keep
+// p99 ≤ 2 × the unloaded p99 (the service's goal), with a queueing delay
+// bounded by a fraction of an unloaded request.
+func TestAdmissionSimOverload(t *testing.T) {
+	e := newSim(AdmissionConfig{})
+	one := e.unloaded()
+	got := e.run(200, 2*time.Second, 60*time.Second)
+	unloaded := one.p99(one.lat)
+	t.Logf("1 user: %d ok, p99 %v; 200 users: %d ok, %d refused, p99 %v, p99 wait %v, max wait %v",
+		one.ok, unloaded, got.ok, got.refused, got.p99(got.lat), got.p99(got.wait), slices.Max(got.wait))
+	if got.refused == 0 {
+		t.Fatal("nothing refused at 200 users")
+	}
+	if p := got.p99(got.lat); p > 2*unloaded {
+		t.Errorf("accepted p99 %v, want ≤ 2 × the unloaded p99 %v", p, unloaded)
+	}
+	if w := slices.Max(got.wait); w > unloaded/2 {
+		t.Errorf("longest queueing delay %v, want ≤ half the unloaded p99 %v", w, unloaded)
+	}
 }

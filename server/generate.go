@@ -256,7 +256,7 @@ func (p *genParams) validate() (couplet.Request, *apiError) {
 // run before any byte of the answer is written. When ok is false the error
 // response has been written; otherwise the caller must call release when
 // done.
-func (s *Server) admit(w http.ResponseWriter, p *genParams) (req couplet.Request, b *Backend, release func(), ok bool) {
+func (s *Server) admit(ctx context.Context, w http.ResponseWriter, p *genParams) (req couplet.Request, b *Backend, release func(), ok bool) {
 	req, e := p.validate()
 	if e == nil {
 		if v, isV := s.generator().(interface{ Validate(couplet.Request) error }); isV {
@@ -266,7 +266,7 @@ func (s *Server) admit(w http.ResponseWriter, p *genParams) (req couplet.Request
 		}
 	}
 	if e == nil {
-		b, release, e = s.acquire(req)
+		b, release, e = s.acquire(ctx, req)
 	}
 	if e != nil {
 		s.stats.record(time.Now(), 0, e.Status) // the dashboard counts refusals and client errors too
@@ -284,9 +284,11 @@ func (s *Server) generator() Generator {
 	return nil
 }
 
-// acquire takes an in-flight slot for req or reports why not (not ready,
-// draining, overloaded). release must be called when acquire returned nil.
-func (s *Server) acquire(req couplet.Request) (*Backend, func(), *apiError) {
+// acquire takes an in-flight slot for req, waiting in admission's short
+// queue if it must, or reports why not (not ready, draining, overloaded,
+// client gone while queued). release must be called when acquire returned
+// nil.
+func (s *Server) acquire(ctx context.Context, req couplet.Request) (*Backend, func(), *apiError) {
 	switch s.state.Load() {
 	case stateDraining:
 		e := errf(http.StatusServiceUnavailable, codeShuttingDown, "服务正在关闭", "server is shutting down")
@@ -309,13 +311,24 @@ func (s *Server) acquire(req couplet.Request) (*Backend, func(), *apiError) {
 		s.metrics.rejected.WithLabelValues(codeOverloaded).Inc()
 		return nil, nil, e
 	}
-	tk, ok, retry := s.adm.tryAdmit(requestCost(req))
-	if !ok {
+	tk, v, retry := s.adm.tryAdmit(requestCost(req))
+	switch v {
+	case refused:
 		<-s.inflight
 		e := errf(http.StatusServiceUnavailable, codeOverloaded, "服务繁忙，请稍后重试", "server at capacity: this request would wait too long, retry later")
 		e.RetryAfter = retry
 		s.metrics.rejected.WithLabelValues("capacity").Inc()
 		return nil, nil, e
+	case queued:
+		select {
+		case <-tk.ready:
+		case <-ctx.Done():
+			if !s.adm.cancel(tk) {
+				s.adm.done(tk, 0, 0) // it started as the client left
+			}
+			<-s.inflight
+			return nil, nil, mapGenError(ctx.Err(), s.cfg.RequestTimeout)
+		}
 	}
 	t0 := time.Now()
 	return b, func() {
@@ -392,7 +405,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 			p.Length = -1 // explicit 0 is out of range, not "default"
 		}
 	}
-	req, b, release, ok := s.admit(w, &p)
+	req, b, release, ok := s.admit(r.Context(), w, &p)
 	if !ok {
 		return
 	}

@@ -280,7 +280,7 @@ func (s *Server) openAI(w http.ResponseWriter, r *http.Request, chat bool, p gen
 			p.Length = -1 // explicit 0 is out of range, not "default"
 		}
 	}
-	req, b, release, ok := s.admit(w, &p)
+	req, b, release, ok := s.admit(r.Context(), w, &p)
 	if !ok {
 		return
 	}

@@ -138,6 +138,9 @@ func (c *Config) Validate() error {
 	if c.MaxInFlight < 0 {
 		errs = append(errs, fmt.Errorf("--max-in-flight %d: must be ≥ 0", c.MaxInFlight))
 	}
+	if ad := c.Admission; ad.LatencyFactor < 0 || ad.OverloadFactor < 0 || ad.QueueTarget < 0 {
+		errs = append(errs, fmt.Errorf("--admission-latency-factor %v / --admission-overload-factor %v / --admission-queue-target %v: must be ≥ 0", ad.LatencyFactor, ad.OverloadFactor, ad.QueueTarget))
+	}
 	for _, o := range c.CORSOrigins {
 		if o != "*" && !(len(o) > 7 && (o[:7] == "http://" || (len(o) > 8 && o[:8] == "https://"))) {
 			errs = append(errs, fmt.Errorf("--cors-origin %q: want * or an origin like https://example.com", o))

@@ -91,6 +91,8 @@ type serveConfig struct {
 	WriteTimeout      time.Duration
 	PublicMetrics     bool
 	AdmissionFactor   float64
+	OverloadFactor    float64       // admission's factor under overload (0 = the server's default)
+	QueueTarget       time.Duration // admission's queueing-delay target (0 = the server's default)
 	Admission         bool
 	MemoryLimit       byteSize // 0 = sized from the loaded model
 	admissionSet      bool     // --admission given (flag or env): the CUDA default does not apply
@@ -118,6 +120,8 @@ func (c *serveConfig) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.PublicMetrics, "public-metrics", false, "leave /metrics and /api/stats open when --api-key is set")
 	fs.BoolVar(&c.Admission, "admission", c.Admission, "adaptive, cost-aware admission (503 + Retry-After past the knee); false = only --max-in-flight and --max-queue limit load")
 	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 3)")
+	fs.Float64Var(&c.OverloadFactor, "admission-overload-factor", 0, "the latency factor while admission sees overload (a standing queue): accepted requests then stay near it (0 = 2)")
+	fs.DurationVar(&c.QueueTarget, "admission-queue-target", 0, "queueing delay that, standing for four times as long, means overload (0 = half the unloaded latency of a default request)")
 	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB, half of it); the GOMEMLIMIT variable wins")
 }
 
@@ -168,7 +172,7 @@ func (c *serveConfig) serverConfig(log *slog.Logger) (server.Config, error) {
 		DrainTimeout: c.DrainTimeout, DrainDelay: c.DrainDelay, MaxInFlight: inflight, Pprof: c.Pprof, Logger: log,
 		MaxConns:          maxConnsForFDs(cmp.Or(c.MaxConns, server.DefaultMaxConns)), // stay under the open-file limit
 		ProbeReserveConns: c.ProbeReserveConns, WriteTimeout: c.WriteTimeout, PublicMetrics: c.PublicMetrics,
-		Admission: server.AdmissionConfig{LatencyFactor: c.AdmissionFactor, Disabled: admissionOff},
+		Admission: server.AdmissionConfig{LatencyFactor: c.AdmissionFactor, OverloadFactor: c.OverloadFactor, QueueTarget: c.QueueTarget, Disabled: admissionOff},
 	}
 	if c.DrainTimeout == 0 {
 		errs = append(errs, errors.New("--drain-timeout 0: must be > 0"))
