@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"chunlian/forward"
+	"chunlian/kernels/cpu"
 	"chunlian/sampler"
 )
 
@@ -745,4 +747,15 @@ func TestBackendErrorFailsStepOnly(t *testing.T) {
 		t.Fatalf("after the failure: %v %+v", err, res)
 	}
 	checkDrained(t, e)
+}
+
+// TestMain applies CHUNLIAN_GEMM (openblas | simd | go) to the kernels, as
+// the command line's --cpu-gemm does: CI runs this package's tests on each
+// path (with -count=1: go test's cache does not see an environment
+// read before m.Run). The library itself reads no environment.
+func TestMain(m *testing.M) {
+	if v := os.Getenv("CHUNLIAN_GEMM"); v != "" {
+		cpu.SetGEMMPath(v)
+	}
+	os.Exit(m.Run())
 }

@@ -3,6 +3,7 @@ package sampler
 import (
 	"errors"
 	"math"
+	"os"
 	"slices"
 	"testing"
 
@@ -564,4 +565,15 @@ func TestHugeTies(t *testing.T) {
 			t.Errorf("processor %v: counts %v, want tokens 0 and 2 about equally", proc != nil, counts)
 		}
 	}
+}
+
+// TestMain applies CHUNLIAN_GEMM (openblas | simd | go) to the kernels, as
+// the command line's --cpu-gemm does: CI runs this package's tests on each
+// path (with -count=1: go test's cache does not see an environment
+// read before m.Run). The library itself reads no environment.
+func TestMain(m *testing.M) {
+	if v := os.Getenv("CHUNLIAN_GEMM"); v != "" {
+		cpu.SetGEMMPath(v)
+	}
+	os.Exit(m.Run())
 }
