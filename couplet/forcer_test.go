@@ -201,10 +201,11 @@ func TestForcedBannerForced(t *testing.T) {
 	// Peek: the same steps on a row holding only the peeked logits (the
 	// device-draw path's row) give the same assignment and tokens.
 	byPeek := &bannerAssign{pool: pool, k: k}
-	ids, ok := (forcedBanner{byPeek, 0}).Peek(nil)
-	if !ok || len(ids) != len(pool) {
-		t.Fatalf("Peek: %v, %v", ids, ok)
+	var pm sampler.Mask
+	if (forcedBanner{byPeek, 0}).Mask(nil, &pm) || len(pm.Peek) != len(pool) {
+		t.Fatalf("Mask before the assignment: peek %v", pm.Peek)
 	}
+	ids := pm.Peek
 	sparse := make([]float32, V)
 	for i := range sparse {
 		sparse[i] = negInf

@@ -43,19 +43,25 @@ type maskerProc struct{ maskProc }
 func (p maskerProc) Mask(gen []int32, m *sampler.Mask) bool { p.describe(gen, m); return true }
 
 // peekProc forces, at every step, the id with the highest logit among a
-// few step-dependent ids, reading the row only there: a sampler.Peeker
-// (like couplet's forced 横批 samples on their first step). Samples with
+// few step-dependent ids, reading the row only there: its Mask lists
+// them in sampler.Mask.Peek (like couplet's forced 横批 samples on their first step). Samples with
 // the same shift peek the same ids at the same step (as the 横批 samples
 // do), others different ones.
 type peekProc struct{ vocab, shift int }
 
-func (p peekProc) Peek(gen []int32) ([]int32, bool) {
+func (p peekProc) peek(gen []int32) []int32 {
 	k := len(gen) + p.shift
-	return []int32{int32(k % p.vocab), int32((k*5 + 3) % p.vocab), int32((k*11 + 7) % p.vocab)}, true
+	return []int32{int32(k % p.vocab), int32((k*5 + 3) % p.vocab), int32((k*11 + 7) % p.vocab)}
+}
+
+func (p peekProc) Mask(gen []int32, m *sampler.Mask) bool {
+	m.Reset()
+	m.Peek = append(m.Peek, p.peek(gen)...)
+	return false
 }
 
 func (p peekProc) Forced(gen []int32, row []float32) (int32, bool) {
-	ids, _ := p.Peek(gen)
+	ids := p.peek(gen)
 	best := int32(-1)
 	for _, id := range ids {
 		if v := row[id]; v > negInf32 && (best < 0 || v > row[best] || (v == row[best] && id < best)) {
@@ -142,7 +148,7 @@ func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 // results — tokens, log-probs, prompt log-probs, dead ends, n > 1 — are
 // exactly the host path's, whatever the chunking, preemption and prefix
 // hits, one step at a time (below OverlapMinSeqs) and with two steps in
-// flight (stepAsync); and the device path did draw (fewer rows crossed than
+// flight (overlapRunner); and the device path did draw (fewer rows crossed than
 // computed), and the overlapping engine did have two steps in flight.
 func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	const vocab = 24
