@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"chunlian/forward"
+	"chunlian/forward/forwardtest"
 	"chunlian/sampler"
 )
 
@@ -144,7 +145,7 @@ func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 }
 
 // TestDeviceDrawsGreedyMatchHost: with draws planned for the device
-// (forward.HostDraws runs sampler.DrawRow, the GPU's definition), greedy
+// (forwardtest.HostDraws runs sampler.DrawRow, the GPU's definition), greedy
 // results — tokens, log-probs, prompt log-probs, dead ends, n > 1 — are
 // exactly the host path's, whatever the chunking, preemption and prefix
 // hits, one step at a time (below OverlapMinSeqs) and with two steps in
@@ -157,7 +158,7 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 			reqs := drawRequests(tc.seed, 30, vocab, true, true)
 			// The host path: the same backend with its draws hidden (it
 			// keeps the row log-sum-exps), so the engine samples on the host.
-			host, err := New(hostOnly{forward.HostDraws(newFake(tc.blocks, tc.bs, vocab))}, tc.cfg)
+			host, err := New(hostOnly{forwardtest.HostDraws(newFake(tc.blocks, tc.bs, vocab))}, tc.cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -196,7 +197,7 @@ func (hostOnly) DrawVocab() bool { return false }
 // checkDeviceDraws runs reqs on a device-draw engine and compares the
 // results with the host path's (want).
 func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*Request, want []*Result, overlap bool) {
-	cd := &countDraws{AsyncDrawBackend: forward.HostDraws(newFake(blocks, bs, vocab))}
+	cd := &countDraws{AsyncDrawBackend: forwardtest.HostDraws(newFake(blocks, bs, vocab))}
 	dev, err := New(cd, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -255,7 +256,7 @@ func TestDeviceDrawsSampled(t *testing.T) {
 	const vocab = 24
 	reqs := drawRequests(9, 40, vocab, false, false)
 	run := func() []*Result {
-		e, err := New(forward.HostDraws(newFake(512, 4, vocab)), Config{})
+		e, err := New(forwardtest.HostDraws(newFake(512, 4, vocab)), Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
