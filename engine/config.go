@@ -21,6 +21,9 @@ type Config struct {
 	// OverlapMinSeqs is the number of sequences (running + waiting) from
 	// which two steps are kept in flight (default 128; see overlapRunner).
 	OverlapMinSeqs int
+
+	// noJump turns jump-forward off (tests compare the two paths).
+	noJump bool
 }
 
 // DefaultConfig returns the defaults, prefix caching on.

@@ -118,7 +118,49 @@ func (e *Paged) failAll(err error) {
 // it.
 func (e *Paged) consume(logits []float32, rows int, lse []float64) {
 	now := time.Now()
-	V := e.vocab
+	e.listTasks(now)
+	if e.db != nil {
+		e.resolveDraws(logits, lse, rows)
+	} else {
+		e.rs.run(logits, e.vocab, rows, lse, e.samplingWorkers(rows))
+	}
+	for k := range e.sched {
+		en := &e.sched[k]
+		s := en.s
+		if s.state == stDone { // its request failed earlier in this loop
+			continue
+		}
+		r := s.r
+		for p := en.plpFrom; p < en.plpTo; p++ {
+			row := en.rowStart + p - en.plpFrom
+			var v float32
+			if e.db != nil {
+				v = e.dp.drawn[en.plpDraw+p-en.plpFrom].Logit
+			} else {
+				v = logits[row*e.vocab+int(r.req.Prompt[p+1])]
+			}
+			r.plp[p] = float32(float64(v) - lse[row])
+			r.plpDone = p + 1
+		}
+		if en.scoreOnly {
+			for i := 1; i < r.n; i++ {
+				e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: FinishLength})
+			}
+			e.finish(s, FinishLength)
+			continue
+		}
+		e.confirm(en, logits, lse, now)
+		for i := en.taskLo; i < en.taskHi; i++ {
+			if r.complete {
+				break
+			}
+			e.applySample(&e.rs.tasks[i], now)
+		}
+	}
+}
+
+// listTasks is consume's phase 1.
+func (e *Paged) listTasks(now time.Time) {
 	rs := &e.rs
 	rs.tasks = rs.tasks[:0]
 	for k := range e.sched {
@@ -133,7 +175,7 @@ func (e *Paged) consume(logits []float32, rows int, lse []float64) {
 		if !en.sample {
 			continue
 		}
-		row := int32(en.rowStart + en.plpTo - en.plpFrom)
+		row := en.sampleRow()
 		en.taskLo = len(rs.tasks)
 		if r := s.r; !r.forked {
 			if len(s.tokens) < e.cfg.BlockSize {
@@ -153,45 +195,33 @@ func (e *Paged) consume(logits []float32, rows int, lse []float64) {
 			rs.tasks = append(rs.tasks, sampleTask{s: s, row: row, plan: int32(en.planLo)})
 		}
 		en.taskHi = len(rs.tasks)
+		e.sampledTokens += int64(en.taskHi - en.taskLo)
 	}
+}
 
-	if e.db != nil {
-		e.resolveDraws(logits, lse, rows)
-	} else {
-		rs.run(logits, V, rows, lse, e.samplingWorkers(rows))
-	}
-
-	for k := range e.sched {
-		en := &e.sched[k]
-		s := en.s
-		if s.state == stDone { // its request failed earlier in this loop
-			continue
+// confirm takes the log-probs of the jump-forward tokens that en's rows
+// score into its sequence, sending their events and applying the stop
+// rules, as the step that would have sampled each would have. A token
+// whose logit is -Inf or NaN is the dead end that step would have hit
+// (sampler.Forcer's "force tok"): the sequence ends before it.
+func (e *Paged) confirm(en *entry, logits []float32, lse []float64, now time.Time) {
+	s := en.s
+	row0 := en.rowStart + en.plpTo - en.plpFrom
+	for p := en.cfFrom; p < en.cfTo && s.state != stDone; p++ {
+		row, tok := row0+p-en.cfFrom, s.tokens[p+1]
+		var v float32
+		if e.db != nil {
+			v = e.dp.drawn[en.cfDraw+p-en.cfFrom].Logit
+		} else {
+			v = logits[row*e.vocab+int(tok)]
 		}
-		r := s.r
-		for p := en.plpFrom; p < en.plpTo; p++ {
-			row := en.rowStart + p - en.plpFrom
-			var v float32
-			if e.db != nil {
-				v = e.dp.drawn[en.plpDraw+p-en.plpFrom].Logit
-			} else {
-				v = logits[row*V+int(r.req.Prompt[p+1])]
-			}
-			r.plp[p] = float32(float64(v) - lse[row])
-			r.plpDone = p + 1
+		if !(v > negInf32) {
+			s.tokens, s.pend = s.tokens[:p+1], 0
+			e.finish(s, FinishDeadEnd)
+			return
 		}
-		if en.scoreOnly {
-			for i := 1; i < r.n; i++ {
-				e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: FinishLength})
-			}
-			e.finish(s, FinishLength)
-			continue
-		}
-		for i := en.taskLo; i < en.taskHi; i++ {
-			if r.complete {
-				break
-			}
-			e.applySample(&rs.tasks[i], now)
-		}
+		s.pend--
+		e.accept(s, tok, float32(float64(v)-lse[row]), now)
 	}
 }
 
@@ -235,9 +265,18 @@ func (e *Paged) applySample(t *sampleTask, now time.Time) {
 		}
 		return
 	}
-	tok := t.tok
-	s.tokens = append(s.tokens, tok)
-	s.logprobs = append(s.logprobs, t.lp)
+	s.tokens = append(s.tokens, t.tok)
+	if e.accept(s, t.tok, t.lp, now) {
+		e.jumpForward(s)
+	}
+}
+
+// accept takes s's next token tok (already in s.tokens) with its raw
+// log-prob lp: it streams it and applies the stop rules. It reports
+// whether s goes on.
+func (e *Paged) accept(s *sequence, tok int32, lp float32, now time.Time) bool {
+	r := s.r
+	s.logprobs = append(s.logprobs, lp)
 	e.genTokens++
 	if r.firstTok.IsZero() {
 		r.firstTok = now
@@ -249,6 +288,41 @@ func (e *Paged) applySample(t *sampleTask, now time.Time) {
 		e.finish(s, FinishStop)
 	case len(s.logprobs) >= r.req.Params.MaxTokens:
 		e.finish(s, FinishLength)
+	default:
+		return true
+	}
+	return false
+}
+
+// jumpForward appends to s the run of tokens its processor forces next
+// (sampler.Masker with Mask.Forced), each known without a row, so that the
+// next step computes them as one chunk, like a prefill, instead of taking
+// a step each (the jump-forward of structured-output engines). Their
+// log-probs and events come from that chunk's rows (confirm). The run
+// stops before a token outside the vocabulary (the next step's sampler
+// then reports the dead end, as without the jump), after a stop token and
+// at MaxTokens. Each jumped token takes the random number its own step
+// would have drawn, so seeded samples keep their streams. With a
+// repetition penalty (which can turn a forced token into a dead end by
+// itself) nothing is jumped.
+func (e *Paged) jumpForward(s *sequence) {
+	mk, ok := s.proc.(sampler.Masker)
+	par := &s.r.req.Params
+	if !ok || e.cfg.noJump || (par.RepetitionPenalty > 0 && par.RepetitionPenalty != 1) {
+		return
+	}
+	m := &e.jumpMask
+	for len(s.tokens)-len(s.r.req.Prompt) < par.MaxTokens && !s.terminal() {
+		m.Reset()
+		if !mk.Mask(s.generated(), m) || !m.Forced || m.Force < 0 || int(m.Force) >= e.vocab {
+			return
+		}
+		if par.Temperature != 0 {
+			s.samp.Uniform()
+		}
+		s.tokens = append(s.tokens, m.Force)
+		s.pend++
+		e.jumpTokens++
 	}
 }
 
@@ -257,6 +331,7 @@ func (e *Paged) applySample(t *sampleTask, now time.Time) {
 func (e *Paged) consumeStep(lse []float64) {
 	e.steps++
 	e.computedTokens += int64(len(e.batch.Tokens))
+	e.logitRows += int64(len(e.batch.LogitRows))
 	e.consume(e.logits, len(e.batch.LogitRows), lse)
 	e.compact()
 	for _, c := range e.children {

@@ -101,11 +101,15 @@ func (e *Paged) planDraws() {
 		for q := en.plpFrom; q < en.plpTo; q++ {
 			p.draws = append(p.draws, forward.Draw{Row: int32(en.rowStart + q - en.plpFrom), Force: r.req.Prompt[q+1], Mask: -1})
 		}
+		en.cfDraw = len(p.draws)
+		for q := en.cfFrom; q < en.cfTo; q++ {
+			p.draws = append(p.draws, forward.Draw{Row: int32(en.rowStart + en.plpTo - en.plpFrom + q - en.cfFrom), Force: s.tokens[q+1], Mask: -1})
+		}
 		en.planLo = len(p.tasks)
 		if !en.sample {
 			continue
 		}
-		row := int32(en.rowStart + en.plpTo - en.plpFrom)
+		row := en.sampleRow()
 		switch {
 		case r.forked:
 			e.planTask(row, s.samp, s.proc, s.generated())

@@ -117,7 +117,9 @@ type Paged struct {
 
 	prefixQueries, prefixHits, preemptions int64
 	promptTokens, genTokens, steps         int64
-	computedTokens                         int64
+	computedTokens, logitRows              int64
+	sampledTokens, jumpTokens              int64
+	jumpMask                               sampler.Mask // jumpForward's
 	phases                                 StepPhases
 }
 
@@ -154,15 +156,45 @@ type sequence struct {
 	numComputed int     // tokens whose K/V are in the cache: tokens[:numComputed]
 	samp        *sampler.Sampler
 	proc        sampler.LogitsProcessor
-	logprobs    []float32 // raw log-probs of tokens[len(prompt):]
-	state       seqState
-	finish      FinishReason
+	logprobs    []float32 // raw log-probs of tokens[len(prompt):len(tokens)-pend]
+	// pend counts the tokens at the end of tokens that jumpForward
+	// appended and whose log-probs (and events) are still to come, from
+	// the rows of the positions before them.
+	pend   int
+	state  seqState
+	finish FinishReason
 	// inflight: in a launched step not yet consumed (overlapRunner); it is
 	// neither scheduled again nor preempted until then.
 	inflight bool
 }
 
 func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
+
+// terminal reports that s's last token is a pending jump-forward token
+// after which it ends (a stop token, or the MaxTokens-th): that token
+// needs its log-prob but no K/V.
+func (s *sequence) terminal() bool {
+	if s.pend == 0 {
+		return false
+	}
+	p := &s.r.req.Params
+	return len(s.tokens)-len(s.r.req.Prompt) >= p.MaxTokens || slices.Contains(p.StopTokens, s.tokens[len(s.tokens)-1])
+}
+
+// want is the number of tokens of s whose K/V it needs: all of them but a
+// terminal one.
+func (s *sequence) want() int {
+	if s.terminal() {
+		return len(s.tokens) - 1
+	}
+	return len(s.tokens)
+}
+
+// sampleRow is the first row after en's prompt and jump-forward rows: its
+// sampled row when en.sample.
+func (en *entry) sampleRow() int32 {
+	return int32(en.rowStart + en.plpTo - en.plpFrom + en.cfTo - en.cfFrom)
+}
 
 // request is one Generate call. Fields are loop-owned until done is closed;
 // after that, Generate reads res and err.
@@ -195,13 +227,17 @@ func (r *request) wantsPromptRows() bool {
 // entry is one sequence's share of a step.
 type entry struct {
 	s              *sequence
-	n              int  // tokens computed this step
-	rowStart       int  // its first row in LogitRows
-	plpFrom, plpTo int  // prompt positions [plpFrom, plpTo) scored this step
-	sample         bool // its last token's row is sampled
+	n              int // tokens computed this step
+	rowStart       int // its first row in LogitRows
+	plpFrom, plpTo int // prompt positions [plpFrom, plpTo) scored this step
+	// Positions [cfFrom, cfTo) score the jump-forward tokens after them
+	// (see jumpForward); their rows follow the prompt rows.
+	cfFrom, cfTo int
+	sample       bool // its last token's row is sampled
 	// Device draws (draws.go): its prompt rows' draws start at plpDraw,
-	// its sampling tasks' plans at planLo.
-	plpDraw, planLo int
+	// its jump-forward rows' at cfDraw, its sampling tasks' plans at
+	// planLo.
+	plpDraw, cfDraw, planLo int
 	// Set by consume: its sampling tasks are rs.tasks[taskLo:taskHi] (N of
 	// them the step a request forks); scoreOnly marks a MaxTokens == 0
 	// request whose prompt just finished.
@@ -486,6 +522,9 @@ func (e *Paged) publish() {
 		GenTokens:        e.genTokens,
 		Steps:            e.steps,
 		ComputedTokens:   e.computedTokens,
+		LogitRows:        e.logitRows,
+		SampledTokens:    e.sampledTokens,
+		JumpTokens:       e.jumpTokens,
 		StepSeconds:      e.phases,
 	}
 	e.statsMu.Lock()

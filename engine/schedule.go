@@ -81,7 +81,7 @@ func (e *Paged) scheduleRunning(budget, maxSeqs int) (int, bool) {
 		if s.inflight {
 			continue
 		}
-		n := min(len(s.tokens)-s.numComputed, budget)
+		n := min(s.want()-s.numComputed, budget)
 		for !e.mgr.Allocate(s.id, n, kvcache.Computed{}) {
 			// Out of blocks: preempt the most recently admitted running
 			// sequence not in flight (possibly s itself). Scheduled ones
@@ -112,10 +112,12 @@ func (e *Paged) admitWaiting(budget, maxSeqs int) {
 		r := s.r
 		var hit kvcache.Computed
 		if !r.wantsPromptRows() {
-			hit = e.mgr.ComputedBlocks(s.tokens)
+			// Pending jump-forward tokens need the rows before them
+			// computed: the hit stops short of them.
+			hit = e.mgr.ComputedBlocks(s.tokens[:len(s.tokens)-s.pend])
 		}
 		cached := hit.Tokens(e.cfg.BlockSize)
-		n := min(len(s.tokens)-cached, budget)
+		n := min(s.want()-cached, budget)
 		if !e.mgr.Allocate(s.id, n, hit) {
 			return
 		}
@@ -162,6 +164,17 @@ func (e *Paged) buildBatch() {
 			hi := min(s.numComputed+en.n, len(r.req.Prompt)-1)
 			if lo < hi {
 				en.plpFrom, en.plpTo = lo, hi
+				for p := lo; p < hi; p++ {
+					b.LogitRows = append(b.LogitRows, start+p-s.numComputed)
+				}
+			}
+		}
+		en.cfFrom, en.cfTo = 0, 0
+		if s.pend > 0 {
+			lo := max(s.numComputed, len(s.tokens)-s.pend-1)
+			hi := min(s.numComputed+en.n, len(s.tokens)-1)
+			if lo < hi {
+				en.cfFrom, en.cfTo = lo, hi
 				for p := lo; p < hi; p++ {
 					b.LogitRows = append(b.LogitRows, start+p-s.numComputed)
 				}
