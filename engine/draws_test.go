@@ -312,12 +312,13 @@ func TestDeviceDrawsSampled(t *testing.T) {
 // runProc forces runs of tokens, as the couplet rules do: steps 2–4 of
 // every six are forced (to a token that depends on the one before, so
 // samples differ; step 16 to the request's stop token, step 22 outside
-// the vocabulary: a dead end), the others allowed from a set. It says so
+// the vocabulary, if dead is 22: a dead end), the others allowed from a set. It says so
 // only through Mask (no Forcer): the host path runs Process.
 type runProc struct {
 	set   *sampler.IDSet
 	vocab int
 	stop  int32 // -1: none
+	dead  int   // the step forced outside the vocabulary (0: none)
 }
 
 func (p runProc) Mask(gen []int32, m *sampler.Mask) bool {
@@ -331,7 +332,7 @@ func (p runProc) Mask(gen []int32, m *sampler.Mask) bool {
 	switch {
 	case k == 16 && p.stop >= 0:
 		m.Force = p.stop
-	case k == 22:
+	case k == p.dead:
 		m.Force = int32(p.vocab)
 	}
 	return true
@@ -363,7 +364,7 @@ func TestJumpForwardMatchesStepByStep(t *testing.T) {
 						if len(r.Params.StopTokens) > 0 {
 							stop = r.Params.StopTokens[0]
 						}
-						r.NewProcessor = func(int) sampler.LogitsProcessor { return runProc{set, vocab, stop} }
+						r.NewProcessor = func(int) sampler.LogitsProcessor { return runProc{set, vocab, stop, 22} }
 						r.OnEvent = func(ev Event) { events[i] = append(events[i], ev) }
 					}
 					cfg := tc.cfg
@@ -444,7 +445,7 @@ func TestJumpForwardSteps(t *testing.T) {
 		}
 		res, err := e.Generate(context.Background(), &Request{
 			Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: 20, N: 1},
-			NewProcessor: func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1} },
+			NewProcessor: func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 22} },
 		})
 		if err != nil {
 			t.Fatal(err)
