@@ -106,31 +106,25 @@ func (f forcedBanner) Process(gen []int32, logits []float32) error {
 	return sampler.Force(logits, id)
 }
 
-// Mask implements sampler.Masker once the slots are assigned (the first
-// step reads the row to assign them, so it declines until then).
+// Mask implements sampler.Masker once the slots are assigned. The step
+// that assigns them reads the row, so it declines, but only at the pool
+// candidates' first characters (assignByFirstChar), and the forced token
+// is one of them: it lists those in m.Peek (8 bytes each from the GPU
+// instead of the row).
 func (f forcedBanner) Mask(gen []int32, m *sampler.Mask) bool {
+	m.Reset()
 	ids, ok, done := f.a.assigned(f.slot)
 	if !done {
+		for _, c := range f.a.pool {
+			m.Peek = append(m.Peek, c.ids[0])
+		}
 		return false
 	}
-	m.Reset()
 	m.Forced, m.Force = true, -1
 	if ok && len(gen) < len(ids) {
 		m.Force = ids[len(gen)]
 	}
 	return true
-}
-
-// Peek implements sampler.Peeker: the step that assigns the slots reads
-// the row only at the pool candidates' first characters
-// (assignByFirstChar), and the forced token is one of them, so those
-// logits are all it needs (8 bytes each from the GPU instead of the row).
-func (f forcedBanner) Peek(gen []int32) ([]int32, bool) {
-	ids := make([]int32, 0, len(f.a.pool))
-	for _, c := range f.a.pool {
-		ids = append(ids, c.ids[0])
-	}
-	return ids, true
 }
 
 // Forced implements sampler.Forcer: every step is forced, to the slot's

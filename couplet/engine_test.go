@@ -10,6 +10,7 @@ import (
 
 	"chunlian/engine"
 	"chunlian/forward"
+	"chunlian/forward/forwardtest"
 	"chunlian/model"
 	"chunlian/sampler"
 )
@@ -18,7 +19,7 @@ import (
 func realStack(t testing.TB, m *model.Model) engine.Engine { return realStackDraws(t, m, false) }
 
 // realStackDraws is realStack, with the tokens drawn the GPU's way when
-// draws is set: forward.HostDraws plans every step's draws from the
+// draws is set: forwardtest.HostDraws plans every step's draws from the
 // processors' masks (sampler.Masker) as on the CUDA backend.
 func realStackDraws(t testing.TB, m *model.Model, draws bool) engine.Engine {
 	t.Helper()
@@ -28,7 +29,7 @@ func realStackDraws(t testing.TB, m *model.Model, draws bool) engine.Engine {
 	}
 	var b forward.Backend = cpu
 	if draws {
-		b = forward.HostDraws(cpu)
+		b = forwardtest.HostDraws(cpu)
 	}
 	e, err := engine.New(b, engine.Config{})
 	if err != nil {

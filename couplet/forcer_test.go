@@ -32,6 +32,31 @@ func (x noForcer) Generate(ctx context.Context, r *engine.Request) (*engine.Resu
 	return x.Engine.Generate(ctx, r)
 }
 
+// forcerOnly hides a processor's Mask method (keeping Forced), so that the
+// engine does not jump forward over forced runs: each forced token takes
+// a step of its own, and the rows keep the full path's batch shapes.
+type forcerOnly struct{ p sampler.LogitsProcessor }
+
+func (p forcerOnly) Process(g []int32, l []float32) error { return p.p.Process(g, l) }
+
+func (p forcerOnly) Forced(g []int32, l []float32) (int32, bool) {
+	if f, ok := p.p.(sampler.Forcer); ok {
+		return f.Forced(g, l)
+	}
+	return 0, false
+}
+
+// noJump wraps an engine so that no request's processor is a Masker.
+type noJump struct{ engine.Engine }
+
+func (x noJump) Generate(ctx context.Context, r *engine.Request) (*engine.Result, error) {
+	if r.NewProcessor != nil {
+		inner := r.NewProcessor
+		r.NewProcessor = func(i int) sampler.LogitsProcessor { return forcerOnly{inner(i)} }
+	}
+	return x.Engine.Generate(ctx, r)
+}
+
 // recorder wraps an engine and logs every request's samples: prompt, seed,
 // then per completion its tokens, finish and log-prob bits.
 type recorder struct {
@@ -77,21 +102,25 @@ func (r *recorder) sorted() []string {
 // the CPU forward's rounding depends on the batch), and on the fake engine
 // (exact per-context rows: several couplets per request). Each path has an
 // engine of its own, so that both see the same prefix-cache hits (a hit
-// changes which rows a step computes, and so the rounding).
+// changes which rows a step computes, and so the rounding). Both run one
+// step per forced token (noJump); a third engine jumps forward over the
+// forced runs as the service does, and must give the same couplets, their
+// scores equal up to that rounding (a chunk's rows round differently from
+// one-token steps).
 func TestForcerEquivalence(t *testing.T) {
 	type stack struct {
-		name     string
-		m        *model.Model
-		e, eFull engine.Engine
-		maxN     int
+		name            string
+		m               *model.Model
+		e, eFull, eJump engine.Engine
+		maxN            int
 	}
 	fake := &fakeEngine{vocab: testModel.Tok.Size()}
 	stacks := []stack{
-		{"fake", testModel, fake, fake, 3},
-		{"random-model", testModel, realStack(t, testModel), realStack(t, testModel), 1},
+		{"fake", testModel, fake, fake, fake, 3},
+		{"random-model", testModel, realStack(t, testModel), realStack(t, testModel), realStack(t, testModel), 1},
 	}
 	if m, err := model.Default(); err == nil {
-		stacks = append(stacks, stack{"default-model", m, realStack(t, m), realStack(t, m), 1})
+		stacks = append(stacks, stack{"default-model", m, realStack(t, m), realStack(t, m), realStack(t, m), 1})
 	} else {
 		t.Logf("default model not available: %v", err)
 	}
@@ -103,8 +132,12 @@ func TestForcerEquivalence(t *testing.T) {
 			} else {
 				opts = []Option{WithBannerSources(testBannerSources()...)}
 			}
-			recFast, recFull := &recorder{Engine: st.e}, &recorder{Engine: noForcer{st.eFull}}
+			recFast, recFull := &recorder{Engine: noJump{st.e}}, &recorder{Engine: noForcer{st.eFull}}
 			gFast, err := New(st.m, recFast, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gJump, err := New(st.m, st.eJump, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,6 +191,16 @@ func TestForcerEquivalence(t *testing.T) {
 						t.Errorf("%+v: couplet %d %+v, full path %+v", req, i, a[i], b[i])
 					}
 				}
+				c, errC := gJump.Generate(context.Background(), req)
+				if (errA == nil) != (errC == nil) || len(c) != len(a) {
+					t.Fatalf("%+v: %d couplets (error %v), with jump-forward %d (%v)", req, len(a), errA, len(c), errC)
+				}
+				for i := range a {
+					if a[i].Upper != c[i].Upper || a[i].Lower != c[i].Lower || a[i].Banner != c[i].Banner ||
+						math.Abs(a[i].Score-c[i].Score) > 1e-6 {
+						t.Errorf("%+v: couplet %d %+v, with jump-forward %+v", req, i, a[i], c[i])
+					}
+				}
 				got += len(a)
 			}
 			la, lb := recFast.sorted(), recFull.sorted()
@@ -201,10 +244,11 @@ func TestForcedBannerForced(t *testing.T) {
 	// Peek: the same steps on a row holding only the peeked logits (the
 	// device-draw path's row) give the same assignment and tokens.
 	byPeek := &bannerAssign{pool: pool, k: k}
-	ids, ok := (forcedBanner{byPeek, 0}).Peek(nil)
-	if !ok || len(ids) != len(pool) {
-		t.Fatalf("Peek: %v, %v", ids, ok)
+	var pm sampler.Mask
+	if (forcedBanner{byPeek, 0}).Mask(nil, &pm) || len(pm.Peek) != len(pool) {
+		t.Fatalf("Mask before the assignment: peek %v", pm.Peek)
 	}
+	ids := pm.Peek
 	sparse := make([]float32, V)
 	for i := range sparse {
 		sparse[i] = negInf

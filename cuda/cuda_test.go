@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -593,5 +594,94 @@ func TestNVML(t *testing.T) {
 	t.Logf("%+v", s)
 	if s.MemTotal <= 0 || s.MemUsed < 0 || s.UtilGPU < 0 || s.UtilGPU > 100 {
 		t.Errorf("implausible sample %+v", s)
+	}
+}
+
+func TestGraphBucket(t *testing.T) {
+	for _, tc := range []struct{ T, want int }{
+		{0, 0}, {1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {16, 16}, {17, 32},
+		{256, 256}, {257, 384}, {2048, 2048}, {2049, 2560}, {8192, 8192}, {8193, 0},
+	} {
+		if got := graphBucket(tc.T); got != tc.want {
+			t.Errorf("graphBucket(%d) = %d, want %d", tc.T, got, tc.want)
+		}
+	}
+}
+
+// TestPadMeta checks the padded layout a decode graph reads: real entries
+// first, then padding that points at the reserved block and dummy sequence.
+func TestPadMeta(t *testing.T) {
+	b := hostOnlyBackend() // BlockSize 4, 8 blocks: reserved block 8, dummy slot 32
+	bt := twoSeqBatch()
+	bt.Tokens, bt.Positions, bt.SlotMapping = []int32{13, 14}, []int32{2, 5}, []int32{22, 29}
+	bt.Seqs[0].Start, bt.Seqs[0].Len, bt.Seqs[1].Start = 0, 1, 1
+	bt.LogitRows = []int{1}
+	off, stride, err := b.prepare(bt, make([]float32, b.cfg.VocabSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, po := b.padMeta(off, 2, 1, 2, stride, 4)
+	for _, tc := range []struct {
+		name      string
+		got, want []int32
+	}{
+		{"tokens", p[po[0]:po[1]], []int32{13, 14, 0, 0}},
+		{"positions", p[po[1]:po[2]], []int32{2, 5, 0, 0}},
+		{"slots", p[po[2]:po[3]], []int32{22, 29, 32, 32}},
+		{"tokSeq", p[po[3]:po[4]], []int32{0, 1, 2, 2}},
+		{"rows", p[po[4]:po[5]], []int32{1, 0, 0, 0}},
+		{"tables", p[po[5]:], []int32{5, 0, 2, 7, 8, 8}},
+	} {
+		if !slices.Equal(tc.got, tc.want) {
+			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// TestKernelsCompile compiles the embedded kernels with whatever NVRTC is
+// found (no GPU needed), for several head sizes, so a syntax error shows up
+// on any machine that has NVRTC. It skips when NVRTC is absent (CPU CI).
+func TestKernelsCompile(t *testing.T) {
+	f, path, err := loadNVRTCOnly("")
+	if err != nil {
+		t.Skipf("NVRTC not available: %v", err)
+	}
+	maj, min := f.Version()
+	t.Logf("NVRTC %d.%d from %s", maj, min, path)
+	for _, tc := range []struct {
+		headDim int
+		arch    string
+	}{
+		{64, "compute_80"},
+		{32, "compute_80"},
+		{16, "compute_80"},
+		{48, "compute_80"},
+		{128, "sm_80"},
+		// CHUNLIAN_CUDA_TEST_ARCH (e.g. sm_90) adds the device's own CUBIN
+		// target: run it alone first to learn whether the device's NVRTC
+		// compiles the kernels natively.
+		{64, os.Getenv("CHUNLIAN_CUDA_TEST_ARCH")},
+	} {
+		if tc.arch == "" {
+			continue
+		}
+		res, err := f.compileSource("llama.cu", kernelSource, tc.arch, kernelOptions(tc.headDim))
+		if err != nil {
+			t.Fatalf("headDim %d arch %s: %v", tc.headDim, tc.arch, err)
+		}
+		if len(res.image) < 100 {
+			t.Fatalf("headDim %d: image only %d bytes", tc.headDim, len(res.image))
+		}
+		if !res.cubin {
+			ptx := string(res.image)
+			for _, k := range kernelNames {
+				if !strings.Contains(ptx, ".entry "+k) {
+					t.Errorf("headDim %d: PTX has no entry %s", tc.headDim, k)
+				}
+			}
+		}
+		if res.log != "" {
+			t.Logf("headDim %d log: %s", tc.headDim, res.log)
+		}
 	}
 }

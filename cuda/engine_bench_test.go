@@ -14,7 +14,7 @@ import (
 	"chunlian/sampler"
 )
 
-// The same task as bench/hf_baseline.py's "lower" task, through the Go
+// The same task as scripts/hf_baseline.py's "lower" task, through the Go
 // engine on this backend without HTTP or the couplet generator: prompt
 // "<bos> <low> <len_8> <up> {8-character 上联} <sep>", exactly 8 greedy
 // tokens (no stop token). Compare lines/s with the transformers baseline

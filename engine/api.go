@@ -97,6 +97,11 @@ type Stats struct {
 	// tokens not served by the prefix cache, fed-back generated tokens,
 	// recomputed ones after preemption): the forward pass's work.
 	ComputedTokens int64
+	// LogitRows counts the rows the LM head ran for (logits or device
+	// draws); of the tokens generated, SampledTokens were drawn by a
+	// sampler from their row and JumpTokens appended by jump-forward
+	// (forced by the logits processor: scored, not sampled).
+	LogitRows, SampledTokens, JumpTokens int64
 	// StepSeconds is the engine goroutine's wall time in each phase of its
 	// steps, summed: schedule (batch and block tables), forward (the
 	// backend's Forward, logits back on the host included) and consume

@@ -304,6 +304,10 @@ func BenchmarkEngineOverhead(b *testing.B) {
 		// The same on the device-draw path (nullDraws): what is left on
 		// the host when the GPU draws.
 		{"users=2048/device-draws", 2048, 6294, 0.8, 0.95, nil},
+		// With couplet-like rules: runs of three forced tokens in every
+		// six, jumped forward or one step each.
+		{"users=2048/device-draws/forced-runs", 2048, 6294, 0.8, 0.95, forcedRuns(6294)},
+		{"users=2048/device-draws/forced-runs/no-jump", 2048, 6294, 0.8, 0.95, forcedRuns(6294)},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -313,9 +317,10 @@ func BenchmarkEngineOverhead(b *testing.B) {
 			cfg.MaxNumSeqs = max(cfg.MaxNumSeqs, c.users)
 			cfg.MaxQueue = max(cfg.MaxQueue, c.users)
 			cfg.MaxNumBatchedTokens = max(cfg.MaxNumBatchedTokens, 8*c.users)
+			cfg.noJump = strings.HasSuffix(c.name, "no-jump")
 			nb := nullBackend{numBlocks: 2 * c.users * (promptLen + genLen) / 16, bs: 16, row: zipf(c.vocab)}
 			var fb forward.Backend = &nb
-			if strings.HasSuffix(c.name, "device-draws") {
+			if strings.Contains(c.name, "device-draws") {
 				fb = &nullDraws{nullBackend: nb}
 			}
 			e, err := New(fb, cfg)
@@ -336,4 +341,10 @@ func BenchmarkEngineOverhead(b *testing.B) {
 			b.ReportMetric(float64((cpuTime()-c0).Nanoseconds())/float64(c.users*genLen*b.N), "cpu-ns/token")
 		})
 	}
+}
+
+// forcedRuns is runProc over vocab without dead ends or stops.
+func forcedRuns(vocab int) func(int) sampler.LogitsProcessor {
+	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
+	return func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 0} }
 }

@@ -19,8 +19,11 @@ type Config struct {
 	// Outputs do not depend on it.
 	SamplingWorkers int
 	// OverlapMinSeqs is the number of sequences (running + waiting) from
-	// which two steps are kept in flight (default 128; see stepAsync).
+	// which two steps are kept in flight (default 128; see overlapRunner).
 	OverlapMinSeqs int
+
+	// noJump turns jump-forward off (tests compare the two paths).
+	noJump bool
 }
 
 // DefaultConfig returns the defaults, prefix caching on.

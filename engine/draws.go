@@ -20,7 +20,7 @@ var negInf32 = float32(math.Inf(-1))
 // for the logit of the next prompt token (a Force draw). The backend then
 // returns 8 bytes per draw instead of a 6,189-float row, and the host
 // sampling phase shrinks to the few rows whose processor must read the row
-// itself. Those that read it at a few ids only (sampler.Peeker: the first
+// itself. Those that read it at a few ids only (sampler.Mask.Peek: the first
 // step of the forced 横批 samples, which ranks the candidates by their
 // first characters' logits) get those logits as Force draws and a host
 // row rebuilt from them; the rest (a repetition penalty, an unknown
@@ -44,7 +44,7 @@ type drawPlan struct {
 	tasks    []int32 // per sampling task: index into draws, taskHost or taskDead
 	hostRows []int32 // logits rows copied to the host, ascending
 	hostIdx  []int32 // [rows]: row → its host row (peekRows, then hostRows), -1 if none
-	// Rows whose tasks read only a few logits (sampler.Peeker): those come
+	// Rows whose tasks read only a few logits (sampler.Mask.Peek): those come
 	// back as Force draws (peeks[i]: draws[d0:d1] of row), and the host
 	// row is made from them (-Inf elsewhere). They come first in the
 	// stepBuf's logits, the copied rows after them (hostLogits).
@@ -63,7 +63,7 @@ type drawPlan struct {
 	hostLSE   []float64
 }
 
-// peek is one Peeker task's gathered logits: draws[d0:d1] on row.
+// peek is one peeking task's gathered logits: draws[d0:d1] on row.
 type peek struct {
 	row    int32
 	d0, d1 int
@@ -75,7 +75,7 @@ const (
 	markPeek = -3 // only peeked logits are needed
 )
 
-// maxPeek bounds the ids one Peeker task may gather.
+// maxPeek bounds the ids one peeking task may gather.
 const maxPeek = 64
 
 // deviceDraws reports whether this engine plans device draws.
@@ -101,11 +101,15 @@ func (e *Paged) planDraws() {
 		for q := en.plpFrom; q < en.plpTo; q++ {
 			p.draws = append(p.draws, forward.Draw{Row: int32(en.rowStart + q - en.plpFrom), Force: r.req.Prompt[q+1], Mask: -1})
 		}
+		en.cfDraw = len(p.draws)
+		for q := en.cfFrom; q < en.cfTo; q++ {
+			p.draws = append(p.draws, forward.Draw{Row: int32(en.rowStart + en.plpTo - en.plpFrom + q - en.cfFrom), Force: s.tokens[q+1], Mask: -1})
+		}
 		en.planLo = len(p.tasks)
 		if !en.sample {
 			continue
 		}
-		row := int32(en.rowStart + en.plpTo - en.plpFrom)
+		row := en.sampleRow()
 		switch {
 		case r.forked:
 			e.planTask(row, s.samp, s.proc, s.generated())
@@ -143,11 +147,12 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 	par := samp.Params()
 	m := &p.mask
 	m.Reset()
-	ok := true
+	masked := true
 	if proc != nil {
 		mk, isMasker := proc.(sampler.Masker)
-		ok = isMasker && mk.Mask(gen, m)
+		masked = isMasker && mk.Mask(gen, m)
 	}
+	ok := masked
 	if rp := par.RepetitionPenalty; rp > 0 && rp != 1 {
 		ok = false // the penalty reads the prompt and history per token
 	}
@@ -166,26 +171,24 @@ func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsPr
 	}
 	if !ok {
 		p.tasks = append(p.tasks, taskHost)
-		if pk, isPeeker := proc.(sampler.Peeker); isPeeker && p.hostIdx[row] != markHost {
-			if ids, ok := pk.Peek(gen); ok && len(ids) <= maxPeek {
-				// The samples of a request that forks plan one after
-				// another on the same row and often peek the same ids
-				// (couplet's forced 横批 samples share one pool): the
-				// first one's draws serve them all.
-				if n := len(p.peeks); n > 0 && p.peeks[n-1].row == row && e.samePeek(p.peeks[n-1], ids) {
-					e.peekShared++
-					return
-				}
-				d0 := len(p.draws)
-				for _, id := range ids {
-					if id >= 0 && int(id) < e.vocab {
-						p.draws = append(p.draws, forward.Draw{Row: row, Force: id, Mask: -1})
-					}
-				}
-				p.peeks = append(p.peeks, peek{row: row, d0: d0, d1: len(p.draws)})
-				p.hostIdx[row] = markPeek
+		if ids := m.Peek; !masked && len(ids) > 0 && len(ids) <= maxPeek && p.hostIdx[row] != markHost {
+			// The samples of a request that forks plan one after another
+			// on the same row and often peek the same ids (couplet's
+			// forced 横批 samples share one pool): the first one's draws
+			// serve them all.
+			if n := len(p.peeks); n > 0 && p.peeks[n-1].row == row && e.samePeek(p.peeks[n-1], ids) {
+				e.peekShared++
 				return
 			}
+			d0 := len(p.draws)
+			for _, id := range ids {
+				if id >= 0 && int(id) < e.vocab {
+					p.draws = append(p.draws, forward.Draw{Row: row, Force: id, Mask: -1})
+				}
+			}
+			p.peeks = append(p.peeks, peek{row: row, d0: d0, d1: len(p.draws)})
+			p.hostIdx[row] = markPeek
+			return
 		}
 		p.hostIdx[row] = markHost // planDraws numbers the marked rows
 		return

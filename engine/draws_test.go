@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"chunlian/forward"
+	"chunlian/forward/forwardtest"
 	"chunlian/sampler"
 )
 
@@ -43,19 +45,25 @@ type maskerProc struct{ maskProc }
 func (p maskerProc) Mask(gen []int32, m *sampler.Mask) bool { p.describe(gen, m); return true }
 
 // peekProc forces, at every step, the id with the highest logit among a
-// few step-dependent ids, reading the row only there: a sampler.Peeker
-// (like couplet's forced 横批 samples on their first step). Samples with
+// few step-dependent ids, reading the row only there: its Mask lists
+// them in sampler.Mask.Peek (like couplet's forced 横批 samples on their first step). Samples with
 // the same shift peek the same ids at the same step (as the 横批 samples
 // do), others different ones.
 type peekProc struct{ vocab, shift int }
 
-func (p peekProc) Peek(gen []int32) ([]int32, bool) {
+func (p peekProc) peek(gen []int32) []int32 {
 	k := len(gen) + p.shift
-	return []int32{int32(k % p.vocab), int32((k*5 + 3) % p.vocab), int32((k*11 + 7) % p.vocab)}, true
+	return []int32{int32(k % p.vocab), int32((k*5 + 3) % p.vocab), int32((k*11 + 7) % p.vocab)}
+}
+
+func (p peekProc) Mask(gen []int32, m *sampler.Mask) bool {
+	m.Reset()
+	m.Peek = append(m.Peek, p.peek(gen)...)
+	return false
 }
 
 func (p peekProc) Forced(gen []int32, row []float32) (int32, bool) {
-	ids, _ := p.Peek(gen)
+	ids := p.peek(gen)
 	best := int32(-1)
 	for _, id := range ids {
 		if v := row[id]; v > negInf32 && (best < 0 || v > row[best] || (v == row[best] && id < best)) {
@@ -138,11 +146,11 @@ func drawRequests(seed uint64, k, vocab int, greedy, peek bool) []*Request {
 }
 
 // TestDeviceDrawsGreedyMatchHost: with draws planned for the device
-// (forward.HostDraws runs sampler.DrawRow, the GPU's definition), greedy
+// (forwardtest.HostDraws runs sampler.DrawRow, the GPU's definition), greedy
 // results — tokens, log-probs, prompt log-probs, dead ends, n > 1 — are
 // exactly the host path's, whatever the chunking, preemption and prefix
 // hits, one step at a time (below OverlapMinSeqs) and with two steps in
-// flight (stepAsync); and the device path did draw (fewer rows crossed than
+// flight (overlapRunner); and the device path did draw (fewer rows crossed than
 // computed), and the overlapping engine did have two steps in flight.
 func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 	const vocab = 24
@@ -151,7 +159,7 @@ func TestDeviceDrawsGreedyMatchHost(t *testing.T) {
 			reqs := drawRequests(tc.seed, 30, vocab, true, true)
 			// The host path: the same backend with its draws hidden (it
 			// keeps the row log-sum-exps), so the engine samples on the host.
-			host, err := New(hostOnly{forward.HostDraws(newFake(tc.blocks, tc.bs, vocab))}, tc.cfg)
+			host, err := New(hostOnly{forwardtest.HostDraws(newFake(tc.blocks, tc.bs, vocab))}, tc.cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -190,7 +198,7 @@ func (hostOnly) DrawVocab() bool { return false }
 // checkDeviceDraws runs reqs on a device-draw engine and compares the
 // results with the host path's (want).
 func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*Request, want []*Result, overlap bool) {
-	cd := &countDraws{AsyncDrawBackend: forward.HostDraws(newFake(blocks, bs, vocab))}
+	cd := &countDraws{AsyncDrawBackend: forwardtest.HostDraws(newFake(blocks, bs, vocab))}
 	dev, err := New(cd, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -249,7 +257,7 @@ func TestDeviceDrawsSampled(t *testing.T) {
 	const vocab = 24
 	reqs := drawRequests(9, 40, vocab, false, false)
 	run := func() []*Result {
-		e, err := New(forward.HostDraws(newFake(512, 4, vocab)), Config{})
+		e, err := New(forwardtest.HostDraws(newFake(512, 4, vocab)), Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,4 +307,159 @@ func TestDeviceDrawsSampled(t *testing.T) {
 		t.Fatalf("only %d tokens checked", checked)
 	}
 	t.Logf("%d processed tokens checked", checked)
+}
+
+// runProc forces runs of tokens, as the couplet rules do: steps 2–4 of
+// every six are forced (to a token that depends on the one before, so
+// samples differ; step 16 to the request's stop token, step 22 outside
+// the vocabulary, if dead is 22: a dead end), the others allowed from a set. It says so
+// only through Mask (no Forcer): the host path runs Process.
+type runProc struct {
+	set   *sampler.IDSet
+	vocab int
+	stop  int32 // -1: none
+	dead  int   // the step forced outside the vocabulary (0: none)
+}
+
+func (p runProc) Mask(gen []int32, m *sampler.Mask) bool {
+	m.Reset()
+	k := len(gen)
+	if k%6 < 2 || k%6 > 4 {
+		m.Allowed = p.set
+		return true
+	}
+	m.Forced, m.Force = true, int32((int(gen[k-1])*5+k)%p.vocab)
+	switch {
+	case k == 16 && p.stop >= 0:
+		m.Force = p.stop
+	case k == p.dead:
+		m.Force = int32(p.vocab)
+	}
+	return true
+}
+
+func (p runProc) Process(gen []int32, row []float32) error {
+	var m sampler.Mask
+	p.Mask(gen, &m)
+	return m.Apply(row)
+}
+
+// TestJumpForwardMatchesStepByStep: appending forced runs as one chunk
+// (jump-forward) gives exactly the results of one step per token —
+// tokens, log-probs, finishes, events in order, greedy and seeded — on the
+// host path and on device draws with two steps in flight, whatever the
+// chunking, preemption and prefix hits; and it takes fewer steps and
+// samples fewer tokens.
+func TestJumpForwardMatchesStepByStep(t *testing.T) {
+	const vocab = 24
+	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
+	for _, tc := range engineCases {
+		for _, device := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/device %v", tc.name, device), func(t *testing.T) {
+				run := func(jump bool) ([]*Result, [][]Event, Stats) {
+					reqs := genRequests(tc.seed, tc.k, vocab, 30, 40)
+					events := make([][]Event, len(reqs))
+					for i, r := range reqs {
+						stop := int32(-1)
+						if len(r.Params.StopTokens) > 0 {
+							stop = r.Params.StopTokens[0]
+						}
+						r.NewProcessor = func(int) sampler.LogitsProcessor { return runProc{set, vocab, stop, 22} }
+						r.OnEvent = func(ev Event) { events[i] = append(events[i], ev) }
+					}
+					cfg := tc.cfg
+					if cfg == (Config{}) {
+						cfg = DefaultConfig()
+					}
+					cfg.noJump = !jump
+					var b forward.Backend = newFake(tc.blocks, tc.bs, vocab)
+					if device {
+						b = forwardtest.HostDraws(b)
+						cfg.OverlapMinSeqs = 2
+					}
+					e, err := New(b, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					res := runConcurrent(t, e, reqs)
+					st := e.Stats()
+					checkDrained(t, e)
+					return res, events, st
+				}
+				reqs0 := genRequests(tc.seed, tc.k, vocab, 30, 40)
+				want, wantEv, off := run(false)
+				got, gotEv, on := run(true)
+				for i := range want {
+					if err := sameResult(got[i], want[i]); err != nil {
+						t.Errorf("request %d: %v", i, err)
+					}
+					// Samples interleave differently; each sample's own
+					// events come in the same order.
+					for k := range max(1, reqs0[i].Params.N) {
+						g, w := sampleEvents(gotEv[i], k), sampleEvents(wantEv[i], k)
+						if !slices.Equal(g, w) {
+							t.Errorf("request %d sample %d: events %v, step by step %v", i, k, g, w)
+						}
+					}
+				}
+				// (Steps and computed rows depend on when the requests
+				// arrive; the tokens sampled do not.)
+				if off.JumpTokens != 0 || on.JumpTokens == 0 || on.SampledTokens >= off.SampledTokens {
+					t.Errorf("jump-forward: %d jumped, %d sampled; step by step %d, %d",
+						on.JumpTokens, on.SampledTokens, off.JumpTokens, off.SampledTokens)
+				}
+				if on.SampledTokens+on.JumpTokens < on.GenTokens || off.SampledTokens < off.GenTokens {
+					t.Errorf("generated %d > %d sampled + %d jumped", on.GenTokens, on.SampledTokens, on.JumpTokens)
+				}
+				t.Logf("steps %d → %d, sampled %d → %d (+%d jumped), computed %d → %d, logit rows %d → %d",
+					off.Steps, on.Steps, off.SampledTokens, on.SampledTokens, on.JumpTokens, off.ComputedTokens, on.ComputedTokens, off.LogitRows, on.LogitRows)
+			})
+		}
+	}
+}
+
+// sampleEvents returns the events of sample k.
+func sampleEvents(evs []Event, k int) []Event {
+	var out []Event
+	for _, ev := range evs {
+		if ev.Index == k {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// TestJumpForwardSteps: a lone request whose rules force runs takes one
+// step per run instead of one per token, and computes the same rows.
+func TestJumpForwardSteps(t *testing.T) {
+	const vocab = 24
+	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
+	var st [2]Stats
+	var toks [2][]int32
+	for i, jump := range []bool{false, true} {
+		cfg := DefaultConfig()
+		cfg.noJump = !jump
+		e, err := New(newFake(64, 4, vocab), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.Generate(context.Background(), &Request{
+			Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: 20, N: 1},
+			NewProcessor: func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 22} },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks[i], st[i] = res.Completions[0].Tokens, e.Stats()
+		checkDrained(t, e)
+	}
+	// 20 tokens: steps 2–4, 8–10, 14–16 forced (9 tokens), MaxTokens at 20.
+	if !slices.Equal(toks[0], toks[1]) || len(toks[1]) != 20 {
+		t.Fatalf("tokens %v, step by step %v", toks[1], toks[0])
+	}
+	off, on := st[0], st[1]
+	if off.Steps != 20 || on.Steps != 11 || on.JumpTokens != 9 || on.SampledTokens != 11 || on.ComputedTokens != off.ComputedTokens {
+		t.Errorf("step by step: %d steps, %d rows; jump-forward: %d steps, %d rows, %d jumped, %d sampled",
+			off.Steps, off.ComputedTokens, on.Steps, on.ComputedTokens, on.JumpTokens, on.SampledTokens)
+	}
 }

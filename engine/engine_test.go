@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"chunlian/internal/testenv"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"chunlian/forward"
+	"chunlian/forward/forwardtest"
+	"chunlian/kernels/cpu"
 	"chunlian/sampler"
 )
 
@@ -367,7 +370,7 @@ func TestCloseFailsPending(t *testing.T) {
 		{"paged, device draws, overlap", func(b forward.Backend) Engine {
 			cfg := DefaultConfig()
 			cfg.OverlapMinSeqs = 2
-			e, _ := New(forward.HostDraws(b), cfg)
+			e, _ := New(forwardtest.HostDraws(b), cfg)
 			return e
 		}},
 	} {
@@ -644,7 +647,7 @@ func TestTimingsAndStats(t *testing.T) {
 // naive engine and every block comes back.
 func TestRandomAbortsUnderPressure(t *testing.T) {
 	// Also with tokens drawn "on the device" and two steps in flight
-	// (forward.HostDraws, OverlapMinSeqs 2): aborts and preemptions then
+	// (forwardtest.HostDraws, OverlapMinSeqs 2): aborts and preemptions then
 	// meet sequences whose step is still on the device. Sampled tokens
 	// follow the device draw's stream there, so only greedy requests are
 	// compared with the naive engine.
@@ -664,7 +667,7 @@ func testRandomAborts(t *testing.T, overlap bool) {
 		var b forward.Backend = newFake(24, 4, vocab)
 		cd := &countDraws{}
 		if overlap {
-			cd.AsyncDrawBackend = forward.HostDraws(b)
+			cd.AsyncDrawBackend = forwardtest.HostDraws(b)
 			b, cfg.OverlapMinSeqs = cd, 2
 		}
 		e, err := New(b, cfg)
@@ -746,3 +749,9 @@ func TestBackendErrorFailsStepOnly(t *testing.T) {
 	}
 	checkDrained(t, e)
 }
+
+// TestMain applies CHUNLIAN_GEMM (openblas | simd | go) to the kernels, as
+// the command line's --cpu-gemm does: CI runs this package's tests on each
+// path (with -count=1: go test's cache does not see an environment
+// read before m.Run). The library itself reads no environment.
+func TestMain(m *testing.M) { testenv.Main(m, cpu.SetGEMMPath) }

@@ -41,8 +41,9 @@ func randomPrompts(seed uint64, k, vocab, maxLen int) [][]int32 {
 
 // TestRealModelMatchesNaive runs the random model through the CPU backend:
 // continuous batching (mixed prefill chunks and decodes, preemptions under a
-// small cache) must not change greedy outputs compared with the naive
-// engine's full recompute.
+// small cache) and jump-forward (half of the requests have rules that force
+// runs of tokens) must not change greedy outputs compared with the naive
+// engine's full recompute, one token at a time.
 func TestRealModelMatchesNaive(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -60,6 +61,9 @@ func TestRealModelMatchesNaive(t *testing.T) {
 			var reqs []*Request
 			for i, p := range prompts {
 				reqs = append(reqs, &Request{Prompt: p, Params: sampler.Params{MaxTokens: 16, N: 1 + i%2}, PromptLogProbs: i%3 == 0})
+				if i%4 < 2 {
+					reqs[i].NewProcessor = jumpRules(m.Config.VocabSize)
+				}
 			}
 			want := runConcurrent(t, NewNaive(nb), reqs)
 			e, err := New(pb, tc.cfg)
@@ -86,7 +90,11 @@ func TestRealModelMatchesNaive(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("stats %+v", e.Stats())
+			st := e.Stats()
+			if st.JumpTokens == 0 {
+				t.Error("nothing was jumped")
+			}
+			t.Logf("stats %+v", st)
 			checkDrained(t, e)
 		})
 	}
@@ -113,7 +121,10 @@ func TestDefaultModelMatchesNaive(t *testing.T) {
 	}
 	var reqs []*Request
 	for i, p := range randomPrompts(2, 4, m.Config.VocabSize, 12) {
-		reqs = append(reqs, &Request{Prompt: p, Params: sampler.Params{MaxTokens: 8, N: 1 + i%2}})
+		reqs = append(reqs, &Request{Prompt: p, Params: sampler.Params{MaxTokens: 12, N: 1 + i%2}})
+		if i%2 == 0 {
+			reqs[i].NewProcessor = jumpRules(m.Config.VocabSize)
+		}
 	}
 	want := runConcurrent(t, NewNaive(mk()), reqs)
 	e, err := New(mk(), Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: true})
@@ -128,6 +139,9 @@ func TestDefaultModelMatchesNaive(t *testing.T) {
 				t.Errorf("request %d sample %d: engine %v, naive %v", i, j, c.Tokens, w.Tokens)
 			}
 		}
+	}
+	if st := e.Stats(); st.JumpTokens == 0 {
+		t.Error("nothing was jumped")
 	}
 	checkDrained(t, e)
 }
@@ -201,4 +215,11 @@ func TestStatsLiveWithinAllocated(t *testing.T) {
 		checkDrained(t, e)
 		e.Close()
 	}
+}
+
+// jumpRules gives every sample a runProc over vocab: runs of forced tokens
+// (jump-forward) between masked steps.
+func jumpRules(vocab int) func(int) sampler.LogitsProcessor {
+	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
+	return func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 0} }
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -113,4 +114,16 @@ func (rs *rowSampler) doRow(sc *sampler.Scratch, i int) {
 		s := t.s
 		t.tok, t.lp, t.err = s.samp.SampleWith(sc, row, lse, s.r.req.Prompt, s.generated(), s.proc)
 	}
+}
+
+// samplingWorkers is the number of goroutines (the engine goroutine
+// included) for a step with rows logits rows: Config.SamplingWorkers (0 =
+// GOMAXPROCS), but at least minRowsPerWorker rows each, since a goroutine
+// hand-off costs about as much as a fraction of one row.
+func (e *Paged) samplingWorkers(rows int) int {
+	w := e.cfg.SamplingWorkers
+	if w == 0 {
+		w = runtime.GOMAXPROCS(0)
+	}
+	return max(1, min(w, rows/minRowsPerWorker))
 }

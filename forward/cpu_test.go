@@ -1,6 +1,7 @@
 package forward
 
 import (
+	"chunlian/internal/testenv"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -713,3 +714,9 @@ func TestAttentionInlineAndPooled(t *testing.T) {
 		})
 	}
 }
+
+// TestMain applies CHUNLIAN_GEMM (openblas | simd | go) to the kernels, as
+// the command line's --cpu-gemm does: CI runs this package's tests on each
+// path (with -count=1: go test's cache does not see an environment
+// read before m.Run). The library itself reads no environment.
+func TestMain(m *testing.M) { testenv.Main(m, cpu.SetGEMMPath) }

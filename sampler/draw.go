@@ -55,21 +55,8 @@ const drawRounds = 64
 // DrawRow allocates one []float32 of len(row) and makes three O(V) passes
 // per round; it is a reference (and the CPU test backend's draw), not fast.
 func DrawRow(row []float32, allowed []uint64, exclude []int32, p DrawParams, u float64) int32 {
-	V := len(row)
 	negInf := float32(math.Inf(-1))
-	// Step 1: w, in the scratch that later holds p.
-	w := make([]float32, V)
-	for i, v := range row {
-		if v != v || (allowed != nil && (i>>6 >= len(allowed) || allowed[i>>6]&(1<<(uint(i)&63)) == 0)) {
-			v = negInf
-		}
-		w[i] = v
-	}
-	for _, t := range exclude {
-		if t >= 0 && int(t) < V {
-			w[t] = negInf
-		}
-	}
+	w := maskedRow(row, allowed, exclude) // step 1, in the scratch that later holds p
 	// Step 2.
 	m, im := negInf, -1
 	for i, v := range w {
@@ -155,6 +142,25 @@ func DrawRow(row []float32, allowed []uint64, exclude []int32, p DrawParams, u f
 		b, pb = j, pr[j]
 	}
 	return int32(im)
+}
+
+// maskedRow is DrawRow's step 1: a copy of row with NaN, the entries
+// outside allowed (nil: none) and those in exclude set to -Inf.
+func maskedRow(row []float32, allowed []uint64, exclude []int32) []float32 {
+	negInf := float32(math.Inf(-1))
+	w := make([]float32, len(row))
+	for i, v := range row {
+		if v != v || (allowed != nil && (i>>6 >= len(allowed) || allowed[i>>6]&(1<<(uint(i)&63)) == 0)) {
+			v = negInf
+		}
+		w[i] = v
+	}
+	for _, t := range exclude {
+		if t >= 0 && int(t) < len(row) {
+			w[t] = negInf
+		}
+	}
+	return w
 }
 
 // inNucleus reports whether token j (p[j] > 0) is in the nucleus of step

@@ -16,6 +16,13 @@ type Mask struct {
 	// lists tokens forbidden on top of it.
 	Allowed *IDSet
 	Exclude []int32
+	// Peek, set only by a Mask call that reports false, lists the few ids
+	// at which the step reads the row: Forced and Process, called on a row
+	// that holds the true values at those ids and -Inf everywhere else,
+	// behave exactly as on the whole row (same token, same error, same
+	// side effects). A device-draw backend then sends back those values
+	// instead of the whole row. Empty: the step needs the whole row.
+	Peek []int32
 }
 
 // Masker is an optional interface of a LogitsProcessor whose Process is a
@@ -28,7 +35,8 @@ type Mask struct {
 //     allowed entry is above -Inf (NaN counts as -Inf).
 //
 // false means the step needs the row itself (for instance a processor
-// whose first call reads the logits); the caller then runs Process. Mask
+// whose first call reads the logits), possibly only at the ids it lists in
+// m.Peek; the caller then runs Process. Mask
 // may be called instead of Forced and Process and must not have side
 // effects; it must be safe to call from the engine goroutine while no
 // other call on the processor runs.
@@ -36,9 +44,9 @@ type Masker interface {
 	Mask(generated []int32, m *Mask) bool
 }
 
-// Reset clears m for reuse, keeping Exclude's storage.
+// Reset clears m for reuse, keeping Exclude's and Peek's storage.
 func (m *Mask) Reset() {
-	m.Forced, m.Force, m.Allowed, m.Exclude = false, 0, nil, m.Exclude[:0]
+	m.Forced, m.Force, m.Allowed, m.Exclude, m.Peek = false, 0, nil, m.Exclude[:0], m.Peek[:0]
 }
 
 // Apply does to row what m describes, as Masker's contract says Process
@@ -95,18 +103,6 @@ func (s *IDSet) Bits() []uint64 { return s.bits }
 // draw made elsewhere (forward.Draw), one per draw at Temperature > 0, so
 // that a seeded sample's stream advances as its host draws would.
 func (s *Sampler) Uniform() float64 { return s.rng.Float64() }
-
-// Peeker is an optional interface of a LogitsProcessor, for steps where
-// Masker declines because the step reads the row — but only at a few ids.
-// Peek lists them: Forced and Process, called on a row that holds the
-// true values at those ids and -Inf everywhere else, must behave exactly
-// as on the whole row (same token, same error, same side effects). A
-// device-draw backend then sends back those values instead of the whole
-// row. ok false: the step needs the whole row. Like Mask, Peek has no side
-// effects and runs on the engine goroutine.
-type Peeker interface {
-	Peek(generated []int32) (ids []int32, ok bool)
-}
 
 // Force leaves only id allowed in row: ErrDeadEnd (row untouched) if id is
 // outside the row or its entry is -Inf or NaN, else every other entry

@@ -1,6 +1,7 @@
 package sampler
 
 import (
+	"chunlian/internal/testenv"
 	"errors"
 	"math"
 	"slices"
@@ -565,3 +566,9 @@ func TestHugeTies(t *testing.T) {
 		}
 	}
 }
+
+// TestMain applies CHUNLIAN_GEMM (openblas | simd | go) to the kernels, as
+// the command line's --cpu-gemm does: CI runs this package's tests on each
+// path (with -count=1: go test's cache does not see an environment
+// read before m.Run). The library itself reads no environment.
+func TestMain(m *testing.M) { testenv.Main(m, cpu.SetGEMMPath) }

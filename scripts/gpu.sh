@@ -7,6 +7,11 @@
 #                                # HTTP (backend's default samples vs 1, same
 #                                # call) and CPU replica scaling; ~2 min
 #
+# BASE=<commit> for build also builds that commit's chunlian as
+# chunlian-base; check then benches it right before HEAD's at every level
+# (a same-call before/after). CUDATEST=0 skips the CUDA tests, REPLICAS=0
+# the replica scaling.
+#
 # build compiles the committed tree (git archive HEAD) with an empty embedded
 # model file: the device tool moves at most 64 MiB, and the tracked weights
 # already travel, so the binaries load them with --model weights/chunlian-base
@@ -15,15 +20,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
 build)
-	T=$(mktemp -d)
-	trap 'rm -rf "$T"' EXIT
+	T=$(mktemp -d) TB=$(mktemp -d)
+	trap 'rm -rf "$T" "$TB"' EXIT
 	git archive HEAD | tar -xf - -C "$T"
 	: > "$T/weights/chunlian-base/model.safetensors"
 	mkdir -p .carry/gpu
+	HC=$(git rev-parse --short HEAD)
 	(cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/gpu/cuda.test" ./cuda/ &&
-		CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$(git rev-parse --short HEAD)" -o "$OLDPWD/.carry/gpu/chunlian" ./cmd/chunlian)
+		CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$HC" -o "$OLDPWD/.carry/gpu/chunlian" ./cmd/chunlian)
+	rm -f .carry/gpu/chunlian-base.gz
+	if [ -n "${BASE:-}" ]; then
+		BC=$(git rev-parse --short "$BASE")
+		git archive "$BASE" | tar -xf - -C "$TB"
+		: > "$TB/weights/chunlian-base/model.safetensors"
+		(cd "$TB" && CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$BC" -o "$OLDPWD/.carry/gpu/chunlian-base" ./cmd/chunlian)
+		gzip -f .carry/gpu/chunlian-base
+	fi
 	gzip -f .carry/gpu/chunlian .carry/gpu/cuda.test
-	{ git rev-parse HEAD; git log -1 --format=%s; date -u; } > .carry/gpu/BUILD.txt
+	{ git rev-parse HEAD; git log -1 --format=%s; [ -z "${BASE:-}" ] || echo "base: $(git rev-parse "$BASE")"; date -u; } > .carry/gpu/BUILD.txt
 	ls -la .carry/gpu
 	;;
 check)
@@ -33,21 +47,30 @@ check)
 	mkdir -p $B
 	gunzip -c .carry/gpu/chunlian.gz > $B/chunlian
 	gunzip -c .carry/gpu/cuda.test.gz > $B/cuda.test
+	BINS=chunlian
+	if [ -f .carry/gpu/chunlian-base.gz ]; then
+		gunzip -c .carry/gpu/chunlian-base.gz > $B/chunlian-base
+		BINS="chunlian-base chunlian"
+	fi
 	chmod +x $B/*
 	export CHUNLIAN_CUDA_LIB_DIR=${CHUNLIAN_CUDA_LIB_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
 	export CHUNLIAN_MODEL=weights/chunlian-base
 	S=$OUT/summary.txt
 	{ cat .carry/gpu/BUILD.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > $S
 	T0=$(date +%s)
-	timeout 170 $B/cuda.test -test.count 1 -test.v > $OUT/cuda_test.log 2>&1
-	echo "cuda.test rc=$? ($(($(date +%s) - T0)) s)" >> $S
-	grep -E "^(--- FAIL|FAIL|ok|PASS)|panic" $OUT/cuda_test.log | head -20 >> $S
+	if [ "${CUDATEST:-1}" = 1 ]; then
+		timeout 170 $B/cuda.test -test.count 1 -test.v > $OUT/cuda_test.log 2>&1
+		echo "cuda.test rc=$? ($(($(date +%s) - T0)) s)" >> $S
+		grep -E "^(--- FAIL|FAIL|ok|PASS)|panic" $OUT/cuda_test.log | head -20 >> $S
+	fi
 	SF="--backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --log-level warn"
 	for k in ${SAMPLES:-0 1}; do
-		timeout 100 $B/chunlian bench --spawn engine --server-flags "$SF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
-			--duration 6s --warmup 2s --quiet --json $OUT/gpu-k$k.json --out $OUT/gpu-k$k.md > /dev/null 2>&1
-		echo "bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
-		grep -E "^\| engine \|" $OUT/gpu-k$k.md >> $S
+		for bin in $BINS; do
+			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
+				--duration 6s --warmup 2s --quiet --json $OUT/gpu-$bin-k$k.json --out $OUT/gpu-$bin-k$k.md > /dev/null 2>&1
+			echo "$bin bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
+			grep -E "^\| engine \|" $OUT/gpu-$bin-k$k.md >> $S
+		done
 	done
 	if [ "${REPLICAS:-1}" = 1 ]; then
 		CHUNLIAN=$B/chunlian OUT=/tmp/br SERIES=scale DURATION=6s timeout 150 bash deploy/bench-replicas.sh > /tmp/br.md 2>&1

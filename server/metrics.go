@@ -107,6 +107,9 @@ var (
 	descGenTok    = prometheus.NewDesc("chunlian:generation_tokens_total", "Tokens generated.", []string{"model_name"}, nil)
 	descSteps     = prometheus.NewDesc("chunlian:engine_steps_total", "Engine steps (forward passes).", []string{"model_name"}, nil)
 	descComputed  = prometheus.NewDesc("chunlian:engine_computed_tokens_total", "Token rows run through the model (prompt tokens not served by the prefix cache, fed-back and recomputed tokens).", []string{"model_name"}, nil)
+	descLogitRows = prometheus.NewDesc("chunlian:engine_logit_rows_total", "Rows the LM head ran for (logits or device draws): sampled rows and rows that only score a known token.", []string{"model_name"}, nil)
+	descSampled   = prometheus.NewDesc("chunlian:engine_sampled_tokens_total", "Tokens drawn by a sampler from their row.", []string{"model_name"}, nil)
+	descJumped    = prometheus.NewDesc("chunlian:engine_jump_tokens_total", "Tokens the logits processor forced, appended by jump-forward without a step of their own (scored, not sampled).", []string{"model_name"}, nil)
 	descStepSec   = prometheus.NewDesc("chunlian:engine_step_seconds_total", "Engine goroutine wall time by step phase: schedule, forward (logits on the host included), consume (sampling, rules, delivery).", []string{"phase", "model_name"}, nil)
 	descReady     = prometheus.NewDesc("chunlian:ready", "1 when the model is loaded and warmed up and the server is not draining.", nil, nil)
 	descGPUUtil   = prometheus.NewDesc("chunlian:gpu_utilization_perc", "GPU utilisation, 0..100 (only on a GPU backend).", []string{"model_name"}, nil)
@@ -116,7 +119,7 @@ var (
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descKVUsage, descKVBlocks, descKVLive, descPrefixQ, descPrefixH,
-		descPreempt, descPromptTok, descGenTok, descSteps, descComputed, descStepSec, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
+		descPreempt, descPromptTok, descGenTok, descSteps, descComputed, descLogitRows, descSampled, descJumped, descStepSec, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
 		ch <- d
 	}
 }
@@ -155,6 +158,9 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	cn(descGenTok, float64(st.GenTokens))
 	cn(descSteps, float64(st.Steps))
 	cn(descComputed, float64(st.ComputedTokens))
+	cn(descLogitRows, float64(st.LogitRows))
+	cn(descSampled, float64(st.SampledTokens))
+	cn(descJumped, float64(st.JumpTokens))
 	for _, ph := range []struct {
 		name string
 		v    float64

@@ -144,6 +144,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"chunlian:time_to_first_token_seconds_count" + mn, "chunlian:e2e_request_latency_seconds_count" + mn,
 		"chunlian:request_queue_time_seconds_count" + mn, "chunlian:time_per_output_token_seconds_count" + mn,
 		"chunlian:prefix_cache_queries_total" + mn, "chunlian:engine_steps_total" + mn, "chunlian:engine_computed_tokens_total" + mn,
+		"chunlian:engine_logit_rows_total" + mn, "chunlian:engine_sampled_tokens_total" + mn, "chunlian:engine_jump_tokens_total" + mn,
 		`chunlian:engine_step_seconds_total{model_name="chunlian-test",phase="forward"}`, `chunlian:engine_step_seconds_total{model_name="chunlian-test",phase="consume"}`,
 		"chunlian:ready", "process_cpu_seconds_total"} {
 		if v := value(name); v <= 0 {

@@ -1,8 +1,12 @@
-package forward
+// Package forwardtest holds test doubles of forward's interfaces for the
+// tests of the packages above it (like net/http/httptest): HostDraws gives
+// any forward.Backend the device-draw interfaces, drawing on the host.
+package forwardtest
 
 import (
 	"fmt"
 
+	"chunlian/forward"
 	"chunlian/sampler"
 )
 
@@ -18,13 +22,13 @@ import (
 // Work stays in call order: every call but WaitDraw first waits for the
 // launch still running (settle). It costs what the host path costs plus
 // the draws, so production CPU serving does not use it.
-func HostDraws(b Backend) AsyncDrawBackend { return &hostDraws{Backend: b} }
+func HostDraws(b forward.Backend) forward.AsyncDrawBackend { return &hostDraws{Backend: b} }
 
 // hostDraws is used from one goroutine at a time (the engine's), plus the
 // goroutine of the one launch running, which owns all, lse, masks and
 // the wrapped Backend until settle.
 type hostDraws struct {
-	Backend
+	forward.Backend
 	masks   [][]uint64
 	all     []float32 // [R, V] every row of the last ForwardDraw
 	lse     []float32 // [R]
@@ -38,7 +42,7 @@ type hostSlot struct {
 	busy   bool
 	done   chan struct{}
 	err    error
-	out    []Drawn
+	out    []forward.Drawn
 	logits []float32
 	lse    []float32
 }
@@ -61,7 +65,7 @@ func (h *hostDraws) Close() error {
 	return h.Backend.Close()
 }
 
-var _ AsyncDrawBackend = (*hostDraws)(nil)
+var _ forward.AsyncDrawBackend = (*hostDraws)(nil)
 
 func (h *hostDraws) DrawVocab() bool { return true }
 
@@ -75,7 +79,7 @@ func (h *hostDraws) RegisterMask(allowed []uint64) (int32, error) {
 }
 
 // Forward keeps Forward's own contract (and LogSumExp's).
-func (h *hostDraws) Forward(b *Batch, logits []float32) error {
+func (h *hostDraws) Forward(b *forward.Batch, logits []float32) error {
 	h.settle()
 	if err := h.Backend.Forward(b, logits); err != nil {
 		return err
@@ -97,12 +101,12 @@ func (h *hostDraws) LogSumExp() []float32 {
 	return h.lse
 }
 
-func (h *hostDraws) ForwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []int32, logits []float32) error {
+func (h *hostDraws) ForwardDraw(b *forward.Batch, draws []forward.Draw, out []forward.Drawn, hostRows []int32, logits []float32) error {
 	h.settle()
 	return h.forwardDraw(b, draws, out, hostRows, logits)
 }
 
-func (h *hostDraws) forwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []int32, logits []float32) error {
+func (h *hostDraws) forwardDraw(b *forward.Batch, draws []forward.Draw, out []forward.Drawn, hostRows []int32, logits []float32) error {
 	V, R := h.VocabSize(), len(b.LogitRows)
 	if len(out) != len(draws) || len(logits) < len(hostRows)*V {
 		return fmt.Errorf("forward: ForwardDraw with %d draws, %d results, %d host rows, %d logits", len(draws), len(out), len(hostRows), len(logits))
@@ -116,12 +120,12 @@ func (h *hostDraws) forwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []
 	}
 	h.setLSE(all, R)
 	for i, d := range draws {
-		if d.Row < 0 || int(d.Row) >= R || int(d.Force) >= V || d.Mask < -1 || int(d.Mask) >= len(h.masks) || len(d.Exclude) > MaxDrawExclude {
+		if d.Row < 0 || int(d.Row) >= R || int(d.Force) >= V || d.Mask < -1 || int(d.Mask) >= len(h.masks) || len(d.Exclude) > forward.MaxDrawExclude {
 			return fmt.Errorf("forward: bad draw %d: %+v", i, d)
 		}
 		row := all[int(d.Row)*V : int(d.Row+1)*V]
 		if d.Force >= 0 {
-			out[i] = Drawn{Tok: d.Force, Logit: row[d.Force]}
+			out[i] = forward.Drawn{Tok: d.Force, Logit: row[d.Force]}
 			continue
 		}
 		var mask []uint64
@@ -129,7 +133,7 @@ func (h *hostDraws) forwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []
 			mask = h.masks[d.Mask]
 		}
 		tok := sampler.DrawRow(row, mask, d.Exclude, sampler.DrawParams{Temperature: d.Temperature, TopP: d.TopP, MinP: d.MinP, TopK: d.TopK}, d.U)
-		out[i] = Drawn{Tok: tok}
+		out[i] = forward.Drawn{Tok: tok}
 		if tok >= 0 {
 			out[i].Logit = row[tok]
 		}
@@ -143,7 +147,7 @@ func (h *hostDraws) forwardDraw(b *Batch, draws []Draw, out []Drawn, hostRows []
 	return nil
 }
 
-func (h *hostDraws) LaunchDraw(slot int, b *Batch, draws []Draw, hostRows []int32) error {
+func (h *hostDraws) LaunchDraw(slot int, b *forward.Batch, draws []forward.Draw, hostRows []int32) error {
 	if slot < 0 || slot > 1 || h.slots[slot].busy {
 		return fmt.Errorf("forward: LaunchDraw on slot %d (busy or out of range)", slot)
 	}
@@ -155,7 +159,7 @@ func (h *hostDraws) LaunchDraw(slot int, b *Batch, draws []Draw, hostRows []int3
 	go func() {
 		defer close(done)
 		V := h.VocabSize()
-		sl.out = append(sl.out[:0], make([]Drawn, len(draws))...)
+		sl.out = append(sl.out[:0], make([]forward.Drawn, len(draws))...)
 		sl.logits = append(sl.logits[:0], make([]float32, len(hostRows)*V)...)
 		sl.err = h.forwardDraw(b, draws, sl.out, hostRows, sl.logits)
 		sl.lse = append(sl.lse[:0], h.lse...)
@@ -163,7 +167,7 @@ func (h *hostDraws) LaunchDraw(slot int, b *Batch, draws []Draw, hostRows []int3
 	return nil
 }
 
-func (h *hostDraws) WaitDraw(slot int, out []Drawn, logits []float32, lse []float32) error {
+func (h *hostDraws) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {
 	if slot < 0 || slot > 1 || !h.slots[slot].busy {
 		return fmt.Errorf("forward: WaitDraw on slot %d without a launch", slot)
 	}

@@ -1,0 +1,344 @@
+package engine
+
+// Consumption of results: a finished step's logits or device draws become
+// tokens, log-probs, events, finishes and completed requests.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"chunlian/sampler"
+)
+
+// fail ends every live sequence of r (emitting Done events with reason) and
+// completes r with err.
+func (e *Paged) fail(r *request, err error, reason FinishReason) {
+	if r.complete {
+		return
+	}
+	r.err = err // before finish, which may complete r
+	for _, s := range r.seqs {
+		if s.state != stDone {
+			e.finish(s, reason)
+		}
+	}
+	// Samples never forked end too, so the caller sees n Done events.
+	if !r.forked {
+		for i := 1; i < r.n; i++ {
+			e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: reason})
+		}
+	}
+	if !r.complete {
+		e.completeRequest(r)
+	}
+}
+
+func (e *Paged) emit(r *request, ev Event) {
+	if r.req.OnEvent != nil {
+		r.req.OnEvent(ev)
+	}
+}
+
+// finish ends sequence s: frees its blocks, emits its Done event (Token -1:
+// every token was already sent in its own event) and completes the request
+// when it was the last live sequence.
+func (e *Paged) finish(s *sequence, reason FinishReason) {
+	s.state = stDone
+	s.finish = reason
+	e.mgr.Free(s.id)
+	r := s.r
+	e.emit(r, Event{Index: s.index, Token: -1, Done: true, Finish: reason})
+	r.live--
+	if r.live == 0 && !r.complete {
+		e.completeRequest(r)
+	}
+}
+
+// completeRequest builds the result (unless r failed) and queues r to be
+// woken at the end of the loop iteration.
+func (e *Paged) completeRequest(r *request) {
+	r.complete = true
+	if !r.admitted {
+		r.admitted = true
+		e.queued.Add(-1)
+	}
+	now := time.Now()
+	if r.err == nil {
+		res := &Result{PromptLogProbs: r.plp, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached}
+		for i := 0; i < r.n; i++ {
+			if i < len(r.seqs) {
+				s := r.seqs[i]
+				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clone(s.generated()), LogProbs: s.logprobs, Finish: s.finish})
+			} else { // MaxTokens == 0: scored only, never forked
+				res.Completions = append(res.Completions, Completion{Index: i, Tokens: []int32{}, Finish: FinishLength})
+			}
+		}
+		t := &res.Timings
+		t.Queue = r.scheduled.Sub(r.arrival)
+		t.Prefill = r.prefilled.Sub(r.scheduled)
+		if !r.firstTok.IsZero() {
+			t.FirstToken = r.firstTok.Sub(r.arrival)
+			t.Decode = r.lastTok.Sub(r.firstTok)
+		}
+		t.Total = now.Sub(r.arrival)
+		r.res = res
+	}
+	e.wake = append(e.wake, r)
+}
+
+// failAll fails every active request (a backend error).
+func (e *Paged) failAll(err error) {
+	for _, r := range e.active {
+		if !r.complete {
+			e.fail(r, err, FinishAbort)
+		}
+	}
+	e.compact()
+}
+
+// consume turns one step's logits ([rows, V]) into state changes, in three
+// phases:
+//
+//  1. engine goroutine: mark the scheduled tokens computed, cache their full
+//     blocks, fork the samples of requests whose prompt just finished, and
+//     list the sampling tasks (one per sequence that samples, by row);
+//  2. the sampling workers (rowSampler.run): each row's log-sum-exp where
+//     needed and every task's processor + Sampler, rows in parallel;
+//  3. engine goroutine: prompt log-probs, tokens appended in schedule
+//     order, events, stop rules, finishes.
+//
+// Phase 2 touches only per-task outputs, per-row lse entries, the tasks'
+// Samplers and processors and its workers' own Scratch, and reads logits
+// and the sequences' tokens, which nobody writes meanwhile; the engine
+// goroutine waits for it to end, so phases 1 and 3 see everything as
+// before. Whatever the number of workers, each row is computed by the
+// same code from the same inputs, so tokens and log-probs do not depend on
+// it.
+func (e *Paged) consume(logits []float32, rows int, lse []float64) {
+	now := time.Now()
+	e.listTasks(now)
+	if e.db != nil {
+		e.resolveDraws(logits, lse, rows)
+	} else {
+		e.rs.run(logits, e.vocab, rows, lse, e.samplingWorkers(rows))
+	}
+	for k := range e.sched {
+		en := &e.sched[k]
+		s := en.s
+		if s.state == stDone { // its request failed earlier in this loop
+			continue
+		}
+		r := s.r
+		for p := en.plpFrom; p < en.plpTo; p++ {
+			row := en.rowStart + p - en.plpFrom
+			var v float32
+			if e.db != nil {
+				v = e.dp.drawn[en.plpDraw+p-en.plpFrom].Logit
+			} else {
+				v = logits[row*e.vocab+int(r.req.Prompt[p+1])]
+			}
+			r.plp[p] = float32(float64(v) - lse[row])
+			r.plpDone = p + 1
+		}
+		if en.scoreOnly {
+			for i := 1; i < r.n; i++ {
+				e.emit(r, Event{Index: i, Token: -1, Done: true, Finish: FinishLength})
+			}
+			e.finish(s, FinishLength)
+			continue
+		}
+		e.confirm(en, logits, lse, now)
+		for i := en.taskLo; i < en.taskHi; i++ {
+			if r.complete {
+				break
+			}
+			e.applySample(&e.rs.tasks[i], now)
+		}
+	}
+}
+
+// listTasks is consume's phase 1.
+func (e *Paged) listTasks(now time.Time) {
+	rs := &e.rs
+	rs.tasks = rs.tasks[:0]
+	for k := range e.sched {
+		en := &e.sched[k]
+		s := en.s
+		en.taskLo, en.taskHi, en.scoreOnly = 0, 0, false
+		if s.state == stDone {
+			continue
+		}
+		s.numComputed += en.n
+		e.mgr.CacheBlocks(s.id, s.tokens, s.numComputed)
+		if !en.sample {
+			continue
+		}
+		row := en.sampleRow()
+		en.taskLo = len(rs.tasks)
+		if r := s.r; !r.forked {
+			if len(s.tokens) < e.cfg.BlockSize {
+				// A prompt shorter than a block never becomes a full
+				// cached block; short prompts are the ones that come back
+				// (a keyword couplet's prompt is 6 tokens), so keep a
+				// copy of its block for the next request with it.
+				e.mgr.SnapshotTail(s.id)
+			}
+			en.scoreOnly = e.fork(s, now)
+			if !en.scoreOnly {
+				for i, c := range r.seqs {
+					rs.tasks = append(rs.tasks, sampleTask{s: c, row: row, plan: int32(en.planLo + i)})
+				}
+			}
+		} else {
+			rs.tasks = append(rs.tasks, sampleTask{s: s, row: row, plan: int32(en.planLo)})
+		}
+		en.taskHi = len(rs.tasks)
+		e.sampledTokens += int64(en.taskHi - en.taskLo)
+	}
+}
+
+// confirm takes the log-probs of the jump-forward tokens that en's rows
+// score into its sequence, sending their events and applying the stop
+// rules, as the step that would have sampled each would have. A token
+// whose logit is -Inf or NaN is the dead end that step would have hit
+// (sampler.Forcer's "force tok"): the sequence ends before it.
+func (e *Paged) confirm(en *entry, logits []float32, lse []float64, now time.Time) {
+	s := en.s
+	row0 := en.rowStart + en.plpTo - en.plpFrom
+	for p := en.cfFrom; p < en.cfTo && s.state != stDone; p++ {
+		row, tok := row0+p-en.cfFrom, s.tokens[p+1]
+		var v float32
+		if e.db != nil {
+			v = e.dp.drawn[en.cfDraw+p-en.cfFrom].Logit
+		} else {
+			v = logits[row*e.vocab+int(tok)]
+		}
+		if !(v > negInf32) {
+			s.tokens, s.pend = s.tokens[:p+1], 0
+			e.finish(s, FinishDeadEnd)
+			return
+		}
+		s.pend--
+		e.accept(s, tok, float32(float64(v)-lse[row]), now)
+	}
+}
+
+// fork handles the request of prompt sequence s (seqs[0]) whose prompt is
+// now fully computed: score-only requests (MaxTokens == 0) report true and
+// are finished by the caller after their prompt log-probs are written;
+// otherwise the other N-1 samples fork off s, sharing its blocks, and
+// join running at the end of the step.
+func (e *Paged) fork(s *sequence, now time.Time) (scoreOnly bool) {
+	r := s.r
+	r.forked = true
+	r.prefilled = now
+	if r.req.Params.MaxTokens == 0 {
+		return true
+	}
+	for i := 1; i < r.n; i++ {
+		c := e.newSeq(r, i, slices.Clone(s.tokens))
+		e.mgr.Fork(s.id, c.id)
+		c.numComputed = s.numComputed
+		c.state = stRunning
+		r.seqs = append(r.seqs, c)
+		e.children = append(e.children, c)
+	}
+	r.live = r.n
+	return false
+}
+
+// applySample takes task t's drawn token (or error) into its sequence,
+// streams it and checks the stop rules. Engine goroutine.
+func (e *Paged) applySample(t *sampleTask, now time.Time) {
+	s := t.s
+	if s.state == stDone {
+		return
+	}
+	r := s.r
+	if t.err != nil {
+		if errors.Is(t.err, sampler.ErrDeadEnd) {
+			e.finish(s, FinishDeadEnd)
+		} else {
+			e.fail(r, fmt.Errorf("engine: logits processor: %w", t.err), FinishAbort)
+		}
+		return
+	}
+	s.tokens = append(s.tokens, t.tok)
+	if e.accept(s, t.tok, t.lp, now) {
+		e.jumpForward(s)
+	}
+}
+
+// accept takes s's next token tok (already in s.tokens) with its raw
+// log-prob lp: it streams it and applies the stop rules. It reports
+// whether s goes on.
+func (e *Paged) accept(s *sequence, tok int32, lp float32, now time.Time) bool {
+	r := s.r
+	s.logprobs = append(s.logprobs, lp)
+	e.genTokens++
+	if r.firstTok.IsZero() {
+		r.firstTok = now
+	}
+	r.lastTok = now
+	e.emit(r, Event{Index: s.index, Token: tok})
+	switch {
+	case slices.Contains(r.req.Params.StopTokens, tok):
+		e.finish(s, FinishStop)
+	case len(s.logprobs) >= r.req.Params.MaxTokens:
+		e.finish(s, FinishLength)
+	default:
+		return true
+	}
+	return false
+}
+
+// jumpForward appends to s the run of tokens its processor forces next
+// (sampler.Masker with Mask.Forced), each known without a row, so that the
+// next step computes them as one chunk, like a prefill, instead of taking
+// a step each (the jump-forward of structured-output engines). Their
+// log-probs and events come from that chunk's rows (confirm). The run
+// stops before a token outside the vocabulary (the next step's sampler
+// then reports the dead end, as without the jump), after a stop token and
+// at MaxTokens. Each jumped token takes the random number its own step
+// would have drawn, so seeded samples keep their streams. With a
+// repetition penalty (which can turn a forced token into a dead end by
+// itself) nothing is jumped.
+func (e *Paged) jumpForward(s *sequence) {
+	mk, ok := s.proc.(sampler.Masker)
+	par := &s.r.req.Params
+	if !ok || e.cfg.noJump || (par.RepetitionPenalty > 0 && par.RepetitionPenalty != 1) {
+		return
+	}
+	m := &e.jumpMask
+	for len(s.tokens)-len(s.r.req.Prompt) < par.MaxTokens && !s.terminal() {
+		m.Reset()
+		if !mk.Mask(s.generated(), m) || !m.Forced || m.Force < 0 || int(m.Force) >= e.vocab {
+			return
+		}
+		if par.Temperature != 0 {
+			s.samp.Uniform()
+		}
+		s.tokens = append(s.tokens, m.Force)
+		s.pend++
+		e.jumpTokens++
+	}
+}
+
+// consumeStep takes a finished step's results (lse: [rows]) into the
+// sequences.
+func (e *Paged) consumeStep(lse []float64) {
+	e.steps++
+	e.computedTokens += int64(len(e.batch.Tokens))
+	e.logitRows += int64(len(e.batch.LogitRows))
+	e.consume(e.logits, len(e.batch.LogitRows), lse)
+	e.compact()
+	for _, c := range e.children {
+		if c.state == stRunning {
+			e.running = append(e.running, c)
+		}
+	}
+	clear(e.children)
+	e.children = e.children[:0]
+}
