@@ -346,9 +346,26 @@ func (a *admission) baseline() (float64, bool) {
 	return sum / float64(len(a.alone)), true
 }
 
-// snapshot returns the budget and the cost in flight (metrics, tests).
+// snapshot returns the budget and the cost in flight (tests).
 func (a *admission) snapshot() (budget, inflight float64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.budget, a.inflight
+}
+
+// admissionState is what /metrics reports of the controller; costs are in
+// default-request units (n × steps ÷ defaultCost).
+type admissionState struct {
+	Budget, InFlight, Queued float64
+	QueueLen                 int
+	Overloaded               bool
+}
+
+func (a *admission) state() admissionState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return admissionState{
+		Budget: a.budget / defaultCost, InFlight: a.inflight / defaultCost, Queued: a.queued / defaultCost,
+		QueueLen: len(a.queue), Overloaded: a.now().Before(a.overUntil),
+	}
 }

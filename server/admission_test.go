@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -308,6 +309,16 @@ func TestAdmissionHTTPQueue(t *testing.T) {
 	waitFor("the waiting request's in-flight slot given back", func() bool { return len(srv.inflight) == 2 })
 	go send(context.Background())
 	waitQueued(1)
+	rec := httptest.NewRecorder()
+	srv.metrics.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{"chunlian:admission_queue_length 1\n", "chunlian:admission_overloaded 0\n"} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("/metrics lacks %q while one request waits", strings.TrimSpace(want))
+		}
+	}
+	if st := srv.adm.state(); st.InFlight <= 0 || st.Queued <= 0 || st.Budget < st.InFlight {
+		t.Errorf("admission state while one request waits: %+v", st)
+	}
 	block <- struct{}{} // one running request finishes: the waiting one starts
 	<-started
 	close(block)

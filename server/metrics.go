@@ -72,6 +72,19 @@ func newMetrics(reg *prometheus.Registry, s *Server) *Metrics {
 		m.rejected.WithLabelValues(reason) // exported as 0 from the start, so rate() and alerts see the series
 	}
 	reg.MustRegister(m.success, m.httpReqs, m.httpDur, m.rejected, m.panics, &engineCollector{s: s})
+	gauge := func(name, help string, f func(admissionState) float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(s.adm.state()) }))
+	}
+	gauge("chunlian:admission_budget", "Admission's current budget, in default requests (one couplet of 7 characters, default samples).", func(a admissionState) float64 { return a.Budget })
+	gauge("chunlian:admission_in_flight", "Cost of the admitted, unfinished requests, in default requests.", func(a admissionState) float64 { return a.InFlight })
+	gauge("chunlian:admission_queued", "Cost of the requests waiting for admission, in default requests.", func(a admissionState) float64 { return a.Queued })
+	gauge("chunlian:admission_queue_length", "Requests waiting for admission.", func(a admissionState) float64 { return float64(a.QueueLen) })
+	gauge("chunlian:admission_overloaded", "1 while admission's overload detector holds (requests that do not fit are refused at once), else 0.", func(a admissionState) float64 {
+		if a.Overloaded {
+			return 1
+		}
+		return 0
+	})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "chunlian_build_info",
 		Help:        "Always 1; the labels say which build serves (version, revision, goversion, build_date, platform).",
 		ConstLabels: buildinfo.Read().Labels()}, func() float64 { return 1 }))
