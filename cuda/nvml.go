@@ -61,6 +61,7 @@ func openNVML(libDir string) (*NVML, error) {
 	if r := sc(initFn); r != 0 {
 		return nil, fmt.Errorf("cuda: nvmlInit_v2: error %d", r)
 	}
+	fixSignalStacks()
 	return n, nil
 }
 

@@ -32,6 +32,7 @@ func New(m *model.Model, o Options) (*Backend, error) {
 		close(b.cmd)
 		return nil, err
 	}
+	fixSignalStacks() // the driver, cuBLAS and NVRTC are loaded and initialised
 	return b, nil
 }
 
