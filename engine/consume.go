@@ -41,13 +41,18 @@ func (e *Paged) emit(r *request, ev Event) {
 	}
 }
 
-// finish ends sequence s: frees its blocks, emits its Done event (Token -1:
-// every token was already sent in its own event) and completes the request
-// when it was the last live sequence.
+// finish ends sequence s: frees its blocks and its ID, emits its Done
+// event (Token -1: every token was already sent in its own event) and
+// completes the request when it was the last live sequence. A finished
+// sequence is not finished again (its ID may already be another's).
 func (e *Paged) finish(s *sequence, reason FinishReason) {
+	if s.state == stDone {
+		return
+	}
 	s.state = stDone
 	s.finish = reason
 	e.mgr.Free(s.id)
+	e.freeIDs = append(e.freeIDs, s.id)
 	r := s.r
 	e.emit(r, Event{Index: s.index, Token: -1, Done: true, Finish: reason})
 	r.live--

@@ -86,7 +86,8 @@ type Paged struct {
 	waiting  []*sequence // admission order; preempted sequences go to the front
 	running  []*sequence // admission order: the last is the first preemption victim
 	children []*sequence // forked in this step, join running at its end
-	nextID   kvcache.SeqID
+	nextID   kvcache.SeqID   // the largest ID handed out
+	freeIDs  []kvcache.SeqID // IDs of finished sequences, reused first (the KV manager indexes a slice by ID)
 	// *stepBuf is the step being scheduled or consumed (its sched, batch,
 	// plan, logits); bufs holds two, so that with an AsyncDrawBackend one
 	// step can be on the device while the host works on the other
@@ -402,16 +403,29 @@ func (e *Paged) loop() {
 }
 
 func (e *Paged) newSeq(r *request, index int, tokens []int32) *sequence {
-	e.nextID++
+	id := e.takeID()
 	if index < len(r.pre) && r.pre[index].samp != nil { // made by a device-draw plan
 		ps := r.pre[index]
-		return &sequence{id: e.nextID, r: r, index: index, tokens: tokens, samp: ps.samp, proc: ps.proc}
+		return &sequence{id: id, r: r, index: index, tokens: tokens, samp: ps.samp, proc: ps.proc}
 	}
 	var proc sampler.LogitsProcessor
 	if r.req.NewProcessor != nil {
 		proc = r.req.NewProcessor(index)
 	}
-	return &sequence{id: e.nextID, r: r, index: index, tokens: tokens, samp: sampler.New(r.req.Params, index), proc: proc}
+	return &sequence{id: id, r: r, index: index, tokens: tokens, samp: sampler.New(r.req.Params, index), proc: proc}
+}
+
+// takeID returns a finished sequence's ID, or a new one. IDs stay dense
+// (at most the peak number of sequences), so the KV manager's per-sequence
+// state is a slice index, not a map lookup.
+func (e *Paged) takeID() kvcache.SeqID {
+	if n := len(e.freeIDs); n > 0 {
+		id := e.freeIDs[n-1]
+		e.freeIDs = e.freeIDs[:n-1]
+		return id
+	}
+	e.nextID++
+	return e.nextID
 }
 
 // add queues a new request's prompt sequence at the back of waiting.

@@ -111,6 +111,12 @@ func checkDrained(t *testing.T, e *Paged) {
 	if n := e.mgr.NumSeqs(); n != 0 {
 		t.Fatalf("%d sequences left in the block manager", n)
 	}
+	// Every sequence ID handed out is free again, once.
+	ids := slices.Clone(e.freeIDs)
+	slices.Sort(ids)
+	if len(ids) != int(e.nextID) || len(slices.Compact(ids)) != len(e.freeIDs) {
+		t.Fatalf("free sequence IDs %v after drain, want each of 1..%d once", e.freeIDs, e.nextID)
+	}
 	if free, all := e.mgr.Pool().NumFree(), e.mgr.Pool().NumBlocks(); free != all {
 		t.Fatalf("%d of %d blocks free after all requests ended", free, all)
 	}
@@ -171,6 +177,27 @@ func TestMatchesNaive(t *testing.T) {
 			}
 			checkDrained(t, e)
 		})
+	}
+}
+
+// TestSequenceIDsReused: requests one after another reuse the IDs of the
+// finished ones, so the KV manager's per-sequence slice stays as small as
+// the peak number of live sequences.
+func TestSequenceIDsReused(t *testing.T) {
+	const vocab = 24
+	e, err := New(newFake(64, 4, vocab), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rq := range genRequests(3, 12, vocab, 10, 8) {
+		rq.Params.N = 3
+		if _, err := e.Generate(context.Background(), rq); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	checkDrained(t, e)
+	if e.nextID > 3 {
+		t.Errorf("12 requests of 3 samples, one at a time, used %d sequence IDs; want 3", e.nextID)
 	}
 }
 

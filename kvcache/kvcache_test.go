@@ -143,6 +143,9 @@ func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits
 		// a fresh count: a block's live slots are the most any holder fills.
 		most := map[int32]int{}
 		for _, sq := range m.seqs {
+			if sq == nil {
+				continue
+			}
 			for i, id := range sq.blocks {
 				most[id] = max(most[id], min(m.blockSize, sq.slots-i*m.blockSize))
 			}

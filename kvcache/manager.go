@@ -2,7 +2,9 @@ package kvcache
 
 import "fmt"
 
-// SeqID names a sequence inside a Manager.
+// SeqID names a sequence inside a Manager: a small non-negative integer.
+// The manager indexes a slice by it, so its memory grows with the largest
+// live ID; callers reuse the IDs of freed sequences (the engine does).
 type SeqID int64
 
 type seqState struct {
@@ -30,7 +32,8 @@ type Manager struct {
 	pool      *BlockPool
 	blockSize int
 	caching   bool
-	seqs      map[SeqID]*seqState
+	seqs      []*seqState // by SeqID; nil: not live
+	live      int         // non-nil entries of seqs
 	// copies pending copy-on-write: the backend must copy src[i] → dst[i]
 	// before the next forward pass (TakeCopies).
 	copySrc, copyDst []int32
@@ -43,19 +46,39 @@ func NewManager(numBlocks, blockSize int, caching bool) *Manager {
 	if numBlocks <= 0 || blockSize <= 0 {
 		panic(fmt.Sprintf("kvcache: bad manager size %d blocks × %d", numBlocks, blockSize))
 	}
-	return &Manager{pool: NewBlockPool(numBlocks), blockSize: blockSize, caching: caching, seqs: make(map[SeqID]*seqState)}
+	return &Manager{pool: NewBlockPool(numBlocks), blockSize: blockSize, caching: caching}
 }
 
 func (m *Manager) Pool() *BlockPool   { return m.pool }
 func (m *Manager) BlockSize() int     { return m.blockSize }
 func (m *Manager) Caching() bool      { return m.caching }
-func (m *Manager) NumSeqs() int       { return len(m.seqs) }
-func (m *Manager) Has(seq SeqID) bool { _, ok := m.seqs[seq]; return ok }
+func (m *Manager) NumSeqs() int       { return m.live }
+func (m *Manager) Has(seq SeqID) bool { return m.seq(seq) != nil }
+
+// seq returns seq's state, nil when it is not live.
+func (m *Manager) seq(seq SeqID) *seqState {
+	if seq < 0 || seq >= SeqID(len(m.seqs)) {
+		return nil
+	}
+	return m.seqs[seq]
+}
+
+// put makes s the state of seq (not live before).
+func (m *Manager) put(seq SeqID, s *seqState) {
+	if seq < 0 {
+		panic(fmt.Sprintf("kvcache: negative seq %d", seq))
+	}
+	for SeqID(len(m.seqs)) <= seq {
+		m.seqs = append(m.seqs, nil)
+	}
+	m.seqs[seq] = s
+	m.live++
+}
 
 // BlockTable returns seq's block table (nil for an unknown seq). The slice is
 // the manager's own: read it, don't keep it past the next Allocate/Free.
 func (m *Manager) BlockTable(seq SeqID) []int32 {
-	if s := m.seqs[seq]; s != nil {
+	if s := m.seq(seq); s != nil {
 		return s.blocks
 	}
 	return nil
@@ -63,7 +86,7 @@ func (m *Manager) BlockTable(seq SeqID) []int32 {
 
 // Slots is the number of token slots reserved for seq.
 func (m *Manager) Slots(seq SeqID) int {
-	if s := m.seqs[seq]; s != nil {
+	if s := m.seq(seq); s != nil {
 		return s.slots
 	}
 	return 0
@@ -72,7 +95,7 @@ func (m *Manager) Slots(seq SeqID) int {
 // Slot returns the cache slot (block*blockSize + offset) of position pos of
 // seq; pos must be below Slots(seq).
 func (m *Manager) Slot(seq SeqID, pos int) int32 {
-	s := m.seqs[seq]
+	s := m.seq(seq)
 	return SlotIn(s.blocks, m.blockSize, pos)
 }
 
@@ -177,7 +200,7 @@ func (m *Manager) blocksFor(n int) int { return (n + m.blockSize - 1) / m.blockS
 // TakeCopies). It returns false, changing nothing, when the pool lacks free
 // blocks; the caller then preempts someone and retries.
 func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
-	s := m.seqs[seq]
+	s := m.seq(seq)
 	isNew := s == nil
 	slots, have := 0, 0
 	needExtra := 0 // free blocks the computed hit takes off the free list
@@ -210,7 +233,7 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 		}
 		s.blocks = append(s.blocks, computed.Blocks...)
 		s.hashes = append(s.hashes, computed.Hashes...)
-		m.seqs[seq] = s
+		m.put(seq, s)
 		if computed.PartialLen > 0 {
 			// The cached block stays as it is (others may hit it too);
 			// the sequence gets a copy to write its next tokens into.
@@ -256,7 +279,7 @@ func (m *Manager) TakeCopies() (src, dst []int32) {
 // at least that many) are now in the cache, and registers every newly full
 // block under its chain hash so that later requests can reuse it.
 func (m *Manager) CacheBlocks(seq SeqID, tokens []int32, numComputed int) {
-	s := m.seqs[seq]
+	s := m.seq(seq)
 	if !m.caching || s == nil {
 		return
 	}
@@ -277,18 +300,18 @@ func (m *Manager) CacheBlocks(seq SeqID, tokens []int32, numComputed int) {
 // same table, refs incremented. A later Allocate on either side copies a
 // shared partial last block before writing into it.
 func (m *Manager) Fork(parent, child SeqID) {
-	p := m.seqs[parent]
+	p := m.seq(parent)
 	if p == nil {
 		panic(fmt.Sprintf("kvcache: fork of unknown seq %d", parent))
 	}
-	if _, ok := m.seqs[child]; ok {
+	if m.seq(child) != nil {
 		panic(fmt.Sprintf("kvcache: fork into live seq %d", child))
 	}
 	c := &seqState{slots: p.slots, blocks: append([]int32(nil), p.blocks...), hashes: append([]uint64(nil), p.hashes...), computed: p.computed, toks: p.toks}
 	for _, id := range c.blocks {
 		m.pool.Acquire(id)
 	}
-	m.seqs[child] = c
+	m.put(child, c)
 }
 
 // Free drops seq and releases its blocks, last block first so that the tail
@@ -299,7 +322,7 @@ func (m *Manager) Fork(parent, child SeqID) {
 // readmitted after preemption) recomputes only what is new. Freeing an
 // unknown seq is a no-op.
 func (m *Manager) Free(seq SeqID) {
-	s := m.seqs[seq]
+	s := m.seq(seq)
 	if s == nil {
 		return
 	}
@@ -309,7 +332,8 @@ func (m *Manager) Free(seq SeqID) {
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		m.pool.Release(s.blocks[i])
 	}
-	delete(m.seqs, seq)
+	m.seqs[seq] = nil
+	m.live--
 }
 
 // tail returns s's partly computed last block, the chain hash of its
@@ -337,7 +361,7 @@ func (m *Manager) tail(s *seqState) (id int32, h uint64, n int, ok bool) {
 // computed). Nothing happens when the tail is already cached or no block is
 // free; evicting the least recently freed block for it is the price.
 func (m *Manager) SnapshotTail(seq SeqID) {
-	s := m.seqs[seq]
+	s := m.seq(seq)
 	if s == nil {
 		return
 	}
@@ -378,6 +402,9 @@ func (m *Manager) Usage() Usage {
 	fill := m.fill
 	clear(fill)
 	for _, s := range m.seqs {
+		if s == nil {
+			continue
+		}
 		for i, id := range s.blocks {
 			f := min(m.blockSize, s.slots-i*m.blockSize)
 			if f > fill[id] {
@@ -394,6 +421,9 @@ func (m *Manager) Usage() Usage {
 func (m *Manager) CheckInvariants() error {
 	refs := make([]int, m.pool.NumBlocks())
 	for id, s := range m.seqs {
+		if s == nil {
+			continue
+		}
 		if len(s.blocks) != m.blocksFor(s.slots) {
 			return fmt.Errorf("seq %d: %d blocks for %d slots", id, len(s.blocks), s.slots)
 		}
