@@ -23,7 +23,9 @@
 # GPUs (one replica per GPU, issue 25): BACKEND=cuda gives replica i
 # `--backend cuda --device i` (plus its CORES_PER_REPLICA host cores), e.g.
 #   BACKEND=cuda SERIES=scale REPLICAS="1 2 4 8" CORES_PER_REPLICA=8 SERVER_CORES=64 USERS=1200 deploy/bench-replicas.sh
-# USERS sets the closed-loop users per replica directly.
+# USERS sets the closed-loop users per replica directly. GPUS=G puts
+# replica i on device i mod G (GPUS=1: every replica shares GPU 0), and
+# SERVER_FLAGS are added to every replica's serve flags.
 # Output: a Markdown table on stdout and in $OUT/summary.md, raw bench JSON
 # and server logs in $OUT.
 set -euo pipefail
@@ -39,6 +41,8 @@ REPLICAS=${REPLICAS:-"1 2 4"}
 BASE_PORT=${BASE_PORT:-18100}
 BACKEND=${BACKEND:-cpu}
 USERS=${USERS:-}
+GPUS=${GPUS:-}
+SERVER_FLAGS=${SERVER_FLAGS:-}
 
 ncpu=$(nproc)
 need=$(( SERVER_CORES + 2 ))
@@ -81,9 +85,10 @@ run() {
   for i in $(seq 0 $(( n - 1 ))); do
     first=$(( i * each )) last=$(( i * each + each - 1 ))
     local dev=()
-    [ "$BACKEND" = cuda ] && dev=(--device "$i")
+    [ "$BACKEND" = cuda ] && dev=(--device "$(( GPUS ? i % GPUS : i ))")
+    # shellcheck disable=SC2086 # SERVER_FLAGS is a list of flags
     pin "$first-$last" "$CHUNLIAN" serve --backend "$BACKEND" "${dev[@]}" --addr "127.0.0.1:$(( BASE_PORT + i ))" \
-      --threads "$each" --log-level warn > "$OUT/$tag-server$i.log" 2>&1 &
+      --threads "$each" --log-level warn $SERVER_FLAGS > "$OUT/$tag-server$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq 0 $(( n - 1 ))); do
