@@ -2,6 +2,7 @@ package critic
 
 import (
 	"bufio"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"sort"
@@ -307,5 +308,72 @@ func TestFestivalYear(t *testing.T) {
 		if got := FestivalYear(d); got != c.want {
 			t.Errorf("FestivalYear(%s) = %d, want %d", c.date, got, c.want)
 		}
+	}
+}
+
+// unsuitableRef is Unsuitable as one strings.Index scan per entry: the
+// definition the one-pass scan must match.
+func unsuitableRef(text string) []string {
+	ls := loadLists()
+	var masked []bool
+	for _, e := range ls.exceptions {
+		for i := 0; ; {
+			j := strings.Index(text[i:], e)
+			if j < 0 {
+				break
+			}
+			if masked == nil {
+				masked = make([]bool, len(text))
+			}
+			for k := i + j; k < i+j+len(e); k++ {
+				masked[k] = true
+			}
+			i += j + len(e)
+		}
+	}
+	var out []string
+	for _, w := range ls.words {
+		for i := 0; ; {
+			j := strings.Index(text[i:], w)
+			if j < 0 {
+				break
+			}
+			if !allMasked(masked, i+j, i+j+len(w)) {
+				out = append(out, w)
+				break
+			}
+			i += j + len(w)
+		}
+	}
+	return out
+}
+
+// Texts made of list entries, exceptions and their pieces, repeated and
+// overlapped, give what one scan per entry gives.
+func TestUnsuitableMatchesReference(t *testing.T) {
+	ls := loadLists()
+	pieces := append(append([]string{"春", "福", "，", "\t", "喜气"}, ls.words...), ls.exceptions...)
+	r := rand.New(rand.NewPCG(7, 7))
+	hits := 0
+	for n := 0; n < 20000; n++ {
+		var b strings.Builder
+		for k := 1 + r.IntN(6); k > 0; k-- {
+			p := []rune(pieces[r.IntN(len(pieces))])
+			if r.IntN(3) == 0 && len(p) > 1 { // a piece of an entry
+				p = p[r.IntN(len(p)):]
+			}
+			b.WriteString(string(p))
+		}
+		text := b.String()
+		got, want := Unsuitable(text), unsuitableRef(text)
+		if !slices.Equal(got, want) {
+			t.Fatalf("Unsuitable(%q) = %q, want %q", text, got, want)
+		}
+		if len(want) > 0 {
+			hits++
+		}
+	}
+	if hits < 1000 {
+		t.Fatalf("only %d of 20000 texts had an unsuitable word: the test does not exercise the scan", hits)
 	}
 }

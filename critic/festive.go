@@ -16,20 +16,33 @@ var festiveTxt string
 
 var (
 	festiveOnce sync.Once
-	festive     map[string]float64
+	festive     festiveTable
 )
 
-func loadFestive() map[string]float64 {
+// festiveTable is festive.txt by unit: characters and bigrams.
+type festiveTable struct {
+	chars   map[rune]float64
+	bigrams map[[2]rune]float64
+}
+
+func loadFestive() *festiveTable {
 	festiveOnce.Do(func() {
-		festive = map[string]float64{}
+		festive = festiveTable{chars: map[rune]float64{}, bigrams: map[[2]rune]float64{}}
 		for _, l := range entries(festiveTxt) {
 			k, v, ok := strings.Cut(l, "\t")
-			if f, err := strconv.ParseFloat(v, 64); ok && err == nil {
-				festive[k] = f
+			f, err := strconv.ParseFloat(v, 64)
+			if !ok || err != nil {
+				continue
+			}
+			switch r := []rune(k); len(r) {
+			case 1:
+				festive.chars[r[0]] = f
+			case 2:
+				festive.bigrams[[2]rune{r[0], r[1]}] = f
 			}
 		}
 	})
-	return festive
+	return &festive
 }
 
 // Festive scores how much text reads as a Spring Festival couplet: the
@@ -54,10 +67,10 @@ func Festive(text string) float64 {
 		if !isHan(r[i]) {
 			continue
 		}
-		s += t[string(r[i])]
+		s += t.chars[r[i]]
 		n++
 		if i+1 < len(r) && isHan(r[i+1]) {
-			s += t[string(r[i:i+2])]
+			s += t.bigrams[[2]rune{r[i], r[i+1]}]
 			n++
 		}
 	}

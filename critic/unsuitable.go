@@ -2,9 +2,11 @@ package critic
 
 import (
 	_ "embed"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 var (
@@ -20,6 +22,9 @@ type lists struct {
 	words      []string
 	exceptions []string
 	banners    map[string]bool
+	// By first rune: indices into words and exceptions, so that a text is
+	// scanned once instead of once per entry.
+	wordsAt, exceptionsAt map[rune][]int32
 }
 
 var (
@@ -40,6 +45,8 @@ func loadLists() *lists {
 		for _, l := range entries(bannersUnsuitableTxt) {
 			theLists.banners[l] = true
 		}
+		theLists.wordsAt = byFirstRune(theLists.words)
+		theLists.exceptionsAt = byFirstRune(theLists.exceptions)
 	})
 	return &theLists
 }
@@ -59,40 +66,65 @@ func entries(txt string) []string {
 // Unsuitable returns the entries of unsuitable.txt that occur in text, in
 // list order, each once; nil when there is none. An occurrence that lies
 // inside an occurrence of one of the list's exception words (无忧 for 忧)
-// does not count. text is one line, a whole couplet or a 横批.
+// does not count. text is one line, a whole couplet or a 横批. Occurrences
+// of one entry are taken left to right without overlapping.
 func Unsuitable(text string) []string {
 	ls := loadLists()
-	var masked []bool // byte offsets covered by an exception occurrence
-	for _, e := range ls.exceptions {
-		for i := 0; ; {
-			j := strings.Index(text[i:], e)
-			if j < 0 {
-				break
+	var masked []bool      // byte offsets covered by an exception occurrence
+	var next map[int32]int // entry → where its next occurrence may start
+	for i, r := range text {
+		for _, k := range ls.exceptionsAt[r] {
+			e := ls.exceptions[k]
+			if i < next[k] || !strings.HasPrefix(text[i:], e) {
+				continue
 			}
 			if masked == nil {
 				masked = make([]bool, len(text))
+				next = map[int32]int{}
 			}
-			for k := i + j; k < i+j+len(e); k++ {
-				masked[k] = true
+			for j := i; j < i+len(e); j++ {
+				masked[j] = true
 			}
-			i += j + len(e)
+			next[k] = i + len(e)
 		}
 	}
-	var out []string
-	for _, w := range ls.words {
-		for i := 0; ; {
-			j := strings.Index(text[i:], w)
-			if j < 0 {
-				break
+	clear(next)
+	var hits []int32
+	for i, r := range text {
+		for _, k := range ls.wordsAt[r] {
+			w := ls.words[k]
+			if i < next[k] || !strings.HasPrefix(text[i:], w) || slices.Contains(hits, k) {
+				continue
 			}
-			if !allMasked(masked, i+j, i+j+len(w)) {
-				out = append(out, w)
-				break
+			if !allMasked(masked, i, i+len(w)) {
+				hits = append(hits, k)
+				continue
 			}
-			i += j + len(w)
+			if next == nil {
+				next = map[int32]int{}
+			}
+			next[k] = i + len(w)
 		}
+	}
+	if len(hits) == 0 {
+		return nil
+	}
+	slices.Sort(hits)
+	out := make([]string, len(hits))
+	for j, k := range hits {
+		out[j] = ls.words[k]
 	}
 	return out
+}
+
+// byFirstRune indexes entries by their first rune.
+func byFirstRune(entries []string) map[rune][]int32 {
+	m := map[rune][]int32{}
+	for k, e := range entries {
+		r, _ := utf8.DecodeRuneInString(e)
+		m[r] = append(m[r], int32(k))
+	}
+	return m
 }
 
 func allMasked(m []bool, from, to int) bool {
