@@ -305,7 +305,7 @@ func loadAndAttach(ctx context.Context, srv *server.Server, cfg stackConfig, log
 		MaxModelLen: st.Model.Config.MaxPositions,
 		GPU:         gpuHook(st)}) // gpuHook: stack_cuda.go
 	log.Info("model loaded", "model", name, "engine", cfg.Engine, "backend", cfg.Backend,
-		"kv_blocks", st.Backend.NumBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
+		"engines", len(st.Backends), "kv_blocks", st.kvBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
 	if cb, ok := st.Backend.(*forward.CPU); ok {
 		log.Info("cpu kernels", "kernels", cb.Kernels()) // why a machine is slow, in one line
 	}

@@ -36,7 +36,8 @@ type stackConfig struct {
 	BlockSize           int        // tokens per KV block; 0 = the backend's default
 	MaxNumSeqs          int        // sequences per engine step
 	MaxNumBatchedTokens int        // tokens per engine step
-	MaxQueue            int        // waiting requests before ErrQueueFull
+	MaxQueue            int        // waiting requests before ErrQueueFull (per engine)
+	Engines             int        // engine loops sharing the device, each with its own backend and KV cache; 0 = the backend's default
 	Threads             int        // CPU kernel threads; 0 = GOMAXPROCS
 	CPUGEMM             string     // auto | openblas | simd | go: the CPU float32 GEMM path
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
@@ -61,6 +62,26 @@ const (
 	cpuDefaultSamples  = 2
 	cudaDefaultSamples = couplet.DefaultSamples
 )
+
+// Engine loops per device when --engines is 0, by backend: one on the
+// 2-core CPU (its kernels already use every core); on the GPU one loop's
+// host work per row bounds throughput while the device idles, so several
+// loops share it (docs/DECISIONS.md, "Engines per GPU").
+const (
+	cpuDefaultEngines  = 1
+	cudaDefaultEngines = 1
+)
+
+// enginesFor resolves --engines for backend ("cpu" or "cuda").
+func enginesFor(backend string, flag int) int {
+	switch {
+	case flag > 0:
+		return flag
+	case backend == "cuda":
+		return cudaDefaultEngines
+	}
+	return cpuDefaultEngines
+}
 
 // samplesFor resolves --samples-per-couplet for backend ("cpu" or "cuda").
 func samplesFor(backend string, flag int) int {
@@ -119,7 +140,8 @@ func (c *stackConfig) registerEngine(fs *pflag.FlagSet) {
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, fmt.Sprintf("tokens per KV cache block; 0 = the backend's default: %d on the CPU, %d with CUDA", forward.DefaultCPUBlockSize, cudaDefaultBlockSize))
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "max sequences per engine step")
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step")
-	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests; beyond it requests are rejected (HTTP 503)")
+	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests per engine; beyond it requests are rejected (HTTP 503)")
+	fs.IntVar(&c.Engines, "engines", c.Engines, fmt.Sprintf("engine loops sharing the device, each with its own backend (a GPU stream) and a share of the KV cache; requests go to the least busy; 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultEngines, cudaDefaultEngines))
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine)")
 	c.CUDA.register(fs)
 }
@@ -174,6 +196,9 @@ func (c *stackConfig) Validate() error {
 	if c.MaxQueue < 0 {
 		bad("--max-queue %d: must be ≥ 0", c.MaxQueue)
 	}
+	if c.Engines < 0 || c.Engines > 16 {
+		bad("--engines %d: want 1..16, or 0 for the backend's default", c.Engines)
+	}
 	if c.FestivalYear != 0 && (c.FestivalYear < 1900 || c.FestivalYear > 2200) {
 		bad("--festival-year %d: want 1900..2200, or 0 for the coming festival", c.FestivalYear)
 	}
@@ -201,11 +226,12 @@ func (c *stackConfig) Validate() error {
 
 // stack is a built inference stack. Close releases it in reverse order.
 type stack struct {
-	Config  stackConfig
-	Model   *model.Model
-	Backend forward.Backend
-	Engine  engine.Engine // possibly wrapped by Config.wrapEngine
-	Gen     *couplet.Generator
+	Config   stackConfig
+	Model    *model.Model
+	Backend  forward.Backend   // Backends[0]
+	Backends []forward.Backend // one per engine loop (--engines)
+	Engine   engine.Engine     // possibly wrapped by Config.wrapEngine
+	Gen      *couplet.Generator
 }
 
 // buildStack validates cfg and builds model, backend, engine and generator.
@@ -243,50 +269,91 @@ func configureKernels(cfg stackConfig) {
 func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	configureKernels(cfg)
 	s := &stack{Config: cfg, Model: m}
-	var err error
 	backend := cfg.resolveBackend()
-	switch backend {
-	case "cpu":
-		s.Backend, err = forward.NewCPU(m, forward.CPUOptions{
-			BlockSize:    cfg.BlockSize,
-			KVCacheBytes: int64(cfg.KVCacheBytes),
-			Int8:         cfg.Experimental.Has(featCPUInt8),
-		})
-	case "cuda":
-		s.Backend, err = newCUDABackend(cfg, m) // stack_cuda.go
+	n := enginesFor(backend, cfg.Engines)
+	s.Config.Engines = n
+	engines := make([]engine.Engine, 0, n)
+	for i := range n {
+		b, err := newBackend(backend, cfg, m, i, n)
+		if err == nil {
+			var e engine.Engine
+			e, err = newEngine(cfg, b)
+			if err != nil {
+				b.Close()
+			} else {
+				s.Backends = append(s.Backends, b)
+				engines = append(engines, e)
+			}
+		}
+		if err != nil {
+			for _, e := range engines {
+				e.Close()
+			}
+			s.Engine = nil
+			s.Close()
+			return nil, err
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("backend: %w", err)
-	}
+	s.Backend = s.Backends[0]
 	s.Config.BlockSize = s.Backend.BlockSize() // the backend resolves 0
 	s.Config.SamplesPerCouplet = samplesFor(backend, cfg.SamplesPerCouplet)
 	cfg.SamplesPerCouplet = s.Config.SamplesPerCouplet
-	var eng engine.Engine
-	switch cfg.Engine {
-	case "naive":
-		eng = engine.NewNaive(s.Backend)
-	default:
-		eng, err = engine.New(s.Backend, engine.Config{
-			MaxNumSeqs:          cfg.MaxNumSeqs,
-			MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
-			MaxQueue:            cfg.MaxQueue,
-			EnablePrefixCaching: cfg.PrefixCaching,
-		})
-	}
-	if err != nil {
-		s.Backend.Close()
-		return nil, fmt.Errorf("engine: %w", err)
+	eng := engines[0]
+	if n > 1 {
+		eng = engine.NewShards(engines...)
 	}
 	if cfg.wrapEngine != nil {
 		eng = cfg.wrapEngine(eng)
 	}
 	s.Engine = eng
+	var err error
 	s.Gen, err = couplet.New(m, eng, cfg.generatorOptions()...)
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("couplet generator: %w", err)
 	}
 	return s, nil
+}
+
+// newBackend builds engine loop i's backend (of n): each takes 1/n of the
+// KV cache memory.
+func newBackend(backend string, cfg stackConfig, m *model.Model, i, n int) (forward.Backend, error) {
+	var (
+		b   forward.Backend
+		err error
+	)
+	kv := int64(cfg.KVCacheBytes) / int64(n)
+	switch backend {
+	case "cpu":
+		b, err = forward.NewCPU(m, forward.CPUOptions{
+			BlockSize:    cfg.BlockSize,
+			KVCacheBytes: kv,
+			Int8:         cfg.Experimental.Has(featCPUInt8),
+		})
+	case "cuda":
+		b, err = newCUDABackend(cfg, m, kv, i, n) // stack_cuda.go
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backend: %w", err)
+	}
+	return b, nil
+}
+
+// newEngine builds the configured engine on b.
+func newEngine(cfg stackConfig, b forward.Backend) (engine.Engine, error) {
+	if cfg.Engine == "naive" {
+		return engine.NewNaive(b), nil
+	}
+	e, err := engine.New(b, engine.Config{
+		MaxNumSeqs:          cfg.MaxNumSeqs,
+		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
+		MaxQueue:            cfg.MaxQueue,
+		EnablePrefixCaching: cfg.PrefixCaching,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	return e, nil
 }
 
 // resolveBackend turns --backend auto into cpu or cuda (probing the CUDA
@@ -302,6 +369,15 @@ func (c *stackConfig) resolveBackend() string {
 	return "cpu"
 }
 
+// kvBlocks is the KV cache blocks of all backends.
+func (s *stack) kvBlocks() int {
+	n := 0
+	for _, b := range s.Backends {
+		n += b.NumBlocks()
+	}
+	return n
+}
+
 // Close stops the engine (requests still running get engine.ErrClosed) and
 // frees the backend's cache.
 func (s *stack) Close() error {
@@ -309,8 +385,8 @@ func (s *stack) Close() error {
 	if s.Engine != nil {
 		errs = append(errs, s.Engine.Close())
 	}
-	if s.Backend != nil {
-		errs = append(errs, s.Backend.Close())
+	for _, b := range s.Backends {
+		errs = append(errs, b.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -45,14 +45,17 @@ func (c *cudaConfig) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default 2ms, negative = never; a launched step's wait polls its done word up to 20ms unless negative)")
 }
 
-// newCUDABackend builds the CUDA backend from the stack config.
-func newCUDABackend(cfg stackConfig, m *model.Model) (forward.Backend, error) {
+// newCUDABackend builds engine loop i's CUDA backend (of n on the device)
+// from the stack config, with kv bytes of KV cache (0: sized from
+// --gpu-memory-utilization, which the n backends share: backend i fills
+// the device up to (i+1)/n of it).
+func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forward.Backend, error) {
 	return cuda.New(m, cuda.Options{
 		Device:         cfg.CUDA.Device,
 		LibDir:         cfg.CUDA.LibDir,
 		BlockSize:      cfg.BlockSize,
-		KVCacheBytes:   int64(cfg.KVCacheBytes),
-		MemoryFraction: cfg.CUDA.MemoryFraction,
+		KVCacheBytes:   kv,
+		MemoryFraction: cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
 		MaxBlocks:      cfg.CUDA.MaxBlocks,
 		Precision:      cfg.CUDA.Precision,
 		HandoffSpin:    cfg.CUDA.HandoffSpin,

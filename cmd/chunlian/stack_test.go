@@ -5,12 +5,14 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/spf13/pflag"
 
 	"chunlian/couplet"
 	"chunlian/cuda"
+	"chunlian/engine"
 	"chunlian/forward"
 	"chunlian/model"
 )
@@ -188,6 +190,53 @@ func TestBuildStackRandomModel(t *testing.T) {
 				t.Errorf("malformed couplet %+v", cs[0])
 			}
 		})
+	}
+}
+
+// --engines 2 builds two backends, each with half the KV cache, behind one
+// sharded engine that serves concurrent couplets.
+func TestBuildStackTwoEngines(t *testing.T) {
+	one := parseStack(t, "--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1")
+	st1, err := buildStackFor(one, model.NewRandom(model.TestConfig(), 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := st1.kvBlocks()
+	st1.Close()
+	c := parseStack(t, "--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1", "--engines", "2")
+	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	sh, ok := st.Engine.(*engine.Shards)
+	if len(st.Backends) != 2 || !ok || sh.Len() != 2 || st.Config.Engines != 2 {
+		t.Fatalf("--engines 2: %d backends, engine %T", len(st.Backends), st.Engine)
+	}
+	for i, b := range st.Backends {
+		if got := b.NumBlocks(); got < blocks/2-1 || got > blocks/2+1 {
+			t.Errorf("backend %d: %d KV blocks, want about half of one engine's %d", i, got, blocks)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := st.Gen.Generate(context.Background(), couplet.Request{Text: "平安", Seed: uint64(i + 1)})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("generate: %v", err)
+		}
+	}
+	if s := st.Engine.Stats(); s.Steps == 0 || s.KVBlocksTotal != st.kvBlocks() {
+		t.Errorf("sharded stats %+v: want steps and %d KV blocks", s, st.kvBlocks())
 	}
 }
 

@@ -1,0 +1,81 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+)
+
+// Shards spreads requests over several engines, each with its own
+// backend, KV cache and loop goroutine: several host loops can drive one
+// GPU (the loop's host work per row, not the device, bounds one engine
+// there), or one engine per GPU. A request goes to the engine with the
+// fewest requests in flight (the lowest index on a tie), and stays there.
+type Shards struct {
+	engines  []Engine
+	inflight []atomic.Int64
+}
+
+var _ Engine = (*Shards)(nil)
+
+// NewShards returns the engines as one; it owns them (Close closes them).
+func NewShards(engines ...Engine) *Shards {
+	if len(engines) == 0 {
+		panic("engine: NewShards of no engines")
+	}
+	return &Shards{engines: engines, inflight: make([]atomic.Int64, len(engines))}
+}
+
+// Len is the number of engines.
+func (s *Shards) Len() int { return len(s.engines) }
+
+// Generate runs req on the least busy engine.
+func (s *Shards) Generate(ctx context.Context, req *Request) (*Result, error) {
+	best := 0
+	for i := 1; i < len(s.engines); i++ {
+		if s.inflight[i].Load() < s.inflight[best].Load() {
+			best = i
+		}
+	}
+	s.inflight[best].Add(1)
+	defer s.inflight[best].Add(-1)
+	return s.engines[best].Generate(ctx, req)
+}
+
+// Stats sums the engines' figures (StepSeconds too: the loops run side by
+// side, so their sum can exceed the wall time).
+func (s *Shards) Stats() Stats {
+	var t Stats
+	for _, e := range s.engines {
+		st := e.Stats()
+		t.Running += st.Running
+		t.Waiting += st.Waiting
+		t.KVBlocksUsed += st.KVBlocksUsed
+		t.KVBlocksTotal += st.KVBlocksTotal
+		t.KVSlotsLive += st.KVSlotsLive
+		t.KVSlotsAllocated += st.KVSlotsAllocated
+		t.PrefixQueries += st.PrefixQueries
+		t.PrefixHits += st.PrefixHits
+		t.Preemptions += st.Preemptions
+		t.PromptTokens += st.PromptTokens
+		t.GenTokens += st.GenTokens
+		t.Steps += st.Steps
+		t.ComputedTokens += st.ComputedTokens
+		t.LogitRows += st.LogitRows
+		t.SampledTokens += st.SampledTokens
+		t.JumpTokens += st.JumpTokens
+		t.StepSeconds.Schedule += st.StepSeconds.Schedule
+		t.StepSeconds.Forward += st.StepSeconds.Forward
+		t.StepSeconds.Consume += st.StepSeconds.Consume
+	}
+	return t
+}
+
+// Close closes every engine.
+func (s *Shards) Close() error {
+	errs := make([]error, len(s.engines))
+	for i, e := range s.engines {
+		errs[i] = e.Close()
+	}
+	return errors.Join(errs...)
+}

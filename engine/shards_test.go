@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"context"
+	"reflect"
+	"testing"
+)
+
+// Requests through two sharded engines give what the naive engine gives,
+// and both engines take a share.
+func TestShardsMatchNaive(t *testing.T) {
+	const vocab = 24
+	reqs := genRequests(21, 32, vocab, 20, 24)
+	want := runConcurrent(t, NewNaive(newFake(512, 4, vocab)), reqs)
+	var es []*Paged
+	for range 2 {
+		e, err := New(newFake(512, 4, vocab), Config{EnablePrefixCaching: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es = append(es, e)
+	}
+	sh := NewShards(es[0], es[1])
+	got := runConcurrent(t, sh, reqs)
+	for i := range reqs {
+		if err := sameResult(got[i], want[i]); err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
+	st := sh.Stats()
+	for i, e := range es {
+		if e.Stats().Steps == 0 {
+			t.Errorf("engine %d ran no step: the shards did not spread the load", i)
+		}
+	}
+	if st.Steps != es[0].Stats().Steps+es[1].Stats().Steps {
+		t.Errorf("shard steps %d, want the engines' sum", st.Steps)
+	}
+	for _, e := range es {
+		checkDrained(t, e) // closes e; sh.Close then closes it again
+	}
+	if err := sh.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// statsEngine reports fixed Stats.
+type statsEngine struct{ st Stats }
+
+func (s statsEngine) Generate(context.Context, *Request) (*Result, error) { return &Result{}, nil }
+func (s statsEngine) Stats() Stats                                         { return s.st }
+func (s statsEngine) Close() error                                         { return nil }
+
+// Every numeric field of Stats is summed (a field added later and not
+// summed fails here).
+func TestShardsStatsSumEveryField(t *testing.T) {
+	var a, b Stats
+	n := 1
+	var fill func(v reflect.Value)
+	fill = func(v reflect.Value) {
+		for i := range v.NumField() {
+			f := v.Field(i)
+			switch f.Kind() {
+			case reflect.Int, reflect.Int64:
+				f.SetInt(int64(n))
+			case reflect.Float64:
+				f.SetFloat(float64(n))
+			case reflect.Struct:
+				fill(f)
+				continue
+			default:
+				t.Fatalf("Stats field %s of kind %s: teach this test and Shards.Stats", v.Type().Field(i).Name, f.Kind())
+			}
+			n++
+		}
+	}
+	fill(reflect.ValueOf(&a).Elem())
+	fill(reflect.ValueOf(&b).Elem())
+	got := NewShards(statsEngine{a}, statsEngine{b}).Stats()
+	var check func(path string, g, x, y reflect.Value)
+	check = func(path string, g, x, y reflect.Value) {
+		for i := range g.NumField() {
+			name := path + g.Type().Field(i).Name
+			switch f := g.Field(i); f.Kind() {
+			case reflect.Int, reflect.Int64:
+				if f.Int() != x.Field(i).Int()+y.Field(i).Int() {
+					t.Errorf("%s = %d, want %d", name, f.Int(), x.Field(i).Int()+y.Field(i).Int())
+				}
+			case reflect.Float64:
+				if f.Float() != x.Field(i).Float()+y.Field(i).Float() {
+					t.Errorf("%s = %g, want %g", name, f.Float(), x.Field(i).Float()+y.Field(i).Float())
+				}
+			case reflect.Struct:
+				check(name+".", f, x.Field(i), y.Field(i))
+			}
+		}
+	}
+	check("", reflect.ValueOf(got), reflect.ValueOf(a), reflect.ValueOf(b))
+}
