@@ -69,7 +69,7 @@ const (
 // loops share it (docs/DECISIONS.md, "Engines per GPU").
 const (
 	cpuDefaultEngines  = 1
-	cudaDefaultEngines = 1
+	cudaDefaultEngines = 2
 )
 
 // enginesFor resolves --engines for backend ("cpu" or "cuda").
