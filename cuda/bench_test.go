@@ -103,13 +103,13 @@ func BenchmarkDecodeStep(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Logf("device %+v", g.Info())
-		sizes := []int{1, 2, 4, 8, 16, 64, 256, 1024}
+		sizes := []int{1, 2, 4, 8, 16, 64, 256, 512, 1024, 2048, 4096}
 		if mode != "graph" && mode != "graph-unfused" {
 			sizes = []int{1, 8, 1024}
 		}
 		for _, n := range sizes {
 			for _, withLogits := range []bool{true, false} {
-				if !withLogits && (n > 1 && n < 1024 || mode != "graph" && mode != "graph-unfused") {
+				if !withLogits && (n > 1 && n < 512 || mode != "graph" && mode != "graph-unfused") {
 					continue
 				}
 				name := fmt.Sprintf("%s/seqs=%d", mode, n)
