@@ -83,14 +83,14 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // BenchmarkDecodeStep times one engine decode step (Forward over nSeq
 // single-token sequences with ~24 tokens of context, logits copied back
 // for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
-// not), graph-nospin (plain blocking channel hand-off to the CUDA worker,
+// not), graph-gemm (the GEMM path at the GEMV path's sizes), graph-nospin (plain blocking channel hand-off to the CUDA worker,
 // Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
 // even where bf16 copies are exact). They run in the same process;
 // -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-nospin", "graph-fp32w", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-nospin", "graph-fp32w", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-nospin":
@@ -103,13 +103,18 @@ func BenchmarkDecodeStep(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Logf("device %+v", g.Info())
-		sizes := []int{1, 2, 4, 8, 16, 64, 256, 512, 1024, 2048, 4096}
-		if mode != "graph" && mode != "graph-unfused" {
+		sizes := []int{1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 64, 256, 512, 1024, 2048, 4096}
+		switch mode {
+		case "graph-gemm": // the GEMM path where the GEMV path would run
+			g.gemvOK = false
+			sizes = []int{1, 2, 3, 4, 5, 6, 7, 8}
+		case "graph":
+		default:
 			sizes = []int{1, 8, 1024}
 		}
 		for _, n := range sizes {
 			for _, withLogits := range []bool{true, false} {
-				if !withLogits && (n > 1 && n < 512 || mode != "graph" && mode != "graph-unfused") {
+				if !withLogits && (n > 1 && n < 512 || mode != "graph") {
 					continue
 				}
 				name := fmt.Sprintf("%s/seqs=%d", mode, n)
