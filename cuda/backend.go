@@ -564,13 +564,13 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 		}
 		kc, vc := b.kvSlab(l, 0), b.kvSlab(l, 1)
 		errs = errors.Join(
-			b.launch("rmsnorm", T, 1, 256, u(b.h), u(b.x), u(L.attnNorm), 0, i32(dm), f32(eps)),
+			b.launch("rmsnorm", (T+7)/8, 1, 256, u(b.h), u(b.x), u(L.attnNorm), 0, i32(dm), f32(eps), i32(T)),
 			b.gemm(b.qkv, b.h, L.wqkv, T, b.qkvDim, dm, false),
 			b.launch("rope_kv", T, 1, 128, u(b.qkv), u(b.cosSin), positions, slots, u(kc), u(vc), i32(nH), i32(nKV)),
 			b.launch(b.attnKernel(), (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
 			b.gemm(b.x, b.attn, L.wo, T, dm, nH*b.hd, true),
-			b.launch("rmsnorm", T, 1, 256, u(b.h), u(b.x), u(L.mlpNorm), 0, i32(dm), f32(eps)),
+			b.launch("rmsnorm", (T+7)/8, 1, 256, u(b.h), u(b.x), u(L.mlpNorm), 0, i32(dm), f32(eps), i32(T)),
 			b.gemm(b.gu, b.h, L.wgu, T, 2*ffn, dm, false),
 			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, u(b.act), u(b.gu), i32(T), i32(ffn)),
 			b.gemm(b.x, b.act, L.down, T, dm, ffn, true),
@@ -578,7 +578,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	}
 	if errs == nil && R > 0 {
 		errs = errors.Join(
-			b.launch("rmsnorm", R, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), f32(eps)),
+			b.launch("rmsnorm", (R+7)/8, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), f32(eps), i32(R)),
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, dm, false),
 		)
 		if errs == nil {

@@ -72,19 +72,22 @@ extern "C" __global__ void embed_gather(float* __restrict__ out, const float* __
 
 // rmsnorm: out[r, :] = x[src, :] / sqrt(mean(x[src]^2) + eps) * w, where
 // src = rows ? rows[r] : r (rows gathers the sampled rows before the LM head).
-// grid = R, block = 256. out [R, d]; x [*, d]; w [d].
+// One warp per row (a block per row spent most of its time synchronising):
+// grid = ceil(n / 8), block = 256; n rows. out [n, d]; x [*, d]; w [d].
 extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restrict__ x,
                                    const float* __restrict__ w, const int* __restrict__ rows,
-                                   int d, float eps) {
-    int r = blockIdx.x;
+                                   int d, float eps, int n) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= n) return;
+    int lane = threadIdx.x & (WARP - 1);
     int src = rows ? rows[r] : r;
     const float* xr = x + (i64)src * d;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) { float v = xr[i]; ss += v * v; }
-    ss = block_sum(ss);
+    for (int i = lane; i < d; i += WARP) { float v = xr[i]; ss += v * v; }
+    ss = warp_sum(ss);
     float inv = 1.0f / sqrtf(ss / (float)d + eps);
     float* o = out + (i64)r * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+    for (int i = lane; i < d; i += WARP) o[i] = xr[i] * inv * w[i];
 }
 
 // rope_kv: applies RoPE (Hugging Face rotate_half convention: dimension i
