@@ -32,9 +32,14 @@ import (
 // of matrices fit the H200's 50 MB L2 across steps), else float32; see
 // Options.GEMVWeights.
 
-// gemvMaxM is the largest batch (tokens, and logits rows) of the GEMV path;
-// it must equal GEMV_MAX_M in kernels/llama.cu.
+// gemvMaxM is the largest batch (tokens, and logits rows) the GEMV kernels
+// take; it must equal GEMV_MAX_M in kernels/llama.cu.
 const gemvMaxM = 8
+
+// gemvUpTo is the largest step that runs on the GEMV path: from 5 tokens
+// on, the GEMM path's step is faster (docs/DECISIONS.md, "GEMV path up to
+// 4 tokens").
+const gemvUpTo = 4
 
 // gemvThreads and gemvWarps: GEMV_THREADS and GEMV_WARPS in llama.cu.
 const (
@@ -61,7 +66,7 @@ func gemvShapesOK(d, ffn, nq int) bool {
 
 // useGEMV says whether a step of T tokens runs on the small-batch path.
 func (b *Backend) useGEMV(T int) bool {
-	return b.gemvOK && T >= 1 && T <= gemvMaxM
+	return b.gemvOK && T >= 1 && T <= min(gemvUpTo, gemvMaxM)
 }
 
 // gemvBFWanted decides Options.GEMVWeights for model m: the bf16 kernels

@@ -296,8 +296,7 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
 // silu_mul: act[t, i] = silu(gu[t, i]) * gu[t, ffn + i].
 // gu [T, 2*ffn] (gate then up, one fused GEMM); act [T, ffn]. Grid-stride.
 // Indices are 32-bit when T * ffn fits (always, at the engine's batch
-// sizes): a 64-bit division per element made it several times slower
-// than its memory traffic.
+// sizes): a 64-bit division per element is slow on the GPU.
 extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __restrict__ gu,
                                     int T, int ffn) {
     i64 n = (i64)T * ffn;
