@@ -61,8 +61,10 @@ type EvalSetup struct {
 	// is the same model and engine with the model's own 横批 only.
 	Full, NoRetrieval *couplet.Generator
 	// Model runs docs/EVAL.md's BLEU and perplexity on a CPU forward pass
-	// of its own.
+	// of its own; Int8 runs it on the int8 weight copies, as the service
+	// does with --experimental=cpu-int8.
 	Model *model.Model
+	Int8  bool
 }
 
 // EvalOptions are the evaluation's parameters. Counts are ≥ 0; a count of
@@ -345,7 +347,7 @@ func (e *evaluation) greedyBLEU(v evalVariant, uppers, lowers []string) {
 // and compares with BLEUCompare when they are set.
 func (e *evaluation) forcedBLEU(uppers, lowers []string) error {
 	pr := newEvalProgress(e, "greedy BLEU, length forced", len(uppers))
-	hyps, err := LowerGreedy(e.s.Model, uppers, pr.tick)
+	hyps, err := LowerGreedy(e.s.Model, uppers, e.s.Int8, pr.tick)
 	if err != nil {
 		return fmt.Errorf("forced-length BLEU: %w", err)
 	}
@@ -373,7 +375,7 @@ func (e *evaluation) forcedBLEU(uppers, lowers []string) error {
 func (e *evaluation) perplexity(uppers, lowers []string) error {
 	pr := newEvalProgress(e, "teacher-forced perplexity", len(uppers))
 	t0 := time.Now()
-	nll, tokens, err := LowerNLL(e.s.Model, uppers, lowers, pr.tick)
+	nll, tokens, err := LowerNLL(e.s.Model, uppers, lowers, e.s.Int8, pr.tick)
 	if err != nil {
 		return fmt.Errorf("perplexity: %w", err)
 	}

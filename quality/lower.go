@@ -54,9 +54,17 @@ func LowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 // each sequence's prefill in one chunk with logits only where a 下联
 // token or <eos> is predicted. progress, if not nil, gets the number of
 // pairs done after each step.
-func LowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll float64, tokens int, err error) {
-	const bs, budget = 16, 2048 // block size; tokens per step (and KV cache)
-	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: budget * forward.KVBytesPerToken(m.Config)})
+//
+// With int8, the GEMMs run on the int8 weight copies as the service's
+// --experimental=cpu-int8 does (forward.CPUOptions.Int8), and steps stay
+// within the rows those copies serve (forward.DefaultBF16MaxRows).
+func LowerNLL(m *model.Model, uppers, lowers []string, int8 bool, progress func(int)) (nll float64, tokens int, err error) {
+	const bs = 16 // block size
+	budget := 2048 // tokens per step (and KV cache)
+	if int8 {
+		budget = forward.DefaultBF16MaxRows
+	}
+	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(budget) * forward.KVBytesPerToken(m.Config), Int8: int8})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -132,9 +140,10 @@ func LowerNLL(m *model.Model, uppers, lowers []string, progress func(int)) (nll 
 // 上联 <sep>`, every special token forbidden (so each token is a
 // character), ties to the lowest id as torch.argmax. It runs on a CPU
 // backend of its own, up to 64 sequences per step with their KV cache
-// blocks laid out up front. progress, if not nil, gets the number of
-// 上联s done after each group.
-func LowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string, error) {
+// blocks laid out up front (with int8, on the int8 weight copies as in
+// LowerNLL). progress, if not nil, gets the number of 上联s done after
+// each group.
+func LowerGreedy(m *model.Model, uppers []string, int8 bool, progress func(int)) ([]string, error) {
 	const bs, group = 16, 64
 	maxLen := 0
 	for _, u := range uppers {
@@ -144,7 +153,7 @@ func LowerGreedy(m *model.Model, uppers []string, progress func(int)) ([]string,
 		return nil, fmt.Errorf("a 上联 needs %d positions, more than the model's %d", maxLen, m.Config.MaxPositions)
 	}
 	perSeq := (maxLen + bs - 1) / bs
-	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(group*perSeq*bs) * forward.KVBytesPerToken(m.Config)})
+	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(group*perSeq*bs) * forward.KVBytesPerToken(m.Config), Int8: int8})
 	if err != nil {
 		return nil, err
 	}

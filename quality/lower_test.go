@@ -84,7 +84,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 		ups, los = append(ups, line(i, n)), append(los, line(i+1, n))
 	}
 	var calls []int
-	nll, tokens, err := LowerNLL(m, ups, los, func(done int) { calls = append(calls, done) })
+	nll, tokens, err := LowerNLL(m, ups, los, false, func(done int) { calls = append(calls, done) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +131,14 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 	if len(calls) < 2 || calls[len(calls)-1] != len(ups) || !slices.IsSorted(calls) {
 		t.Errorf("progress calls %v: want several, increasing, ending at %d", calls, len(ups))
 	}
+	// int8 reaches the backend: the same tokens, a slightly different NLL.
+	nll8, tokens8, err := LowerNLL(m, ups, los, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := math.Abs(nll8-nll) / nll; tokens8 != tokens || d == 0 || d > 0.02 {
+		t.Errorf("int8 NLL %.6f over %d tokens against %.6f over %d (relative difference %.2g): want the same tokens, a difference in (0, 2 %%]", nll8, tokens8, nll, tokens, d)
+	}
 }
 
 // LowerGreedy (groups of 64, KV cache, one decode token per sequence per
@@ -148,7 +156,7 @@ func TestLowerGreedyMatchesPlain(t *testing.T) {
 		}
 		ups = append(ups, s)
 	}
-	got, err := LowerGreedy(m, ups, nil)
+	got, err := LowerGreedy(m, ups, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,14 +231,14 @@ func TestShippedModelMatchesEvalJSON(t *testing.T) {
 	if len(ups) != ev.TestPairs {
 		t.Fatalf("%d test pairs, eval.json has %d", len(ups), ev.TestPairs)
 	}
-	nll, tokens, err := LowerNLL(m, ups, los, nil)
+	nll, tokens, err := LowerNLL(m, ups, los, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ppl := math.Exp(nll / float64(tokens)); tokens != ev.Tokens || math.Abs(ppl-ev.PPL) > 1e-3*ev.PPL {
 		t.Errorf("perplexity %.4f over %d tokens; PyTorch %.4f over %d", ppl, tokens, ev.PPL, ev.Tokens)
 	}
-	hyps, err := LowerGreedy(m, ups, nil)
+	hyps, err := LowerGreedy(m, ups, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func evalRun(sc stackConfig, o quality.EvalOptions, randomModel bool, stdout io.
 	if err != nil {
 		return err
 	}
-	r, err := quality.RunEval(context.Background(), quality.EvalSetup{Full: st.Gen, NoRetrieval: noRetr, Model: st.Model}, o)
+	r, err := quality.RunEval(context.Background(), quality.EvalSetup{Full: st.Gen, NoRetrieval: noRetr, Model: st.Model, Int8: st.Config.Experimental.Has(featCPUInt8)}, o)
 	if err != nil {
 		return err
 	}
