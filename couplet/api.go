@@ -34,7 +34,8 @@ type Request struct {
 	// 上联 fixes the form.
 	Length int
 	N      int // candidates to return (0 = 1; at most Limits.MaxN)
-	// Sampling. Temperature 0 = unset: DefaultTemperature (a user's
+	// Sampling. Temperature 0 = unset: the generator's (WithTemperature,
+	// else DefaultTemperature; a user's
 	// temperature goes through SetTemperature, where 0 is greedy); a
 	// temperature below GreedyBelow is greedy. TopP 0 = DefaultTopP, TopK
 	// 0 = off.

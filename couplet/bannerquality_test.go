@@ -109,7 +109,7 @@ func bqTriples(b *testing.B, g *Generator) []bqItem {
 		if CharTone(ur[len(ur)-1]) == TonePing && CharTone(lr[len(lr)-1]) == ToneZe {
 			up, lo = lo, up
 		}
-		p, err := g.t.prepare(Request{Mode: ModeLower, Text: up})
+		p, err := g.t.prepare(Request{Mode: ModeLower, Text: up}, DefaultTemperature)
 		if err != nil {
 			continue
 		}
@@ -134,7 +134,7 @@ func bqGenerated(b *testing.B, g *Generator, n int) []bqItem {
 		"新春", "迎春", "纳福", "丰年", "喜庆", "春风", "万福", "长寿", "幸福", "美满"}
 	var out []bqItem
 	for i := 0; len(out) < n && i < 4*n; i++ {
-		p, err := g.t.prepare(Request{Text: words[i%len(words)], Seed: uint64(1000 + i)})
+		p, err := g.t.prepare(Request{Text: words[i%len(words)], Seed: uint64(1000 + i)}, DefaultTemperature)
 		if err != nil {
 			continue
 		}
@@ -339,7 +339,7 @@ func BenchmarkBannerUpperOnly(b *testing.B) {
 }
 
 func mustPlan(b *testing.B, g *Generator) *plan {
-	p, err := g.t.prepare(Request{Text: "平安"})
+	p, err := g.t.prepare(Request{Text: "平安"}, DefaultTemperature)
 	if err != nil {
 		b.Fatal(err)
 	}

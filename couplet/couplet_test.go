@@ -250,7 +250,7 @@ func TestProcessorRules(t *testing.T) {
 		return out, err
 	}
 	plan := func(req Request) *plan {
-		p, err := tb.prepare(req)
+		p, err := tb.prepare(req, DefaultTemperature)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -501,7 +501,7 @@ func TestBannerRanking(t *testing.T) {
 			if fe.genCalls != 1+len(cs) {
 				t.Errorf("%d engine calls for %d couplets; want 1 + one 横批 request each", fe.genCalls, len(cs))
 			}
-			p, _ := g.t.prepare(Request{Text: "平安"})
+			p, _ := g.t.prepare(Request{Text: "平安"}, DefaultTemperature)
 			for _, c := range cs {
 				full := append(g.prompt(p), charIDs(t, g, c.Upper)...)
 				full = append(full, g.t.sp.Sep)

@@ -37,6 +37,7 @@ type options struct {
 	judge        Judge
 	weights      Weights
 	selectTemp   float64
+	temperature  float32 // of requests that leave Temperature unset
 }
 
 // Option configures a Generator.
@@ -51,6 +52,16 @@ func WithBannerSources(s ...BannerSource) Option {
 // WithBanners adds retrieval candidates directly (real 横批 prior).
 func WithBanners(list ...string) Option {
 	return func(o *options) { o.extraBanners = append(o.extraBanners, list...) }
+}
+
+// WithTemperature sets the sampling temperature of requests that leave
+// Temperature unset (0); t ≤ 0 keeps DefaultTemperature.
+func WithTemperature(t float32) Option {
+	return func(o *options) {
+		if t > 0 {
+			o.temperature = t
+		}
+	}
 }
 
 // WithMaxAttempts bounds the resampling rounds when samples dead-end
@@ -120,7 +131,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: DefaultSamples, weights: DefaultWeights, selectTemp: DefaultSelectionTemperature, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
+	o := options{maxAttempts: 4, oversample: DefaultSamples, temperature: DefaultTemperature, weights: DefaultWeights, selectTemp: DefaultSelectionTemperature, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -163,7 +174,7 @@ func (g *Generator) MaxLength() int { return g.t.maxChars }
 
 // Validate checks a request without generating (for the HTTP layer).
 func (g *Generator) Validate(req Request) error {
-	_, err := g.t.prepare(req)
+	_, err := g.t.prepare(req, g.o.temperature)
 	return err
 }
 
@@ -211,7 +222,7 @@ type candidate struct {
 // request per picked couplet writes the model's own 横批 and scores the
 // best retrieved ones in the same batch (chooseBanners).
 func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error) {
-	p, err := g.t.prepare(req)
+	p, err := g.t.prepare(req, g.o.temperature)
 	if err != nil {
 		return nil, err
 	}

@@ -127,7 +127,7 @@ func randPlan(rng *rand.Rand, t *tables) *plan {
 				rs = withPunct
 			}
 			req.Text = string(rs)
-			if p, err := t.prepare(req); err == nil {
+			if p, err := t.prepare(req, DefaultTemperature); err == nil {
 				return p
 			}
 		}
@@ -348,7 +348,7 @@ func benchConstraint(b *testing.B) (*tables, *plan, *constraint) {
 	if tb == nil {
 		tb = tbs["test"]
 	}
-	p, err := tb.prepare(Request{Text: "平安", Seed: 1})
+	p, err := tb.prepare(Request{Text: "平安", Seed: 1}, DefaultTemperature)
 	if err != nil {
 		b.Fatal(err)
 	}

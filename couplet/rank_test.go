@@ -1,11 +1,17 @@
 package couplet
 
-import "testing"
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"chunlian/engine"
+)
 
 func TestParallelismAndDiversity(t *testing.T) {
 	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
 	ids := func(s string) []int32 { return charIDs(t, g, s) }
-	p, err := g.t.prepare(Request{Text: "平安"})
+	p, err := g.t.prepare(Request{Text: "平安"}, DefaultTemperature)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,5 +47,52 @@ func TestParallelismAndDiversity(t *testing.T) {
 	}
 	if got := selectDiverse([]*candidate{a, a2, b}, 5); len(got) != 3 {
 		t.Errorf("selectDiverse returned %d of 3", len(got))
+	}
+}
+
+// tempEngine records the temperature of every generating request.
+type tempEngine struct {
+	*fakeEngine
+	mu    sync.Mutex
+	temps []float32
+}
+
+func (e *tempEngine) Generate(ctx context.Context, req *engine.Request) (*engine.Result, error) {
+	if req.Params.MaxTokens > 0 {
+		e.mu.Lock()
+		e.temps = append(e.temps, req.Params.Temperature)
+		e.mu.Unlock()
+	}
+	return e.fakeEngine.Generate(ctx, req)
+}
+
+// WithTemperature is the temperature of requests that leave it unset; a
+// request's own temperature wins.
+func TestWithTemperature(t *testing.T) {
+	for _, tc := range []struct {
+		set  float64 // the request's temperature (-1: unset)
+		want float32
+	}{{-1, 0.5}, {0.9, 0.9}} {
+		rec := &tempEngine{fakeEngine: &fakeEngine{vocab: testModel.Tok.Size()}}
+		g, err := New(testModel, rec, WithTemperature(0.5), WithBannerSources(testBannerSources()...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := Request{Text: "平安", Seed: 3}
+		if tc.set >= 0 {
+			req.SetTemperature(tc.set)
+		}
+		if _, err := g.Generate(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.temps) == 0 {
+			t.Fatal("no generating request reached the engine")
+		}
+		for _, got := range rec.temps {
+			if got != tc.want {
+				t.Errorf("request temperature %v: engine got %v, want %v", tc.set, got, tc.want)
+				break
+			}
+		}
 	}
 }

@@ -90,9 +90,10 @@ type plan struct {
 	seconds  [2]int32
 }
 
-// prepare validates req against the vocabulary and fills in defaults.
-// Every rejection is an *InputError.
-func (t *tables) prepare(req Request) (*plan, error) {
+// prepare validates req against the vocabulary and fills in defaults
+// (temp: the temperature of a request that leaves it unset). Every
+// rejection is an *InputError.
+func (t *tables) prepare(req Request, temp float32) (*plan, error) {
 	p := &plan{mode: req.Mode, n: req.N, temp: req.Temperature, topP: req.TopP, topK: req.TopK,
 		seed: req.Seed, unconstr: req.Unconstrained, onToken: req.OnToken}
 	if p.mode == "" {
@@ -110,7 +111,7 @@ func (t *tables) prepare(req Request) (*plan, error) {
 		p.n = 1
 	}
 	if p.temp == 0 { // unset; front ends map a user's 0 to greedy (SetTemperature)
-		p.temp = DefaultTemperature
+		p.temp = temp
 	}
 	if p.temp < GreedyBelow {
 		p.temp, p.topK = 1, 1

@@ -48,7 +48,7 @@ func defineEval(fs *pflag.FlagSet, stdout io.Writer) func() error {
 	words := fs.Int("words", len(quality.BlessingWords), fmt.Sprintf("use the first N of the %d built-in blessing words", len(quality.BlessingWords)))
 	fs.IntVar(&o.Length, "length", couplet.DefaultLength, "line length in keyword mode")
 	fs.Uint64Var(&o.Seed, "seed", 1, "base seed (request i uses seed+i)")
-	fs.Float64Var(&o.Temperature, "temperature", couplet.DefaultTemperature, fmt.Sprintf("sampling temperature of the sampled keyword and lower-mode runs, 0..%g as in the HTTP API (0 = greedy; the BLEU runs are greedy)", couplet.Limits.MaxTemperature))
+	fs.Float64Var(&o.Temperature, "temperature", 0, fmt.Sprintf("sampling temperature of the sampled keyword and lower-mode runs, 0..%g as in the HTTP API (0 = greedy; the BLEU runs are greedy); not given: the backend's default, %g on the CPU and %g with CUDA", couplet.Limits.MaxTemperature, cpuDefaultTemperature, cudaDefaultTemperature))
 	fs.IntVar(&o.Samples, "samples", 8, "sample couplets to print")
 	fs.IntVar(&o.BLEULimit, "bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
 	fs.IntVar(&o.ForcedLimit, "bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set)")
@@ -67,12 +67,13 @@ func defineEval(fs *pflag.FlagSet, stdout io.Writer) func() error {
 			return fmt.Errorf("--words must be 1..%d", len(quality.BlessingWords))
 		}
 		o.Words = quality.BlessingWords[:*words]
-		return evalRun(sc, o, *randomModel, stdout)
+		return evalRun(sc, o, !fs.Changed("temperature"), *randomModel, stdout)
 	}
 }
 
-// evalRun builds the stack and runs the evaluation with o.
-func evalRun(sc stackConfig, o quality.EvalOptions, randomModel bool, stdout io.Writer) error {
+// evalRun builds the stack and runs the evaluation with o (with the
+// stack's default temperature when defaultTemp).
+func evalRun(sc stackConfig, o quality.EvalOptions, defaultTemp, randomModel bool, stdout io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return fmt.Errorf("eval: %w (--limit, --bleu-limit, --bleu-forced, --ppl-limit, --samples ≥ 0; --temperature as over HTTP)", err)
 	}
@@ -84,6 +85,9 @@ func evalRun(sc stackConfig, o quality.EvalOptions, randomModel bool, stdout io.
 		return err
 	}
 	defer st.Close()
+	if defaultTemp {
+		o.Temperature = st.Config.DefaultTemperature
+	}
 	noRetr, err := couplet.New(st.Model, st.Engine, append(st.Config.generatorOptions(), couplet.WithBannerSources(), couplet.WithBannerTopK(0))...)
 	if err != nil {
 		return err
@@ -93,7 +97,7 @@ func evalRun(sc stackConfig, o quality.EvalOptions, randomModel bool, stdout io.
 		return err
 	}
 	tflag := ""
-	if o.Temperature != couplet.DefaultTemperature {
+	if o.Temperature != st.Config.DefaultTemperature {
 		tflag = fmt.Sprintf(" --temperature %g", o.Temperature)
 	}
 	spc := st.Config.SamplesPerCouplet

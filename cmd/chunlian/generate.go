@@ -22,6 +22,7 @@ type genFlags struct {
 	n, length     int
 	seed          uint64
 	temperature   float64
+	fs            *pflag.FlagSet // to tell a --temperature given from none
 	topP          float64
 	topK          int
 	unconstrained bool
@@ -33,7 +34,8 @@ func (g *genFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&g.n, "n", 1, fmt.Sprintf("number of candidates (%d..%d)", l.MinN, l.MaxN))
 	fs.IntVar(&g.length, "length", couplet.DefaultLength, fmt.Sprintf("Chinese characters per line (keyword/acrostic, %d..%d); 8 and more are split by \"，\" (11 = 4，7)", l.MinLength, l.MaxLength))
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (0 = random)")
-	fs.Float64Var(&g.temperature, "temperature", couplet.DefaultTemperature, fmt.Sprintf("sampling temperature (0..%g; 0 = greedy)", l.MaxTemperature))
+	g.fs = fs
+	fs.Float64Var(&g.temperature, "temperature", 0, fmt.Sprintf("sampling temperature (0..%g; 0 = greedy); not given: the backend's default, %g on the CPU and %g with CUDA", l.MaxTemperature, cpuDefaultTemperature, cudaDefaultTemperature))
 	fs.Float64Var(&g.topP, "top-p", couplet.DefaultTopP, "nucleus sampling threshold (0 < p ≤ 1)")
 	fs.IntVar(&g.topK, "top-k", 0, "top-k sampling (0 = off, 1 = greedy)")
 	fs.BoolVar(&g.unconstrained, "unconstrained", false, "turn the couplet rules off (raw model output, for comparison)")
@@ -44,7 +46,9 @@ func (g *genFlags) request(text string) couplet.Request {
 		Mode: couplet.Mode(g.mode), Text: text, Length: g.length, N: g.n, Seed: g.seed,
 		TopP: float32(g.topP), TopK: g.topK, Unconstrained: g.unconstrained,
 	}
-	r.SetTemperature(g.temperature) // 0 = greedy
+	if g.fs == nil || g.fs.Changed("temperature") {
+		r.SetTemperature(g.temperature) // 0 = greedy
+	} // else unset: the generator's default (--default-temperature)
 	return r
 }
 

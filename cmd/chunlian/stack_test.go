@@ -122,6 +122,7 @@ func TestStackConfigValidate(t *testing.T) {
 		{env: [2]string{"CHUNLIAN_EXPERIMENTAL", "warp-drive"}, want: "CHUNLIAN_EXPERIMENTAL"},
 		{args: []string{"--experimental", "cpu-int8,warp-drive"}, want: "warp-drive"},
 		{args: []string{"--cpu-gemm", "fortran"}, want: "--cpu-gemm"},
+		{args: []string{"--default-temperature", "3"}, want: "--default-temperature"},
 	} {
 		if tc.env[0] != "" {
 			t.Setenv(tc.env[0], tc.env[1])
@@ -376,5 +377,30 @@ func TestDeviceFlag(t *testing.T) {
 		if err != nil || c.CUDA.Device != tc.want {
 			t.Errorf("flag %q: device %d err %v, want %d", tc.flag, c.CUDA.Device, err, tc.want)
 		}
+	}
+}
+
+// --default-temperature 0 is the backend's default (0.5 on the CPU); a
+// positive flag wins. The stack's config holds the resolved value.
+func TestDefaultTemperature(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want float64
+	}{
+		{nil, cpuDefaultTemperature},
+		{[]string{"--default-temperature", "0.9"}, 0.9},
+	} {
+		c := parseStack(t, append(tc.args, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")...)
+		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Config.DefaultTemperature != tc.want {
+			t.Errorf("%v: default temperature %g, want %g", tc.args, st.Config.DefaultTemperature, tc.want)
+		}
+		st.Close()
+	}
+	if got := temperatureFor("cuda", 0); got != cudaDefaultTemperature {
+		t.Errorf("cuda default temperature %g, want %g", got, cudaDefaultTemperature)
 	}
 }
