@@ -35,7 +35,7 @@ func (g *genFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&g.length, "length", couplet.DefaultLength, fmt.Sprintf("Chinese characters per line (keyword/acrostic, %d..%d); 8 and more are split by \"，\" (11 = 4，7)", l.MinLength, l.MaxLength))
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (0 = random)")
 	g.fs = fs
-	fs.Float64Var(&g.temperature, "temperature", 0, fmt.Sprintf("sampling temperature (0..%g; 0 = greedy); not given: the backend's default, %g on the CPU and %g with CUDA", l.MaxTemperature, cpuDefaultTemperature, cudaDefaultTemperature))
+	fs.Float64Var(&g.temperature, "temperature", 0, fmt.Sprintf("sampling temperature (0..%g; 0 = greedy); not given: %g", l.MaxTemperature, couplet.DefaultTemperature))
 	fs.Float64Var(&g.topP, "top-p", couplet.DefaultTopP, "nucleus sampling threshold (0 < p ≤ 1)")
 	fs.IntVar(&g.topK, "top-k", 0, "top-k sampling (0 = off, 1 = greedy)")
 	fs.BoolVar(&g.unconstrained, "unconstrained", false, "turn the couplet rules off (raw model output, for comparison)")

@@ -42,7 +42,7 @@ type stackConfig struct {
 	CPUGEMM             string     // auto | openblas | simd | go: the CPU float32 GEMM path
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
-	DefaultTemperature  float64    // sampling temperature of requests that set none; 0 = the backend's default
+	DefaultTemperature  float64    // sampling temperature of requests that set none
 	BannerCandidates    int        // retrieved 横批 candidates scored by the model per couplet
 	BannersFile         string     // an operator's 横批 list instead of the embedded one
 	FestivalYear        int        // the Spring Festival's Gregorian year for the year-animal check; 0 = from the clock
@@ -63,26 +63,6 @@ const (
 	cpuDefaultSamples  = 2
 	cudaDefaultSamples = couplet.DefaultSamples
 )
-
-// Sampling temperature of requests that set none, when
-// --default-temperature is 0, by backend: with the CPU's 2 ranked samples
-// blind readers marked 0.5 better than 0.7; the GPU's 8 were read at 0.7
-// (docs/DECISIONS.md, "Sampling temperature").
-const (
-	cpuDefaultTemperature  = 0.5
-	cudaDefaultTemperature = couplet.DefaultTemperature
-)
-
-// temperatureFor resolves --default-temperature for backend.
-func temperatureFor(backend string, flag float64) float64 {
-	switch {
-	case flag > 0:
-		return flag
-	case backend == "cuda":
-		return cudaDefaultTemperature
-	}
-	return cpuDefaultTemperature
-}
 
 // Engine loops per device when --engines is 0, by backend: one on the
 // 2-core CPU (its kernels already use every core); on the GPU one loop's
@@ -129,6 +109,7 @@ func defaultStackConfig() stackConfig {
 		MaxQueue:            e.MaxQueue,
 		PrefixCaching:       e.EnablePrefixCaching,
 		CPUGEMM:             "auto",
+		DefaultTemperature:  couplet.DefaultTemperature,
 		BannerCandidates:    couplet.DefaultBannerTopK,
 		CUDA:                defaultCUDAConfig(),
 	}
@@ -162,7 +143,7 @@ func (c *stackConfig) registerEngine(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "max sequences per engine step")
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step")
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests per engine; beyond it requests are rejected (HTTP 503)")
-	fs.Float64Var(&c.DefaultTemperature, "default-temperature", c.DefaultTemperature, fmt.Sprintf("sampling temperature of requests that set none (0 < t ≤ %g); 0 = the backend's default: %g on the CPU, %g with CUDA", couplet.Limits.MaxTemperature, cpuDefaultTemperature, cudaDefaultTemperature))
+	fs.Float64Var(&c.DefaultTemperature, "default-temperature", c.DefaultTemperature, fmt.Sprintf("sampling temperature of requests that set none (0 < t ≤ %g)", couplet.Limits.MaxTemperature))
 	fs.IntVar(&c.Engines, "engines", c.Engines, fmt.Sprintf("engine loops sharing the device, each with its own backend (a GPU stream) and a share of the KV cache; requests go to the least busy; 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultEngines, cudaDefaultEngines))
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine)")
 	c.CUDA.register(fs)
@@ -219,8 +200,8 @@ func (c *stackConfig) Validate() error {
 	if c.MaxQueue < 0 {
 		bad("--max-queue %d: must be ≥ 0", c.MaxQueue)
 	}
-	if c.DefaultTemperature < 0 || c.DefaultTemperature > couplet.Limits.MaxTemperature {
-		bad("--default-temperature %g: want 0 < t ≤ %g, or 0 for the backend's default", c.DefaultTemperature, couplet.Limits.MaxTemperature)
+	if !(c.DefaultTemperature > 0 && c.DefaultTemperature <= couplet.Limits.MaxTemperature) {
+		bad("--default-temperature %g: want 0 < t ≤ %g (a request asks for greedy with temperature 0)", c.DefaultTemperature, couplet.Limits.MaxTemperature)
 	}
 	if c.Engines < 0 || c.Engines > 16 {
 		bad("--engines %d: want 1..16, or 0 for the backend's default", c.Engines)
@@ -324,8 +305,6 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	s.Config.BlockSize = s.Backend.BlockSize() // the backend resolves 0
 	s.Config.SamplesPerCouplet = samplesFor(backend, cfg.SamplesPerCouplet)
 	cfg.SamplesPerCouplet = s.Config.SamplesPerCouplet
-	s.Config.DefaultTemperature = temperatureFor(backend, cfg.DefaultTemperature)
-	cfg.DefaultTemperature = s.Config.DefaultTemperature
 	eng := engines[0]
 	if n > 1 {
 		eng = engine.NewShards(engines...)

@@ -123,6 +123,7 @@ func TestStackConfigValidate(t *testing.T) {
 		{args: []string{"--experimental", "cpu-int8,warp-drive"}, want: "warp-drive"},
 		{args: []string{"--cpu-gemm", "fortran"}, want: "--cpu-gemm"},
 		{args: []string{"--default-temperature", "3"}, want: "--default-temperature"},
+		{args: []string{"--default-temperature", "0"}, want: "--default-temperature"},
 	} {
 		if tc.env[0] != "" {
 			t.Setenv(tc.env[0], tc.env[1])
@@ -380,14 +381,14 @@ func TestDeviceFlag(t *testing.T) {
 	}
 }
 
-// --default-temperature 0 is the backend's default (0.5 on the CPU); a
-// positive flag wins. The stack's config holds the resolved value.
+// --default-temperature (couplet.DefaultTemperature unless given) is the
+// temperature of requests that set none; the stack's config holds it.
 func TestDefaultTemperature(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want float64
 	}{
-		{nil, cpuDefaultTemperature},
+		{nil, couplet.DefaultTemperature},
 		{[]string{"--default-temperature", "0.9"}, 0.9},
 	} {
 		c := parseStack(t, append(tc.args, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")...)
@@ -399,8 +400,5 @@ func TestDefaultTemperature(t *testing.T) {
 			t.Errorf("%v: default temperature %g, want %g", tc.args, st.Config.DefaultTemperature, tc.want)
 		}
 		st.Close()
-	}
-	if got := temperatureFor("cuda", 0); got != cudaDefaultTemperature {
-		t.Errorf("cuda default temperature %g, want %g", got, cudaDefaultTemperature)
 	}
 }
