@@ -48,8 +48,8 @@ func TestShardsMatchNaive(t *testing.T) {
 type statsEngine struct{ st Stats }
 
 func (s statsEngine) Generate(context.Context, *Request) (*Result, error) { return &Result{}, nil }
-func (s statsEngine) Stats() Stats                                         { return s.st }
-func (s statsEngine) Close() error                                         { return nil }
+func (s statsEngine) Stats() Stats                                        { return s.st }
+func (s statsEngine) Close() error                                        { return nil }
 
 // Every numeric field of Stats is summed (a field added later and not
 // summed fails here).

@@ -59,7 +59,7 @@ func LowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 // --experimental=cpu-int8 does (forward.CPUOptions.Int8), and steps stay
 // within the rows those copies serve (forward.DefaultBF16MaxRows).
 func LowerNLL(m *model.Model, uppers, lowers []string, int8 bool, progress func(int)) (nll float64, tokens int, err error) {
-	const bs = 16 // block size
+	const bs = 16  // block size
 	budget := 2048 // tokens per step (and KV cache)
 	if int8 {
 		budget = forward.DefaultBF16MaxRows
