@@ -75,24 +75,23 @@ const (
 
 // enginesFor resolves --engines for backend ("cpu" or "cuda").
 func enginesFor(backend string, flag int) int {
-	switch {
-	case flag > 0:
-		return flag
-	case backend == "cuda":
-		return cudaDefaultEngines
-	}
-	return cpuDefaultEngines
+	return byBackend(backend, flag, cpuDefaultEngines, cudaDefaultEngines)
 }
 
 // samplesFor resolves --samples-per-couplet for backend ("cpu" or "cuda").
 func samplesFor(backend string, flag int) int {
+	return byBackend(backend, flag, cpuDefaultSamples, cudaDefaultSamples)
+}
+
+// byBackend is flag when it is set (> 0), else backend's default.
+func byBackend(backend string, flag, cpu, cuda int) int {
 	switch {
 	case flag > 0:
 		return flag
 	case backend == "cuda":
-		return cudaDefaultSamples
+		return cuda
 	}
-	return cpuDefaultSamples
+	return cpu
 }
 
 // defaultStackConfig holds the built-in defaults. Each is owned by the
@@ -280,26 +279,25 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	n := enginesFor(backend, cfg.Engines)
 	s.Config.Engines = n
 	engines := make([]engine.Engine, 0, n)
+	fail := func(err error) (*stack, error) { // s.Engine is not set yet
+		for _, e := range engines {
+			e.Close()
+		}
+		s.Close()
+		return nil, err
+	}
 	for i := range n {
 		b, err := newBackend(backend, cfg, m, i, n)
-		if err == nil {
-			var e engine.Engine
-			e, err = newEngine(cfg, b)
-			if err != nil {
-				b.Close()
-			} else {
-				s.Backends = append(s.Backends, b)
-				engines = append(engines, e)
-			}
-		}
 		if err != nil {
-			for _, e := range engines {
-				e.Close()
-			}
-			s.Engine = nil
-			s.Close()
-			return nil, err
+			return fail(err)
 		}
+		e, err := newEngine(cfg, b)
+		if err != nil {
+			b.Close()
+			return fail(err)
+		}
+		s.Backends = append(s.Backends, b)
+		engines = append(engines, e)
 	}
 	s.Backend = s.Backends[0]
 	s.Config.BlockSize = s.Backend.BlockSize() // the backend resolves 0
