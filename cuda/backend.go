@@ -551,7 +551,6 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	tokens, positions, slots, tokSeq, rows, tables := mp(0), mp(1), mp(2), mp(3), mp(4), mp(5)
 	c := b.cfg
 	dm, ffn, nH, nKV := c.HiddenSize, c.IntermediateSize, c.NumHeads, c.NumKVHeads
-	eps := float32(c.RMSNormEps)
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
 	u := func(p uintptr) uint64 { return uint64(p) }
 	if b.useGEMV(T) {
@@ -564,13 +563,13 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 		}
 		kc, vc := b.kvSlab(l, 0), b.kvSlab(l, 1)
 		errs = errors.Join(
-			b.launch("rmsnorm", (T+7)/8, 1, 256, u(b.h), u(b.x), u(L.attnNorm), 0, i32(dm), f32(eps), i32(T)),
+			b.rmsnorm(b.h, b.x, L.attnNorm, 0, T),
 			b.gemm(b.qkv, b.h, L.wqkv, T, b.qkvDim, dm, false),
 			b.launch("rope_kv", T, 1, 128, u(b.qkv), u(b.cosSin), positions, slots, u(kc), u(vc), i32(nH), i32(nKV)),
 			b.launch(b.attnKernel(), (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
 			b.gemm(b.x, b.attn, L.wo, T, dm, nH*b.hd, true),
-			b.launch("rmsnorm", (T+7)/8, 1, 256, u(b.h), u(b.x), u(L.mlpNorm), 0, i32(dm), f32(eps), i32(T)),
+			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T),
 			b.gemm(b.gu, b.h, L.wgu, T, 2*ffn, dm, false),
 			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, u(b.act), u(b.gu), i32(T), i32(ffn)),
 			b.gemm(b.x, b.act, L.down, T, dm, ffn, true),
@@ -578,7 +577,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	}
 	if errs == nil && R > 0 {
 		errs = errors.Join(
-			b.launch("rmsnorm", (R+7)/8, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), f32(eps), i32(R)),
+			b.rmsnorm(b.xs, b.x, b.finalNorm, rows, R),
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, dm, false),
 		)
 		if errs == nil {
@@ -586,6 +585,17 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 		}
 	}
 	return errs
+}
+
+// rmsnormRowsPerBlock: the rmsnorm kernel normalises a row per warp, 8
+// warps to a block of 256 threads.
+const rmsnormRowsPerBlock = 8
+
+// rmsnorm enqueues out[r] = RMSNorm(x[rows ? rows[r] : r]) · w for n rows
+// (rows: a device pointer to n row indices, or 0).
+func (b *Backend) rmsnorm(out, x, w uintptr, rows uint64, n int) error {
+	return b.launch("rmsnorm", (n+rmsnormRowsPerBlock-1)/rmsnormRowsPerBlock, 1, 32*rmsnormRowsPerBlock,
+		uint64(out), uint64(x), uint64(w), rows, i32(b.cfg.HiddenSize), f32(float32(b.cfg.RMSNormEps)), i32(n))
 }
 
 // pinMinBytes: smaller logits buffers are copied pageable (registration

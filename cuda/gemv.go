@@ -203,7 +203,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 			u(b.logitBuf), u(b.x), rows, u(b.finalNorm), eps, u(lm), i32(R), i32(V), i32(dm), 0)
 	} else { // duplicate logits rows can make R > T
 		errs = errors.Join(
-			b.launch("rmsnorm", (R+7)/8, 1, 256, u(b.xs), u(b.x), u(b.finalNorm), rows, i32(dm), eps, i32(R)),
+			b.rmsnorm(b.xs, b.x, b.finalNorm, rows, R),
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, V, dm, false),
 		)
 	}
