@@ -32,8 +32,13 @@ type Options struct {
 	// MaxBlocks, when > 0, caps the number of KV blocks (a huge cache only
 	// costs the engine's host-side bookkeeping).
 	MaxBlocks int
-	// Precision of the GEMMs: "tf32" (default: float32 storage, TF32 tensor
-	// cores, float32 accumulation) or "fp32" (exact float32 FMA; for tests).
+	// Precision of the GEMMs of steps on the cuBLAS path: "tf32" (default:
+	// float32 storage, TF32 tensor cores, float32 accumulation), "bf16"
+	// (bf16 weight copies and the GEMMs' input activations rounded to
+	// bf16 as the kernel before each GEMM writes them, float32
+	// accumulation and output: half the bytes and twice the tensor-core
+	// rate; lossless for the weights of a model stored in bf16) or "fp32"
+	// (exact float32 FMA; for tests).
 	Precision string
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
@@ -87,8 +92,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("cuda: BlockSize %d < 1", o.BlockSize)
 	case o.MemoryFraction <= 0 || o.MemoryFraction > 1:
 		return fmt.Errorf("cuda: MemoryFraction %g not in (0, 1]", o.MemoryFraction)
-	case o.Precision != "tf32" && o.Precision != "fp32":
-		return fmt.Errorf("cuda: Precision %q: want tf32 or fp32", o.Precision)
+	case o.Precision != "tf32" && o.Precision != "fp32" && o.Precision != "bf16":
+		return fmt.Errorf("cuda: Precision %q: want tf32, bf16 or fp32", o.Precision)
 	case o.NVRTCTarget != "" && o.NVRTCTarget != "cubin" && o.NVRTCTarget != "ptx":
 		return fmt.Errorf("cuda: NVRTCTarget %q: want cubin or ptx", o.NVRTCTarget)
 	case o.GEMVWeights != "auto" && o.GEMVWeights != "fp32" && o.GEMVWeights != "bf16":
@@ -157,13 +162,17 @@ type Backend struct {
 
 	// Activation scratch, sized for capT tokens (rows of logits too).
 	capT                  int
-	x, h, qkv, attn       uintptr   // [T,d], [T,d], [T,qkvDim], [T,nH*hd]
-	gu, act, xs, logitBuf uintptr   // [T,2ffn], [T,ffn], [T,d], [T,V]
-	lseBuf                uintptr   // [T] row log-sum-exp
-	lseHost               []float32 // [R] of the last Forward
-	meta                  uintptr   // int32 step metadata, capMeta entries
-	capMeta               int
-	hostMeta              []int32 // host copy, reused
+	x, h, qkv, attn       uintptr // [T,d], [T,d], [T,qkvDim], [T,nH*hd]
+	gu, act, xs, logitBuf uintptr // [T,2ffn], [T,ffn], [T,d], [T,V]
+	lseBuf                uintptr // [T] row log-sum-exp
+	// in16 is the bf16 GEMM input [T, max(d, nH*hd, ffn)] when bf16GEMM:
+	// the normed, attention or SiLU activations the next GEMM reads.
+	in16     uintptr
+	bf16GEMM bool      // Options.Precision "bf16": GEMMs on bf16 copies (gemm16)
+	lseHost  []float32 // [R] of the last Forward
+	meta     uintptr   // int32 step metadata, capMeta entries
+	capMeta  int
+	hostMeta []int32 // host copy, reused
 
 	// Device draws (draw.go): the registered allowed-token masks
 	// [maxMasks, maskWords] uint64 (allocated by the first RegisterMask),
@@ -206,7 +215,7 @@ type Backend struct {
 	// shared memory); set in init. gemvBF: they read the bf16 copies of
 	// the weights (devLayer.*BF, lmHeadBF; set in uploadWeights).
 	gemvOK, gemvBF bool
-	lmHeadBF       uintptr // [V, d] bf16, when gemvBF
+	lmHeadBF       uintptr // [V, d] bf16, when gemvBF or bf16GEMM
 
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
@@ -219,7 +228,8 @@ type Backend struct {
 type devLayer struct {
 	attnNorm, wqkv, wo uintptr // [d], [qkvDim, d], [d, nH*hd]
 	mlpNorm, wgu, down uintptr // [d], [2ffn, d], [d, ffn]
-	// bf16 copies of the four matrices for the GEMV path (0 unless gemvBF).
+	// bf16 copies of the four matrices for the GEMV path and the bf16
+	// GEMMs (0 unless gemvBF or bf16GEMM).
 	wqkvBF, woBF, wguBF, downBF uintptr
 }
 
@@ -334,6 +344,20 @@ func (b *Backend) gemm(y, x, w uintptr, M, N, K int, accumulate bool) error {
 		uintptr(unsafe.Pointer(b.one)), w, cudaR32F, uintptr(K), x, cudaR32F, uintptr(K),
 		uintptr(unsafe.Pointer(beta)), y, cudaR32F, uintptr(N), b.computeType, uintptr(uint32(0xffffffff)))
 	return bl.err(fmt.Sprintf("gemmEx(M=%d,N=%d,K=%d)", M, N, K), r)
+}
+
+// gemm16 is gemm with bf16 inputs: y[M,N] (float32) = x16[M,K] ·
+// w16[N,K]ᵀ + beta·y, accumulated in float32.
+func (b *Backend) gemm16(y, x16, w16 uintptr, M, N, K int, accumulate bool) error {
+	beta := b.zero
+	if accumulate {
+		beta = b.one
+	}
+	bl := &b.l.blas
+	r := sc(bl.gemmEx, b.blas, cublasOpT, cublasOpN, uintptr(N), uintptr(M), uintptr(K),
+		uintptr(unsafe.Pointer(b.one)), w16, cudaR16BF, uintptr(K), x16, cudaR16BF, uintptr(K),
+		uintptr(unsafe.Pointer(beta)), y, cudaR32F, uintptr(N), cublasCompute32F, uintptr(uint32(0xffffffff)))
+	return bl.err(fmt.Sprintf("gemmEx bf16(M=%d,N=%d,K=%d)", M, N, K), r)
 }
 
 // LogSumExp returns, for each logits row of the last Forward, log Σ exp of
@@ -556,29 +580,50 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	if b.useGEMV(T) {
 		return b.enqueueSmall(T, R, stride, off)
 	}
+	// Each GEMM reads the activation the kernel before it wrote: float32
+	// in h, attn, act or xs, or with bf16GEMM bf16 in in16 (a = 0 there:
+	// the kernels then write in16 instead) against the bf16 weights.
+	in16, mm := uint64(0), b.gemm
+	if b.bf16GEMM {
+		in16, mm = u(b.in16), b.gemm16
+	}
+	a := func(p uintptr) uintptr {
+		if b.bf16GEMM {
+			return b.in16
+		}
+		return p
+	}
+	lmHead := b.lmHead
+	if b.bf16GEMM {
+		lmHead = b.lmHeadBF
+	}
 	errs := b.launch("embed_gather", T, 1, 128, u(b.x), u(b.embed), tokens, i32(dm))
 	for l, L := range b.layers {
 		if errs != nil {
 			return errs
 		}
 		kc, vc := b.kvSlab(l, 0), b.kvSlab(l, 1)
+		wqkv, wo, wgu, down := L.wqkv, L.wo, L.wgu, L.down
+		if b.bf16GEMM {
+			wqkv, wo, wgu, down = L.wqkvBF, L.woBF, L.wguBF, L.downBF
+		}
 		errs = errors.Join(
-			b.rmsnorm(b.h, b.x, L.attnNorm, 0, T),
-			b.gemm(b.qkv, b.h, L.wqkv, T, b.qkvDim, dm, false),
+			b.rmsnorm(b.h, b.x, L.attnNorm, 0, T, in16),
+			mm(b.qkv, a(b.h), wqkv, T, b.qkvDim, dm, false),
 			b.launch("rope_kv", T, 1, 128, u(b.qkv), u(b.cosSin), positions, slots, u(kc), u(vc), i32(nH), i32(nKV)),
 			b.launch(b.attnKernel(), (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
-				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
-			b.gemm(b.x, b.attn, L.wo, T, dm, nH*b.hd, true),
-			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T),
-			b.gemm(b.gu, b.h, L.wgu, T, 2*ffn, dm, false),
-			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, u(b.act), u(b.gu), i32(T), i32(ffn)),
-			b.gemm(b.x, b.act, L.down, T, dm, ffn, true),
+				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale), in16),
+			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
+			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16),
+			mm(b.gu, a(b.h), wgu, T, 2*ffn, dm, false),
+			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, u(b.act), u(b.gu), i32(T), i32(ffn), in16),
+			mm(b.x, a(b.act), down, T, dm, ffn, true),
 		)
 	}
 	if errs == nil && R > 0 {
 		errs = errors.Join(
-			b.rmsnorm(b.xs, b.x, b.finalNorm, rows, R),
-			b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, dm, false),
+			b.rmsnorm(b.xs, b.x, b.finalNorm, rows, R, in16),
+			mm(b.logitBuf, a(b.xs), lmHead, R, c.VocabSize, dm, false),
 		)
 		if errs == nil {
 			errs = b.launch("row_lse", R, 1, rowLSEThreads, u(b.lseBuf), u(b.logitBuf), i32(c.VocabSize))
@@ -592,10 +637,11 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 const rmsnormRowsPerBlock = 8
 
 // rmsnorm enqueues out[r] = RMSNorm(x[rows ? rows[r] : r]) · w for n rows
-// (rows: a device pointer to n row indices, or 0).
-func (b *Backend) rmsnorm(out, x, w uintptr, rows uint64, n int) error {
+// (rows: a device pointer to n row indices, or 0), written as bf16 into
+// out16 instead when out16 is not 0.
+func (b *Backend) rmsnorm(out, x, w uintptr, rows uint64, n int, out16 uint64) error {
 	return b.launch("rmsnorm", (n+rmsnormRowsPerBlock-1)/rmsnormRowsPerBlock, 1, 32*rmsnormRowsPerBlock,
-		uint64(out), uint64(x), uint64(w), rows, i32(b.cfg.HiddenSize), f32(float32(b.cfg.RMSNormEps)), i32(n))
+		uint64(out), uint64(x), uint64(w), rows, i32(b.cfg.HiddenSize), f32(float32(b.cfg.RMSNormEps)), i32(n), out16)
 }
 
 // pinMinBytes: smaller logits buffers are copied pageable (registration

@@ -36,6 +36,7 @@ const (
 	cublasOpN              = 0
 	cublasOpT              = 1
 	cudaR32F               = 0
+	cudaR16BF              = 14
 	cublasCompute32F       = 68
 	cublasCompute32FTF32   = 77
 	cublasGemmDefault      = -1

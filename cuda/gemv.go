@@ -183,7 +183,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 				u(b.qkv), src, ids, u(b.x), u(L.attnNorm), eps, u(wqkv), u(b.cosSin), positions, slots,
 				u(kc), u(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
 			b.launchPDL(b.attnKernel(), (T*nH+3)/4, 1, 128, 0, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
-				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
+				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale), 0),
 			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
 				u(b.x), u(b.attn), 0, 0, 0, u(wo), i32(T), i32(dm), i32(nq), 1),
 			b.launchPDL(kGU, grid(ffn), 1, gemvThreads, T*dm*4,
@@ -203,7 +203,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 			u(b.logitBuf), u(b.x), rows, u(b.finalNorm), eps, u(lm), i32(R), i32(V), i32(dm), 0)
 	} else { // duplicate logits rows can make R > T
 		errs = errors.Join(
-			b.rmsnorm(b.xs, b.x, b.finalNorm, rows, R),
+			b.rmsnorm(b.xs, b.x, b.finalNorm, rows, R, 0),
 			b.gemm(b.logitBuf, b.xs, b.lmHead, R, V, dm, false),
 		)
 	}

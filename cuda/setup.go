@@ -278,8 +278,9 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 	if b.finalNorm, err = up(w.FinalNorm); err != nil {
 		return err
 	}
-	if b.gemvOK && b.gemvBFWanted(m) {
-		b.gemvBF = true
+	b.gemvBF = b.gemvOK && b.gemvBFWanted(m)
+	b.bf16GEMM = b.opt.Precision == "bf16"
+	if b.gemvBF || b.bf16GEMM {
 		if b.lmHeadBF, err = b.uploadBF16(w.LMHead); err != nil {
 			return err
 		}
@@ -307,7 +308,7 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 				return err
 			}
 		}
-		if b.gemvBF {
+		if b.gemvBF || b.bf16GEMM {
 			for _, x := range []struct {
 				dst *uintptr
 				src []float32
@@ -362,6 +363,7 @@ func (b *Backend) growScratch(n int) error {
 	}{
 		{&b.x, dm}, {&b.h, dm}, {&b.qkv, int64(b.qkvDim)}, {&b.attn, int64(c.NumHeads * b.hd)},
 		{&b.gu, 2 * ffn}, {&b.act, ffn}, {&b.xs, dm}, {&b.logitBuf, V}, {&b.lseBuf, 1},
+		{&b.in16, (max(dm, int64(c.NumHeads*b.hd), ffn) + 1) / 2}, // bf16: two per float32
 	} {
 		b.free(*x.p)
 		var err error

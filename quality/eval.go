@@ -5,8 +5,9 @@
 // ReadPairs. The figures equal the PyTorch side's (training/evaluate.py)
 // on the shipped model; TestShippedModelMatchesEvalJSON keeps them so.
 //
-// LowerGreedy and LowerNLL each run on a CPU backend of their own, never
-// on an engine's backend, which belongs to the engine goroutine.
+// LowerGreedy and LowerNLL each run on a backend of their own
+// (LowerBackend; the CPU's by default), never on an engine's backend,
+// which belongs to the engine goroutine.
 //
 // RunEval is `chunlian eval`'s constraint evaluation on a couplet
 // generator: rule pass rates, keyword inclusion and latency with the
@@ -60,11 +61,10 @@ type EvalSetup struct {
 	// Full is the service's generator (retrieved 横批 ranked); NoRetrieval
 	// is the same model and engine with the model's own 横批 only.
 	Full, NoRetrieval *couplet.Generator
-	// Model runs docs/EVAL.md's BLEU and perplexity on a CPU forward pass
-	// of its own; Int8 runs it on the int8 weight copies, as the service
-	// does with --experimental=cpu-int8.
+	// Model runs docs/EVAL.md's BLEU and perplexity on a forward pass of
+	// its own from Lower (the zero value: float32 on the CPU).
 	Model *model.Model
-	Int8  bool
+	Lower LowerBackend
 }
 
 // EvalOptions are the evaluation's parameters. Counts are ≥ 0; a count of
@@ -347,7 +347,7 @@ func (e *evaluation) greedyBLEU(v evalVariant, uppers, lowers []string) {
 // and compares with BLEUCompare when they are set.
 func (e *evaluation) forcedBLEU(uppers, lowers []string) error {
 	pr := newEvalProgress(e, "greedy BLEU, length forced", len(uppers))
-	hyps, err := LowerGreedy(e.s.Model, uppers, e.s.Int8, pr.tick)
+	hyps, err := LowerGreedy(e.s.Model, e.s.Lower, uppers, pr.tick)
 	if err != nil {
 		return fmt.Errorf("forced-length BLEU: %w", err)
 	}
@@ -375,7 +375,7 @@ func (e *evaluation) forcedBLEU(uppers, lowers []string) error {
 func (e *evaluation) perplexity(uppers, lowers []string) error {
 	pr := newEvalProgress(e, "teacher-forced perplexity", len(uppers))
 	t0 := time.Now()
-	nll, tokens, err := LowerNLL(e.s.Model, uppers, lowers, e.s.Int8, pr.tick)
+	nll, tokens, err := LowerNLL(e.s.Model, e.s.Lower, uppers, lowers, pr.tick)
 	if err != nil {
 		return fmt.Errorf("perplexity: %w", err)
 	}

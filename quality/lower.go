@@ -46,25 +46,55 @@ func LowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 	return ids, len(prompt), err
 }
 
+// LowerBackend makes the forward pass LowerNLL and LowerGreedy run on: a
+// fresh backend of their own (not the engine's, which belongs to the
+// engine goroutine) with blockSize-token blocks and room for kvTokens
+// tokens of KV cache, and MaxStep, the most tokens one step of it takes
+// (0 = 2048). The zero value is the float32 CPU backend.
+type LowerBackend struct {
+	New     func(m *model.Model, blockSize, kvTokens int) (forward.Backend, error)
+	MaxStep int
+}
+
+// CPULower is the CPU backend as the service runs it: float32 GEMMs, or
+// with int8 the int8 weight copies of --experimental=cpu-int8 (and steps
+// within the rows they serve, forward.DefaultBF16MaxRows).
+func CPULower(int8 bool) LowerBackend {
+	lb := LowerBackend{New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
+		return forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(kvTokens) * forward.KVBytesPerToken(m.Config), Int8: int8})
+	}}
+	if int8 {
+		lb.MaxStep = forward.DefaultBF16MaxRows
+	}
+	return lb
+}
+
+// step is the most tokens one step takes.
+func (lb LowerBackend) step() int {
+	if lb.MaxStep > 0 {
+		return lb.MaxStep
+	}
+	return 2048
+}
+
+func (lb LowerBackend) open(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
+	if lb.New == nil {
+		lb = CPULower(false)
+	}
+	return lb.New(m, bs, kvTokens)
+}
+
 // LowerNLL is the teacher-forced negative log-likelihood of every pair's
 // 下联 + <eos> (summed, in nats) and the number of tokens scored: the
 // perplexity of docs/EVAL.md is exp(nll / tokens). It runs the model's
-// forward pass on a CPU backend of its own (not the engine's, whose
-// backend belongs to the engine goroutine), several sequences per step,
-// each sequence's prefill in one chunk with logits only where a 下联
+// forward pass on a backend of its own from lb, several sequences per
+// step, each sequence's prefill in one chunk with logits only where a 下联
 // token or <eos> is predicted. progress, if not nil, gets the number of
 // pairs done after each step.
-//
-// With int8, the GEMMs run on the int8 weight copies as the service's
-// --experimental=cpu-int8 does (forward.CPUOptions.Int8), and steps stay
-// within the rows those copies serve (forward.DefaultBF16MaxRows).
-func LowerNLL(m *model.Model, uppers, lowers []string, int8 bool, progress func(int)) (nll float64, tokens int, err error) {
-	const bs = 16  // block size
-	budget := 2048 // tokens per step (and KV cache)
-	if int8 {
-		budget = forward.DefaultBF16MaxRows
-	}
-	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(budget) * forward.KVBytesPerToken(m.Config), Int8: int8})
+func LowerNLL(m *model.Model, lb LowerBackend, uppers, lowers []string, progress func(int)) (nll float64, tokens int, err error) {
+	const bs = 16
+	budget := lb.step() // tokens per step (and KV cache)
+	be, err := lb.open(m, bs, budget)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -138,12 +168,11 @@ func LowerNLL(m *model.Model, uppers, lowers []string, int8 bool, progress func(
 // LowerGreedy is docs/EVAL.md's BLEU decoding: for each 上联, greedy
 // decoding of exactly len(上联) tokens after `<bos> <low> <len_N> <up>
 // 上联 <sep>`, every special token forbidden (so each token is a
-// character), ties to the lowest id as torch.argmax. It runs on a CPU
-// backend of its own, up to 64 sequences per step with their KV cache
-// blocks laid out up front (with int8, on the int8 weight copies as in
-// LowerNLL). progress, if not nil, gets the number of 上联s done after
-// each group.
-func LowerGreedy(m *model.Model, uppers []string, int8 bool, progress func(int)) ([]string, error) {
+// character), ties to the lowest id as torch.argmax. It runs on a backend
+// of its own from lb, up to 64 sequences per step with their KV cache
+// blocks laid out up front. progress, if not nil, gets the number of
+// 上联s done after each group.
+func LowerGreedy(m *model.Model, lb LowerBackend, uppers []string, progress func(int)) ([]string, error) {
 	const bs, group = 16, 64
 	maxLen := 0
 	for _, u := range uppers {
@@ -153,7 +182,7 @@ func LowerGreedy(m *model.Model, uppers []string, int8 bool, progress func(int))
 		return nil, fmt.Errorf("a 上联 needs %d positions, more than the model's %d", maxLen, m.Config.MaxPositions)
 	}
 	perSeq := (maxLen + bs - 1) / bs
-	be, err := forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(group*perSeq*bs) * forward.KVBytesPerToken(m.Config), Int8: int8})
+	be, err := lb.open(m, bs, group*perSeq*bs)
 	if err != nil {
 		return nil, err
 	}

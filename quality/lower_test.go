@@ -84,7 +84,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 		ups, los = append(ups, line(i, n)), append(los, line(i+1, n))
 	}
 	var calls []int
-	nll, tokens, err := LowerNLL(m, ups, los, false, func(done int) { calls = append(calls, done) })
+	nll, tokens, err := LowerNLL(m, LowerBackend{}, ups, los, func(done int) { calls = append(calls, done) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 		t.Errorf("progress calls %v: want several, increasing, ending at %d", calls, len(ups))
 	}
 	// int8 reaches the backend: the same tokens, a slightly different NLL.
-	nll8, tokens8, err := LowerNLL(m, ups, los, true, nil)
+	nll8, tokens8, err := LowerNLL(m, CPULower(true), ups, los, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestLowerGreedyMatchesPlain(t *testing.T) {
 		}
 		ups = append(ups, s)
 	}
-	got, err := LowerGreedy(m, ups, false, nil)
+	got, err := LowerGreedy(m, LowerBackend{}, ups, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,14 +231,14 @@ func TestShippedModelMatchesEvalJSON(t *testing.T) {
 	if len(ups) != ev.TestPairs {
 		t.Fatalf("%d test pairs, eval.json has %d", len(ups), ev.TestPairs)
 	}
-	nll, tokens, err := LowerNLL(m, ups, los, false, nil)
+	nll, tokens, err := LowerNLL(m, LowerBackend{}, ups, los, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ppl := math.Exp(nll / float64(tokens)); tokens != ev.Tokens || math.Abs(ppl-ev.PPL) > 1e-3*ev.PPL {
 		t.Errorf("perplexity %.4f over %d tokens; PyTorch %.4f over %d", ppl, tokens, ev.PPL, ev.Tokens)
 	}
-	hyps, err := LowerGreedy(m, ups, false, nil)
+	hyps, err := LowerGreedy(m, LowerBackend{}, ups, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

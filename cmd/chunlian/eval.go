@@ -51,10 +51,10 @@ func defineEval(fs *pflag.FlagSet, stdout io.Writer) func() error {
 	fs.Float64Var(&o.Temperature, "temperature", 0, fmt.Sprintf("sampling temperature of the sampled keyword and lower-mode runs, 0..%g as in the HTTP API (0 = greedy; the BLEU runs are greedy); not given: %g", couplet.Limits.MaxTemperature, couplet.DefaultTemperature))
 	fs.IntVar(&o.Samples, "samples", 8, "sample couplets to print")
 	fs.IntVar(&o.BLEULimit, "bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
-	fs.IntVar(&o.ForcedLimit, "bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set)")
+	fs.IntVar(&o.ForcedLimit, "bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a forward pass of its own on --backend (0 = skip; 3830 = the whole test set)")
 	fs.StringVar(&o.BLEUOut, "bleu-out", "", "write the --bleu-forced pairs to this file as 上联<TAB>reference 下联<TAB>greedy 下联, one per line")
 	fs.StringVar(&o.BLEUCompare, "bleu-compare", "", "a --bleu-out file of another model on the same pairs: report this model's BLEU-4 minus that one's, with a paired bootstrap interval")
-	fs.IntVar(&o.PPLLimit, "ppl-limit", 0, "teacher-forced 下联 perplexity (docs/EVAL.md's definition) on this many test.tsv pairs, on a CPU forward pass of its own (0 = skip; 3830 = the whole test set, as the Python side)")
+	fs.IntVar(&o.PPLLimit, "ppl-limit", 0, "teacher-forced 下联 perplexity (docs/EVAL.md's definition) on this many test.tsv pairs, on a forward pass of its own on --backend (0 = skip; 3830 = the whole test set, as the Python side)")
 	randomModel := fs.Bool("random-model", false, "use the tiny random test model (smoke test)")
 	reader := defineReader(fs) // blind.go: --blind, --score, --signals
 	var sc stackConfig
@@ -92,7 +92,7 @@ func evalRun(sc stackConfig, o quality.EvalOptions, defaultTemp, randomModel boo
 	if err != nil {
 		return err
 	}
-	r, err := quality.RunEval(context.Background(), quality.EvalSetup{Full: st.Gen, NoRetrieval: noRetr, Model: st.Model, Int8: st.Config.Experimental.Has(featCPUInt8)}, o)
+	r, err := quality.RunEval(context.Background(), quality.EvalSetup{Full: st.Gen, NoRetrieval: noRetr, Model: st.Model, Lower: st.lowerBackend()}, o)
 	if err != nil {
 		return err
 	}

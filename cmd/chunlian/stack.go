@@ -24,6 +24,7 @@ import (
 	"chunlian/forward"
 	"chunlian/kernels/cpu"
 	"chunlian/model"
+	"chunlian/quality"
 )
 
 // stackConfig is the whole inference stack's configuration. The zero value
@@ -130,6 +131,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.Var(&c.Experimental, "experimental", "comma-separated experimental features: "+knownFeatures())
 	fs.IntVar(&c.CUDA.Device, "device", c.CUDA.Device, "CUDA device ordinal to run on, counted among the GPUs CUDA_VISIBLE_DEVICES leaves visible (one replica per GPU: --device N, or CUDA_VISIBLE_DEVICES=N with --device 0)")
 	fs.StringVar(&c.CUDA.LibDir, "cuda-lib-dir", c.CUDA.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first")
+	fs.StringVar(&c.CUDA.Precision, "gpu-precision", c.CUDA.Precision, "CUDA GEMM precision of batches over 4 tokens: tf32 (float32 inputs on TF32 tensor cores), bf16 (bf16 weights and inputs) or fp32 (exact); float32 accumulation in each")
 	fs.StringVar(&c.CUDA.NVRTCTarget, "cuda-nvrtc-target", c.CUDA.NVRTCTarget, "what NVRTC compiles the kernels to: cubin (default) or ptx (the driver compiles it; for an NVRTC that fails on a new GPU)")
 }
 
@@ -236,6 +238,7 @@ type stack struct {
 	Model    *model.Model
 	Backend  forward.Backend   // Backends[0]
 	Backends []forward.Backend // one per engine loop (--engines)
+	Kind     string            // the resolved --backend: cpu or cuda
 	Engine   engine.Engine     // possibly wrapped by Config.wrapEngine
 	Gen      *couplet.Generator
 }
@@ -276,6 +279,7 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	configureKernels(cfg)
 	s := &stack{Config: cfg, Model: m}
 	backend := cfg.resolveBackend()
+	s.Kind = backend
 	n := enginesFor(backend, cfg.Engines)
 	s.Config.Engines = n
 	engines := make([]engine.Engine, 0, n)
@@ -318,6 +322,20 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 		return nil, fmt.Errorf("couplet generator: %w", err)
 	}
 	return s, nil
+}
+
+// lowerBackend is the forward pass of eval's BLEU and perplexity: a
+// backend of its own of the kind, weights and precision the stack serves
+// with.
+func (s *stack) lowerBackend() quality.LowerBackend {
+	if s.Kind != "cuda" {
+		return quality.CPULower(s.Config.Experimental.Has(featCPUInt8))
+	}
+	return quality.LowerBackend{New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
+		cfg := s.Config
+		cfg.BlockSize = bs
+		return newCUDABackend(cfg, m, int64(kvTokens)*forward.KVBytesPerToken(m.Config), 0, 1)
+	}}
 }
 
 // newBackend builds engine loop i's backend (of n): each takes 1/n of the

@@ -25,7 +25,7 @@ type cudaConfig struct {
 	NVRTCTarget    string        // "" | cubin | ptx (--cuda-nvrtc-target, registerModel)
 	MemoryFraction float64       // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
 	MaxBlocks      int           // cap on KV blocks; 0 = none
-	Precision      string        // tf32 | fp32
+	Precision      string        // tf32 | bf16 | fp32 (--gpu-precision, registerModel)
 	HandoffSpin    time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
 }
 
@@ -41,7 +41,6 @@ func defaultCUDAConfig() cudaConfig {
 func (c *cudaConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.MemoryFraction, "gpu-memory-utilization", c.MemoryFraction, "CUDA: fraction of GPU memory for weights + activations + KV cache when --kv-cache-memory is 0")
 	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, "CUDA: cap on KV cache blocks (0 = no cap)")
-	fs.StringVar(&c.Precision, "gpu-precision", c.Precision, "CUDA GEMM precision: tf32 (tensor cores, fp32 accumulate) or fp32")
 	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default 2ms, negative = never; a launched step's wait polls its done word up to 20ms unless negative)")
 }
 

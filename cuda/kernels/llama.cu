@@ -1,5 +1,6 @@
 // Kernels of the chunlian CUDA backend (package cuda), compiled at start by
 // NVRTC for the device's architecture. All tensors are float32, row-major.
+// (The bf16 GEMM path stores some activations as bfloat16: out16 arguments.)
 // Model constants arrive as -D macros:
 //   HEAD_DIM  head dimension (any size up to 32*MAX_LANE_DIMS)
 // Every kernel uses 64-bit offsets: the paged cache can exceed 2^31 floats.
@@ -11,6 +12,22 @@ typedef long long i64;
 
 // NVRTC has no <math.h>, so no INFINITY macro.
 #define NEG_INF __int_as_float(0xff800000)
+
+// f2bf rounds a float32 to the nearest-even bfloat16 (NaNs stay NaNs), as
+// the host's toBF16: the form in which the bf16 GEMM path (Options.Precision
+// "bf16") hands activations to cuBLAS.
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// store_act writes an activation: as bfloat16 into out16 when it is
+// non-null (the bf16 GEMM path), else as float32 into out.
+__device__ __forceinline__ void store_act(float* out, unsigned short* out16, i64 i, float v) {
+    if (out16) out16[i] = f2bf(v);
+    else out[i] = v;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -74,9 +91,10 @@ extern "C" __global__ void embed_gather(float* __restrict__ out, const float* __
 // src = rows ? rows[r] : r (rows gathers the sampled rows before the LM head).
 // One warp per row (a block per row spent most of its time synchronising):
 // grid = ceil(n / 8), block = 256; n rows. out [n, d]; x [*, d]; w [d].
+// out16 [n, d] bf16: written instead of out when non-null.
 extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restrict__ x,
                                    const float* __restrict__ w, const int* __restrict__ rows,
-                                   int d, float eps, int n) {
+                                   int d, float eps, int n, unsigned short* __restrict__ out16) {
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (r >= n) return;
     int lane = threadIdx.x & (WARP - 1);
@@ -86,8 +104,7 @@ extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restr
     for (int i = lane; i < d; i += WARP) { float v = xr[i]; ss += v * v; }
     ss = warp_sum(ss);
     float inv = 1.0f / sqrtf(ss / (float)d + eps);
-    float* o = out + (i64)r * d;
-    for (int i = lane; i < d; i += WARP) o[i] = xr[i] * inv * w[i];
+    for (int i = lane; i < d; i += WARP) store_act(out, out16, (i64)r * d + i, xr[i] * inv * w[i]);
 }
 
 // rope_kv: applies RoPE (Hugging Face rotate_half convention: dimension i
@@ -214,13 +231,15 @@ __device__ __forceinline__ float warp_max(float v) {
 // max and one sum over the warp, and the V accumulation loops over the
 // chunk's keys with independent loads (lane l owns dims l, l+32, ...).
 // The query is pre-scaled; online softmax in float32 across chunks.
+// out16 [T, nH*HEAD_DIM] bf16: written instead of out when non-null.
 extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, const float* __restrict__ qkv,
                                                    const float* __restrict__ kcache,
                                                    const float* __restrict__ vcache,
                                                    const int* __restrict__ tokSeq,
                                                    const int* __restrict__ positions,
                                                    const int* __restrict__ blockTables, int btStride,
-                                                   int T, int nH, int nKV, int blockSize, float scale) {
+                                                   int T, int nH, int nKV, int blockSize, float scale,
+                                                   unsigned short* __restrict__ out16) {
     __shared__ __align__(16) float qs[4][HEAD_DIM]; // blockDim.x == 128: one row per warp
     pdl_wait();
     int wib = threadIdx.x / WARP;
@@ -285,20 +304,21 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
         m = mn;
     }
     float inv = 1.0f / l;
-    float* o = out + ((i64)t * nH + h) * HEAD_DIM;
+    i64 o = ((i64)t * nH + h) * HEAD_DIM;
 #pragma unroll
     for (int i = 0; i < MAX_LANE_DIMS; i++) {
         int dd = lane + i * WARP;
-        if (dd < HEAD_DIM) o[dd] = acc[i] * inv;
+        if (dd < HEAD_DIM) store_act(out, out16, o + dd, acc[i] * inv);
     }
 }
 
 // silu_mul: act[t, i] = silu(gu[t, i]) * gu[t, ffn + i].
-// gu [T, 2*ffn] (gate then up, one fused GEMM); act [T, ffn]. Grid-stride.
+// gu [T, 2*ffn] (gate then up, one fused GEMM); act [T, ffn] (or act16
+// [T, ffn] bf16 when non-null). Grid-stride.
 // Indices are 32-bit when T * ffn fits (always, at the engine's batch
 // sizes): a 64-bit division per element is slow on the GPU.
 extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __restrict__ gu,
-                                    int T, int ffn) {
+                                    int T, int ffn, unsigned short* __restrict__ act16) {
     i64 n = (i64)T * ffn;
     if (n <= 0x7fffffffLL) { // e + the grid stride stays below 2^32
         unsigned un = (unsigned)n, uf = (unsigned)ffn;
@@ -306,7 +326,7 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
             unsigned t = e / uf, i = e - t * uf;
             const float* row = gu + (i64)t * 2 * ffn;
             float g = row[i], u = row[uf + i];
-            act[e] = g / (1.0f + expf(-g)) * u;
+            store_act(act, act16, e, g / (1.0f + expf(-g)) * u);
         }
         return;
     }
@@ -315,7 +335,7 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
         int i = (int)(e - t * ffn);
         float g = gu[t * 2 * ffn + i];
         float u = gu[t * 2 * ffn + ffn + i];
-        act[e] = g / (1.0f + expf(-g)) * u;
+        store_act(act, act16, e, g / (1.0f + expf(-g)) * u);
     }
 }
 
