@@ -163,6 +163,7 @@ type EvalReport struct {
 	Skipped    []string   // words the model cannot take
 	Samples    []Sample
 	TestNote   string // why the test set was skipped ("" = it was read)
+	LowerName  string // the forward pass of the BLEU and perplexity (LowerBackend.Name)
 	NumBanners int    // retrieval candidates loaded
 
 	// docs/EVAL.md's BLEU (length forced); ForcedHyps is empty when skipped.
@@ -198,7 +199,7 @@ func RunEval(ctx context.Context, s EvalSetup, o EvalOptions) (*EvalReport, erro
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	e := &evaluation{ctx: ctx, o: o, s: s, r: &EvalReport{NumBanners: s.Full.NumBanners()}}
+	e := &evaluation{ctx: ctx, o: o, s: s, r: &EvalReport{NumBanners: s.Full.NumBanners(), LowerName: s.Lower.name()}}
 	e.variants = [3]evalVariant{
 		{"unconstrained", s.Full, true},
 		{"constrained, model 横批 only", s.NoRetrieval, false},
@@ -474,8 +475,8 @@ func (r *EvalReport) WriteMarkdown(w io.Writer, intro string) {
 	r.writeForced(w)
 	if r.PPLTokens > 0 {
 		nll := r.PPLNLL / float64(r.PPLTokens)
-		fmt.Fprintf(w, "Teacher-forced 下联 perplexity (docs/EVAL.md's definition: the 下联 characters + `<eos>` of `<bos> <low> <len_N> <up> 上联 <sep> 下联 <eos>`, unknown characters as `<unk>`) on the first %d test.tsv pairs, computed by the Go CPU forward pass: **%.3f** (NLL %.4f nats per token over %d tokens).\n\n",
-			r.PPLPairs, math.Exp(nll), nll, r.PPLTokens)
+		fmt.Fprintf(w, "Teacher-forced 下联 perplexity (docs/EVAL.md's definition: the 下联 characters + `<eos>` of `<bos> <low> <len_N> <up> 上联 <sep> 下联 <eos>`, unknown characters as `<unk>`) on the first %d test.tsv pairs, computed by the Go forward pass (%s): **%.3f** (NLL %.4f nats per token over %d tokens).\n\n",
+			r.PPLPairs, r.LowerName, math.Exp(nll), nll, r.PPLTokens)
 	}
 	r.writeNotes(w)
 }
@@ -522,8 +523,8 @@ func (r *EvalReport) writeForced(w io.Writer) {
 	hyps, refs := r.ForcedHyps, r.ForcedRefs
 	b4 := BLEU(hyps, refs, 4)
 	lo, hi := BLEUInterval(hyps, refs, 4, BLEUResamples, 0.95, 1)
-	fmt.Fprintf(w, "BLEU as docs/EVAL.md defines it (greedy 下联 of exactly the 上联's length, special tokens forbidden, corpus BLEU over characters) on the first %d test.tsv pairs, computed by the Go CPU forward pass: BLEU-4 **%.6f** (95 %% bootstrap interval over the pairs, %d resamples: %.4f–%.4f), BLEU-2 %.6f.\n\n",
-		len(hyps), b4, BLEUResamples, lo, hi, BLEU(hyps, refs, 2))
+	fmt.Fprintf(w, "BLEU as docs/EVAL.md defines it (greedy 下联 of exactly the 上联's length, special tokens forbidden, corpus BLEU over characters) on the first %d test.tsv pairs, computed by the Go forward pass (%s): BLEU-4 **%.6f** (95 %% bootstrap interval over the pairs, %d resamples: %.4f–%.4f), BLEU-2 %.6f.\n\n",
+		len(hyps), r.LowerName, b4, BLEUResamples, lo, hi, BLEU(hyps, refs, 2))
 	if r.CompareWith != "" {
 		fmt.Fprintf(w, "Against `%s` on the same pairs: BLEU-4 %+.6f (this model %.6f, that one %.6f); paired bootstrap, %d resamples: 95 %% interval %+.4f to %+.4f, this model higher in %.1f %% of resamples.\n\n",
 			r.CompareWith, b4-r.OtherB4, b4, r.OtherB4, BLEUResamples, r.DiffLo, r.DiffHi, 100*r.Share)

@@ -54,6 +54,15 @@ func LowerSequence(m *model.Model, upper, lower string) ([]int32, int, error) {
 type LowerBackend struct {
 	New     func(m *model.Model, blockSize, kvTokens int) (forward.Backend, error)
 	MaxStep int
+	Name    string // what reports call it, e.g. "CPU" or "CUDA, bf16 GEMMs"
+}
+
+// name is Name, "CPU" for the zero value.
+func (lb LowerBackend) name() string {
+	if lb.Name == "" {
+		return "CPU"
+	}
+	return lb.Name
 }
 
 // CPULower is the CPU backend as the service runs it: float32 GEMMs, or
@@ -63,8 +72,9 @@ func CPULower(int8 bool) LowerBackend {
 	lb := LowerBackend{New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
 		return forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(kvTokens) * forward.KVBytesPerToken(m.Config), Int8: int8})
 	}}
+	lb.Name = "CPU"
 	if int8 {
-		lb.MaxStep = forward.DefaultBF16MaxRows
+		lb.MaxStep, lb.Name = forward.DefaultBF16MaxRows, "CPU, int8 weights"
 	}
 	return lb
 }

@@ -331,7 +331,7 @@ func (s *stack) lowerBackend() quality.LowerBackend {
 	if s.Kind != "cuda" {
 		return quality.CPULower(s.Config.Experimental.Has(featCPUInt8))
 	}
-	return quality.LowerBackend{New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
+	return quality.LowerBackend{Name: "CUDA, " + s.Config.CUDA.Precision + " GEMMs", New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
 		cfg := s.Config
 		cfg.BlockSize = bs
 		return newCUDABackend(cfg, m, int64(kvTokens)*forward.KVBytesPerToken(m.Config), 0, 1)
