@@ -203,6 +203,11 @@ var bf16X []float32
 func runGemmBF16(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im bf16Impl) {
 	poolMu.Lock()
 	defer poolMu.Unlock()
+	runGemmBF16Locked(m, n, k, x, w, y, acc, im)
+}
+
+// runGemmBF16Locked is runGemmBF16 with poolMu already held.
+func runGemmBF16Locked(m, n, k int, x []float32, w []uint16, y []float32, acc bool, im bf16Impl) {
 	if im.permute {
 		kp := (k + 31) &^ 31
 		if cap(bf16X) < m*kp {

@@ -227,6 +227,100 @@ def kernel8(name, R, wide):
     emit(L)
     out.append("")
 
+DOT_HDR = r"""
+// bf16-dot GEMM microkernels (see bf16dot_amd64.go): the bf16 kernels'
+// frame and tiles, but x is bf16 too (x *uint16, rows in natural order,
+// ldx bytes apart) and the products are VDPBF16PS (AVX512_BF16): per
+// 32-bit lane l, acc += x[2l]·w[2l] + x[2l+1]·w[2l+1], both operands 32
+// bf16 (64 bytes) per step. The byte offset AX indexes x and w alike.
+// roundBF16AVX512 (last) makes such x rows from float32 (VCVTNEPS2BF16).
+// The Go assembler knows neither instruction, so both are spelled out as
+// bytes (EVEX.512.F3.0F38.W0 52 /r and 72 /r, register operands only).
+"""
+
+def vdpbf16ps(d, s1, s2):
+    # Zd += pairwise-dot(Zs1, Zs2): EVEX.512.F3.0F38.W0 52 /r
+    inv = lambda b: 0 if b else 1
+    R = inv(d >> 3 & 1); Rp = inv(d >> 4 & 1); B = inv(s2 >> 3 & 1); X = inv(s2 >> 4 & 1)
+    P0 = (R << 7) | (X << 6) | (B << 5) | (Rp << 4) | 0x02
+    vvvv = (~s1) & 0xf; Vp = inv(s1 >> 4 & 1)
+    P1 = (vvvv << 3) | (1 << 2) | 0x2
+    P2 = (0b10 << 5) | (Vp << 3)
+    modrm = 0xC0 | ((d & 7) << 3) | (s2 & 7)
+    return "BYTE $0x62; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x52; BYTE $0x%02x // VDPBF16PS Z%d, Z%d, Z%d" % (P0, P1, P2, modrm, s2, s1, d)
+
+def kernel_dot(name, R):
+    L = [f"// func {name}(x *uint16, ldx int, w *uint16, ldw int, k32 int, y *float32, ldy int, tiles int, acc int)",
+         f"TEXT ·{name}(SB), NOSPLIT, $0-72",
+         "MOVQ x+0(FP), SI", "MOVQ ldx+8(FP), R12", "MOVQ w+16(FP), DI", "MOVQ ldw+24(FP), BX",
+         "MOVQ k32+32(FP), CX", "SHLQ $1, CX // bytes of each x and weight row to sweep",
+         "MOVQ y+40(FP), DX", "MOVQ ldy+48(FP), R11"]
+    if R >= 2:
+        L.append("LEAQ (SI)(R12*1), R13 // x row 1")
+    if R >= 4:
+        L.append("LEAQ (SI)(R12*2), R14 // x row 2")
+        L.append("LEAQ (R13)(R12*2), R12 // x row 3")
+    L += ["tile:", "CMPQ tiles+56(FP), $0", "JEQ done",
+          "LEAQ (DI)(BX*1), R8", "LEAQ (DI)(BX*2), R9", "LEAQ (R8)(BX*2), R10"]
+    for a in range(4 * R):  # acc[i][j] = Z(4i+j)
+        L.append(f"VPXORD Z{a}, Z{a}, Z{a}")
+    L += ["XORQ AX, AX", "CMPQ AX, CX", "JGE reduce", "loop:"]
+    xr = [16 + i for i in range(R)]  # x rows' 32 bf16
+    wr = [20 + j for j in range(4)]  # weight rows' 32 bf16
+    for i in range(R):
+        L.append(f"VMOVDQU32 ({xrows[i]})(AX*1), Z{xr[i]}")
+    for j in range(4):
+        L.append(f"VMOVDQU32 ({wrows[j]})(AX*1), Z{wr[j]}")
+        for i in range(R):
+            L.append(vdpbf16ps(4*i + j, xr[i], wr[j]))
+    L += ["ADDQ $64, AX", "CMPQ AX, CX", "JLT loop", "reduce:"]
+    groups = [[4*i + j for j in range(4)] for i in range(R)]
+    for g in groups:
+        for a in g:
+            L.append(f"VSHUFF64X2 $0x4E, Z{a}, Z{a}, Z30")
+            L.append(f"VADDPS Z30, Z{a}, Z{a}")
+    for g in groups:
+        L += hsum4_y(*g)
+    for gi, g in enumerate(groups):
+        if gi == 0:
+            addr = "(DX)"
+        elif gi == 1:
+            addr = "(DX)(R11*1)"
+        elif gi == 2:
+            addr = "(DX)(R11*2)"
+        else:
+            L.append("LEAQ (DX)(R11*2), R8")
+            addr = "(R8)(R11*1)"
+        xreg = g[0]
+        L += ["CMPQ acc+64(FP), $0", f"JEQ store{gi}", f"VADDPS {addr}, X{xreg}, X{xreg}", f"store{gi}:", f"VMOVUPS X{xreg}, {addr}"]
+    L += ["ADDQ $16, DX", "LEAQ (DI)(BX*4), DI", "DECQ tiles+56(FP)", "JMP tile", "done:", "VZEROUPPER", "RET", ""]
+    emit(L)
+    out.append("")
+
+def vcvtneps2bf16(d, s):
+    # Yd = bf16(Zs), round to nearest even: EVEX.512.F3.0F38.W0 72 /r
+    inv = lambda b: 0 if b else 1
+    R = inv(d >> 3 & 1); Rp = inv(d >> 4 & 1); B = inv(s >> 3 & 1); X = inv(s >> 4 & 1)
+    P0 = (R << 7) | (X << 6) | (B << 5) | (Rp << 4) | 0x02
+    P1 = (0xf << 3) | (1 << 2) | 0x2
+    P2 = (0b10 << 5) | (1 << 3)
+    modrm = 0xC0 | ((d & 7) << 3) | (s & 7)
+    return "BYTE $0x62; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x72; BYTE $0x%02x // VCVTNEPS2BF16 Z%d, Y%d" % (P0, P1, P2, modrm, s, d)
+
+def round_x():
+    L = ["// func roundBF16AVX512(dst *uint16, src *float32, n32 int)",
+         "// dst[0 : 32·n32) = bf16 of src[0 : 32·n32) (VCVTNEPS2BF16).",
+         "TEXT ·roundBF16AVX512(SB), NOSPLIT, $0-24",
+         "MOVQ dst+0(FP), DI", "MOVQ src+8(FP), SI", "MOVQ n32+16(FP), CX",
+         "TESTQ CX, CX", "JEQ done", "loop:",
+         "VMOVUPS (SI), Z0", "VMOVUPS 64(SI), Z1",
+         vcvtneps2bf16(2, 0), vcvtneps2bf16(3, 1),
+         "VMOVDQU Y2, (DI)", "VMOVDQU Y3, 32(DI)",
+         "ADDQ $128, SI", "ADDQ $64, DI", "DECQ CX", "JNE loop",
+         "done:", "VZEROUPPER", "RET", ""]
+    emit(L)
+    out.append("")
+
 kernel("bf16x1x4AVX2", 1, False)
 kernel("bf16x2x4AVX2", 2, False)
 kernel("bf16x1x4AVX512", 1, True)
@@ -238,4 +332,9 @@ kernel8("int8x2x4AVX2", 2, False)
 kernel8("int8x1x4AVX512", 1, True)
 kernel8("int8x2x4AVX512", 2, True)
 kernel8("int8x4x4AVX512", 4, True)
+out.append(DOT_HDR)
+kernel_dot("dpbf16x1x4AVX512", 1)
+kernel_dot("dpbf16x2x4AVX512", 2)
+kernel_dot("dpbf16x4x4AVX512", 4)
+round_x()
 sys.stdout.write("\n".join(out) + "\n")
