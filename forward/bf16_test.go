@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"chunlian/kernels/cpu"
@@ -397,5 +398,158 @@ func TestInt8PyTorchReference(t *testing.T) {
 	t.Logf("int8: max |Δlogit| vs PyTorch %.3g, vs default path %.3g; top token agrees at %d/%d positions", worstPT, worstDef, agree, positions)
 	if agree*20 < positions*19 {
 		t.Errorf("top token agrees at only %d/%d positions", agree, positions)
+	}
+}
+
+// lockstepLogits runs seqs in lockstep on a CPU with options o (one
+// prefill step of prompt tokens each, then single-token decode steps, so
+// the GEMMs see T = prompt·n and n rows) and returns every position's
+// logits after the prompt: [seq][position] → [vocab].
+func lockstepLogits(t *testing.T, m *model.Model, seqs [][]int32, prompt int, o CPUOptions) [][][]float32 {
+	t.Helper()
+	const bs = 8
+	o.BlockSize = bs
+	c, err := NewCPU(m, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fl := newFreeList(c.NumBlocks(), newRNG(1))
+	n, V := len(seqs), m.Config.VocabSize
+	st := make([]*seqState, n)
+	out := make([][][]float32, n)
+	for i := range st {
+		st[i] = &seqState{tokens: seqs[i]}
+		out[i] = make([][]float32, len(seqs[i]))
+	}
+	for st[0].done < len(seqs[0]) {
+		k := 1
+		if st[0].done == 0 {
+			k = prompt
+		}
+		var b Batch
+		for _, s := range st {
+			b.LogitRows = append(b.LogitRows, addStep(&b, s, k, bs, fl))
+		}
+		logits := make([]float32, n*V)
+		if err := c.Forward(&b, logits); err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range st {
+			out[i][s.done-1] = logits[i*V : (i+1)*V]
+		}
+	}
+	return out
+}
+
+// TestBF16DotLogits runs n sequences in lockstep (GEMMs of 3n and n rows:
+// every x tile and leftover of the kernels; the test model's k = 176 has
+// a k tail) with CPUOptions.BF16Dot and the bf16 path on for every row
+// count, and compares every position's logits with three others:
+//
+//   - The default path (BF16Dot off): within 0.1, and not equal. Rounding
+//     x moves each GEMM input by ≤ 2⁻⁹ relative; on the LM head alone
+//     that moves a logit by about 2⁻⁹·‖h‖·‖w_v‖/√d ≈ 0.01 (normed hidden
+//     state h and head row w_v both of norm ≈ √d·their std), the layers
+//     below add as much again; measured ≈ 0.02 over 7 seeds.
+//   - The dense float64 reference whose matrix products round their
+//     input to bf16 (refForwardX, the model BF16Dot computes): ≥ 80% of
+//     logits within 1e-4 (float32 summation, as in TestBF16MatchesDense),
+//     all within 0.05. Not all within 1e-4: an activation whose float32
+//     and float64 values lie on either side of a bf16 rounding boundary
+//     rounds one bf16 step apart (2⁻⁸ relative), which moves the logits
+//     downstream by up to ≈ 0.01; measured: 0-6% of logits beyond 1e-4,
+//     max 0.011 over 7 seeds.
+//   - The unrounded reference: ≤ 20% of logits within 1e-4 (measured
+//     ~2.5%), or the test could not tell the two models apart.
+func TestBF16DotLogits(t *testing.T) {
+	if !cpu.HasFastBF16() {
+		t.Skip("no fast bf16 kernels: the bf16 path (and BF16Dot) is off")
+	}
+	m := bf16Model(t, 33)
+	const steps, prompt = 10, 3
+	rng := newRNG(33)
+	var maxDef, maxR float64
+	var total, nearR, nearU int
+	for _, n := range []int{1, 2, 3, 5, 9} {
+		seqs := make([][]int32, n)
+		for i := range seqs {
+			seqs[i] = randomTokens(rng, prompt+steps, m.Config.VocabSize)
+		}
+		dot := lockstepLogits(t, m, seqs, prompt, CPUOptions{BF16MaxRows: 1 << 20, BF16Dot: true})
+		def := lockstepLogits(t, m, seqs, prompt, CPUOptions{BF16MaxRows: 1 << 20})
+		for i := range seqs {
+			refR, refU := refForwardX(m, seqs[i], true), refForward(m, seqs[i])
+			for p := prompt - 1; p < len(seqs[i]); p++ {
+				got := dot[i][p]
+				maxDef = math.Max(maxDef, maxAbsDiff(got, def[i][p]))
+				maxR = math.Max(maxR, maxAbsDiff(got, refR[p]))
+				for v, g := range got {
+					total++
+					if math.Abs(float64(g-refR[p][v])) <= 1e-4 {
+						nearR++
+					}
+					if math.Abs(float64(g-refU[p][v])) <= 1e-4 {
+						nearU++
+					}
+				}
+			}
+		}
+	}
+	t.Logf("HasBF16Dot %v: max |Δlogit| vs default %.3g, vs bf16-x reference %.3g; within 1e-4 of the bf16-x reference %d/%d, of the unrounded one %d/%d",
+		cpu.HasBF16Dot(), maxDef, maxR, nearR, total, nearU, total)
+	if maxDef > 0.1 || maxDef == 0 {
+		t.Errorf("max |Δlogit| vs the default path %.3g, want in (0, 0.1]", maxDef)
+	}
+	if maxR > 0.05 {
+		t.Errorf("max |Δlogit| vs the bf16-x reference %.3g > 0.05", maxR)
+	}
+	if nearR*5 < total*4 {
+		t.Errorf("only %d/%d logits within 1e-4 of the bf16-x reference, want ≥ 80%%", nearR, total)
+	}
+	if nearU*5 > total {
+		t.Errorf("%d/%d logits within 1e-4 of the unrounded reference, want ≤ 20%%", nearU, total)
+	}
+}
+
+// TestBF16DotOption: BF16Dot needs the bf16 path and yields to Int8, and
+// the backend's description names it.
+func TestBF16DotOption(t *testing.T) {
+	m := bf16Model(t, 34)
+	for _, tc := range []struct {
+		o    CPUOptions
+		want bool
+	}{
+		{CPUOptions{BF16Dot: true}, cpu.HasFastBF16()},
+		{CPUOptions{}, false},
+		{CPUOptions{BF16Dot: true, BF16MaxRows: -1}, false},
+		{CPUOptions{BF16Dot: true, Int8: true}, false},
+	} {
+		c, err := NewCPU(m, tc.o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.UsesBF16Dot() != tc.want {
+			t.Errorf("%+v: UsesBF16Dot() = %v, want %v", tc.o, c.UsesBF16Dot(), tc.want)
+		}
+		k := c.Kernels()
+		if has := strings.Contains(k, " bf16dot="); has != tc.want {
+			t.Errorf("%+v: Kernels() = %q", tc.o, k)
+		}
+		if tc.want && cpu.HasBF16Dot() && !strings.HasSuffix(k, " weights=bf16 bf16dot=vdpbf16ps") {
+			t.Errorf("%+v: Kernels() = %q, want weights=bf16 bf16dot=vdpbf16ps", tc.o, k)
+		}
+		if tc.o.Int8 && !strings.HasSuffix(k, " weights=int8") {
+			t.Errorf("%+v: Kernels() = %q, want weights=int8", tc.o, k)
+		}
+		c.Close()
+	}
+	c, err := NewCPU(model.NewRandom(model.TestConfig(), 34), CPUOptions{BF16Dot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.UsesBF16Dot() {
+		t.Error("UsesBF16Dot on a model without bf16 weights")
 	}
 }

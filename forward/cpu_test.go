@@ -16,10 +16,24 @@ import (
 // sequence recomputed, float64 accumulation, its own loops (no kernels). It
 // returns the logits of every position: [len(tokens)][vocab].
 func refForward(m *model.Model, tokens []int32) [][]float32 {
+	return refForwardX(m, tokens, false)
+}
+
+// refForwardX is refForward, with the input of every matrix product
+// rounded to float32 and then to bf16 when roundX (the model that
+// CPUOptions.BF16Dot computes).
+func refForwardX(m *model.Model, tokens []int32, roundX bool) [][]float32 {
 	cfg, w := m.Config, m.Weights
 	T, d, hd := len(tokens), cfg.HiddenSize, cfg.HeadDim
 	H, G, F, V := cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize, cfg.VocabSize
 	matvec := func(W []float32, x []float64, out int) []float64 { // W: [out, len(x)]
+		if roundX {
+			xr := make([]float64, len(x))
+			for j, xj := range x {
+				xr[j] = float64(cpu.BF16ToFloat32(cpu.BF16Bits(float32(xj))))
+			}
+			x = xr
+		}
 		y := make([]float64, out)
 		for i := range y {
 			var s float64
