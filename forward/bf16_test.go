@@ -125,7 +125,8 @@ func TestBF16Off(t *testing.T) {
 }
 
 // BenchmarkDecodeBF16 compares, in one run, a decode step of the shipped
-// model at small batches with every GEMM on the bf16 weights ("bf16") and
+// model at small batches with every GEMM on the bf16 weights ("bf16"),
+// the same with x rounded to bf16 (CPUOptions.BF16Dot, "bf16dot") and
 // on the float32 ones ("fp32"), 32 tokens of context each. ms/token is per
 // sequence-token of the step.
 // GOEXPERIMENT=simd go test ./forward -run '^$' -bench DecodeBF16 -benchtime 200x
@@ -141,10 +142,11 @@ func BenchmarkDecodeBF16(b *testing.B) {
 		for _, mode := range []struct {
 			name string
 			max  int
-		}{{"bf16", 1 << 20}, {"fp32", -1}} {
+			dot  bool
+		}{{"bf16", 1 << 20, false}, {"bf16dot", 1 << 20, true}, {"fp32", -1, false}} {
 			b.Run(fmt.Sprintf("batch=%d/%s", batch, mode.name), func(b *testing.B) {
 				const ctx = 32
-				c, err := NewCPU(m, CPUOptions{BlockSize: 16, BF16MaxRows: mode.max,
+				c, err := NewCPU(m, CPUOptions{BlockSize: 16, BF16MaxRows: mode.max, BF16Dot: mode.dot,
 					KVCacheBytes: int64(batch*ctx) * KVBytesPerToken(m.Config)})
 				if err != nil {
 					b.Fatal(err)
