@@ -66,15 +66,19 @@ func (lb LowerBackend) name() string {
 }
 
 // CPULower is the CPU backend as the service runs it: float32 GEMMs, or
-// with int8 the int8 weight copies of --experimental=cpu-int8 (and steps
-// within the rows they serve, forward.DefaultBF16MaxRows).
-func CPULower(int8 bool) LowerBackend {
+// with int8 the int8 weight copies of --experimental=cpu-int8, or with
+// bf16Dot the bf16-rounded inputs of --experimental=cpu-bf16-dot (both:
+// steps within the rows those paths serve, forward.DefaultBF16MaxRows).
+func CPULower(int8, bf16Dot bool) LowerBackend {
 	lb := LowerBackend{New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
-		return forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(kvTokens) * forward.KVBytesPerToken(m.Config), Int8: int8})
+		return forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(kvTokens) * forward.KVBytesPerToken(m.Config), Int8: int8, BF16Dot: bf16Dot})
 	}}
 	lb.Name = "CPU"
-	if int8 {
+	switch {
+	case int8:
 		lb.MaxStep, lb.Name = forward.DefaultBF16MaxRows, "CPU, int8 weights"
+	case bf16Dot:
+		lb.MaxStep, lb.Name = forward.DefaultBF16MaxRows, "CPU, bf16 GEMM inputs"
 	}
 	return lb
 }
@@ -89,7 +93,7 @@ func (lb LowerBackend) step() int {
 
 func (lb LowerBackend) open(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
 	if lb.New == nil {
-		lb = CPULower(false)
+		lb = CPULower(false, false)
 	}
 	return lb.New(m, bs, kvTokens)
 }

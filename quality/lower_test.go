@@ -132,7 +132,7 @@ func TestLowerNLLMatchesPlain(t *testing.T) {
 		t.Errorf("progress calls %v: want several, increasing, ending at %d", calls, len(ups))
 	}
 	// int8 reaches the backend: the same tokens, a slightly different NLL.
-	nll8, tokens8, err := LowerNLL(m, CPULower(true), ups, los, nil)
+	nll8, tokens8, err := LowerNLL(m, CPULower(true, false), ups, los, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -329,7 +329,7 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 // with.
 func (s *stack) lowerBackend() quality.LowerBackend {
 	if s.Kind != "cuda" {
-		return quality.CPULower(s.Config.Experimental.Has(featCPUInt8))
+		return quality.CPULower(s.Config.Experimental.Has(featCPUInt8), s.Config.Experimental.Has(featCPUBF16Dot))
 	}
 	return quality.LowerBackend{Name: "CUDA, " + s.Config.CUDA.Precision + " GEMMs", New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
 		cfg := s.Config
@@ -352,6 +352,7 @@ func newBackend(backend string, cfg stackConfig, m *model.Model, i, n int) (forw
 			BlockSize:    cfg.BlockSize,
 			KVCacheBytes: kv,
 			Int8:         cfg.Experimental.Has(featCPUInt8),
+			BF16Dot:      cfg.Experimental.Has(featCPUBF16Dot),
 		})
 	case "cuda":
 		b, err = newCUDABackend(cfg, m, kv, i, n) // stack_cuda.go
@@ -461,11 +462,15 @@ const (
 	// copies of the weights (per-row scales): faster decode, logits that
 	// differ from bf16 (forward.CPUOptions.Int8; docs/DECISIONS.md).
 	featCPUInt8 = "cpu-int8"
+	// featCPUBF16Dot rounds the inputs of the CPU backend's bf16 GEMMs to
+	// bf16 and multiplies with VDPBF16PS (forward.CPUOptions.BF16Dot).
+	featCPUBF16Dot = "cpu-bf16-dot"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8: "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCPUInt8:    "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCPUBF16Dot: "CPU backend: GEMM inputs rounded to bf16, multiplied with AVX512_BF16 (faster batches, logits differ slightly)",
 }
 
 // knownFeatures lists the feature names for help and errors.

@@ -14,6 +14,7 @@ import (
 	"chunlian/cuda"
 	"chunlian/engine"
 	"chunlian/forward"
+	"chunlian/kernels/cpu"
 	"chunlian/model"
 )
 
@@ -166,6 +167,40 @@ func TestCPUInt8Flag(t *testing.T) {
 		// The random model has no bf16 copies: fp32 unless cpu-int8.
 		if k, w := cb.Kernels(), map[bool]string{true: " weights=int8", false: " weights=fp32"}[tc.want]; !strings.HasSuffix(k, w) {
 			t.Errorf("%v: Kernels() = %q, want suffix %q", tc.args, k, w)
+		}
+		st.Close()
+	}
+}
+
+// --experimental=cpu-bf16-dot reaches the CPU backend (a model stored in
+// bf16, so that the bf16 path it changes is on).
+func TestCPUBF16DotFlag(t *testing.T) {
+	m := model.NewRandom(model.TestConfig(), 3)
+	m.Weights.RoundToBF16()
+	if !m.Weights.BuildBF16() {
+		t.Fatal("no bf16 copies after rounding")
+	}
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--backend", "cpu"}, false},
+		{[]string{"--backend", "cpu", "--experimental=cpu-bf16-dot"}, cpu.HasFastBF16()},
+	} {
+		c := parseStack(t, append(tc.args, "--kv-cache-memory", "1MiB", "--threads", "1")...)
+		st, err := buildStackFor(c, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cb, ok := st.Backend.(*forward.CPU)
+		if !ok {
+			t.Fatalf("%v: backend %T, want *forward.CPU", tc.args, st.Backend)
+		}
+		if got := cb.UsesBF16Dot(); got != tc.want {
+			t.Errorf("%v: UsesBF16Dot = %v, want %v", tc.args, got, tc.want)
+		}
+		if got := st.lowerBackend().Name; tc.want != strings.Contains(got, "bf16") {
+			t.Errorf("%v: eval's forward pass %q", tc.args, got)
 		}
 		st.Close()
 	}
