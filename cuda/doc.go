@@ -48,8 +48,9 @@
 // as bf16), or strict float32); the residual adds ride on the GEMMs
 // (beta = 1). Steps of up to 8192 tokens
 // run as CUDA graphs captured per padded size (graph.go). Steps of at most
-// 8 tokens run instead on fused GEMV kernels, 5 launches per layer
-// (gemv.go), optionally with programmatic dependent launches (Options.PDL).
+// 4 tokens (gemvUpTo) run instead on fused GEMV kernels, 5 launches per
+// layer (gemv.go), with programmatic dependent launches where the device
+// has them.
 //
 // Device draws (draw.go, kernels/draw.cu; forward.DrawBackend): ForwardDraw
 // runs the step, then draw_rows draws each forward.Draw from its logits row
