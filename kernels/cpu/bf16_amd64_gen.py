@@ -124,16 +124,23 @@ def kernel(name, R, wide):
         groups = [[0, 2, 4, 6]]
     else:
         groups = [[4*i + j for j in range(4)] for i in range(R)]
+    L += reduce_store(groups, wide)
+    emit(L)
+    out.append("")
+
+def reduce_store(groups, wide):
+    """The tail of a bf16 tile: fold each group of 4 accumulators to
+    X{g[0]}, store (or add into, with acc) the 4 sums of row gi, then on to
+    the next tile."""
+    L = []
     if wide:
         for g in groups:
             for a in g:
                 L.append(f"VSHUFF64X2 $0x4E, Z{a}, Z{a}, Z30")
                 L.append(f"VADDPS Z30, Z{a}, Z{a}")
     # hsum each group to X{g[0]} (clobbers g[1], g[2])
-    ycur = ["DX"]
-    for gi, g in enumerate(groups):
-        a, b, c, d = g
-        L += hsum4_y(a, b, c, d)
+    for g in groups:
+        L += hsum4_y(*g)
     # stores
     for gi, g in enumerate(groups):
         if gi == 0:
@@ -148,8 +155,7 @@ def kernel(name, R, wide):
         xreg = g[0]
         L += ["CMPQ acc+64(FP), $0", f"JEQ store{gi}", f"VADDPS {addr}, X{xreg}, X{xreg}", f"store{gi}:", f"VMOVUPS X{xreg}, {addr}"]
     L += ["ADDQ $16, DX", "LEAQ (DI)(BX*4), DI", "DECQ tiles+56(FP)", "JMP tile", "done:", "VZEROUPPER", "RET", ""]
-    emit(L)
-    out.append("")
+    return L
 
 INT8_HDR = r'''
 // int8-weight GEMM microkernels (see int8_amd64.go). Same tiles and frame
@@ -275,25 +281,7 @@ def kernel_dot(name, R):
             L.append(vdpbf16ps(4*i + j, xr[i], wr[j]))
     L += ["ADDQ $64, AX", "CMPQ AX, CX", "JLT loop", "reduce:"]
     groups = [[4*i + j for j in range(4)] for i in range(R)]
-    for g in groups:
-        for a in g:
-            L.append(f"VSHUFF64X2 $0x4E, Z{a}, Z{a}, Z30")
-            L.append(f"VADDPS Z30, Z{a}, Z{a}")
-    for g in groups:
-        L += hsum4_y(*g)
-    for gi, g in enumerate(groups):
-        if gi == 0:
-            addr = "(DX)"
-        elif gi == 1:
-            addr = "(DX)(R11*1)"
-        elif gi == 2:
-            addr = "(DX)(R11*2)"
-        else:
-            L.append("LEAQ (DX)(R11*2), R8")
-            addr = "(R8)(R11*1)"
-        xreg = g[0]
-        L += ["CMPQ acc+64(FP), $0", f"JEQ store{gi}", f"VADDPS {addr}, X{xreg}, X{xreg}", f"store{gi}:", f"VMOVUPS X{xreg}, {addr}"]
-    L += ["ADDQ $16, DX", "LEAQ (DI)(BX*4), DI", "DECQ tiles+56(FP)", "JMP tile", "done:", "VZEROUPPER", "RET", ""]
+    L += reduce_store(groups, True)
     emit(L)
     out.append("")
 
