@@ -32,13 +32,13 @@ type Options struct {
 	// MaxBlocks, when > 0, caps the number of KV blocks (a huge cache only
 	// costs the engine's host-side bookkeeping).
 	MaxBlocks int
-	// Precision of the GEMMs of steps on the cuBLAS path: "tf32" (default:
-	// float32 storage, TF32 tensor cores, float32 accumulation), "bf16"
-	// (bf16 weight copies and the GEMMs' input activations rounded to
-	// bf16 as the kernel before each GEMM writes them, float32
-	// accumulation and output: half the bytes and twice the tensor-core
-	// rate; lossless for the weights of a model stored in bf16) or "fp32"
-	// (exact float32 FMA; for tests).
+	// Precision of the GEMMs of steps on the cuBLAS path: "bf16" (default:
+	// bf16 weight copies and the GEMMs' input activations rounded to bf16
+	// as the kernel before each GEMM writes them, float32 accumulation and
+	// output: half the bytes and twice the tensor-core rate; lossless for
+	// the weights of a model stored in bf16), "tf32" (float32 storage,
+	// TF32 tensor cores, float32 accumulation) or "fp32" (exact float32
+	// FMA; for tests).
 	Precision string
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
@@ -79,7 +79,7 @@ func (o *Options) defaults() error {
 		o.MemoryFraction = 0.9
 	}
 	if o.Precision == "" {
-		o.Precision = "tf32"
+		o.Precision = "bf16"
 	}
 	if o.MaxBatchTokens == 0 {
 		o.MaxBatchTokens = 8192

@@ -42,10 +42,10 @@
 // softmax over keys 0..position through the block table: prefill, chunked
 // prefill and decode alike; paged_attention_chunked takes 32 keys per warp
 // step), SwiGLU, block copy for copy-on-write, and the row log-sum-exp
-// (the engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (TF32 tensor
-// cores with float32 accumulation by default, bf16 weights and inputs with
-// Options.Precision "bf16" (the kernel before each GEMM writes its output
-// as bf16), or strict float32); the residual adds ride on the GEMMs
+// (the engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (by
+// default bf16 weights and inputs, the kernel before each GEMM writing its
+// output as bf16, with float32 accumulation; TF32 tensor cores with
+// Options.Precision "tf32", or strict float32); the residual adds ride on the GEMMs
 // (beta = 1). Steps of up to 8192 tokens
 // run as CUDA graphs captured per padded size (graph.go). Steps of at most
 // 4 tokens (gemvUpTo) run instead on fused GEMV kernels, 5 launches per

@@ -131,7 +131,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.Var(&c.Experimental, "experimental", "comma-separated experimental features: "+knownFeatures())
 	fs.IntVar(&c.CUDA.Device, "device", c.CUDA.Device, "CUDA device ordinal to run on, counted among the GPUs CUDA_VISIBLE_DEVICES leaves visible (one replica per GPU: --device N, or CUDA_VISIBLE_DEVICES=N with --device 0)")
 	fs.StringVar(&c.CUDA.LibDir, "cuda-lib-dir", c.CUDA.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first")
-	fs.StringVar(&c.CUDA.Precision, "gpu-precision", c.CUDA.Precision, "CUDA GEMM precision of batches over 4 tokens: tf32 (float32 inputs on TF32 tensor cores), bf16 (bf16 weights and inputs) or fp32 (exact); float32 accumulation in each")
+	fs.StringVar(&c.CUDA.Precision, "gpu-precision", c.CUDA.Precision, "CUDA GEMM precision of batches over 4 tokens: bf16 (bf16 weights and inputs), tf32 (float32 inputs on TF32 tensor cores) or fp32 (exact); float32 accumulation in each")
 	fs.StringVar(&c.CUDA.NVRTCTarget, "cuda-nvrtc-target", c.CUDA.NVRTCTarget, "what NVRTC compiles the kernels to: cubin (default) or ptx (the driver compiles it; for an NVRTC that fails on a new GPU)")
 }
 

@@ -25,7 +25,7 @@ type cudaConfig struct {
 	NVRTCTarget    string        // "" | cubin | ptx (--cuda-nvrtc-target, registerModel)
 	MemoryFraction float64       // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
 	MaxBlocks      int           // cap on KV blocks; 0 = none
-	Precision      string        // tf32 | bf16 | fp32 (--gpu-precision, registerModel)
+	Precision      string        // bf16 | tf32 | fp32 (--gpu-precision, registerModel)
 	HandoffSpin    time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
 }
 
@@ -34,7 +34,7 @@ type cudaConfig struct {
 const cudaDefaultBlockSize = cuda.DefaultBlockSize
 
 func defaultCUDAConfig() cudaConfig {
-	return cudaConfig{MemoryFraction: 0.9, Precision: "tf32", MaxBlocks: 1 << 16}
+	return cudaConfig{MemoryFraction: 0.9, Precision: "bf16", MaxBlocks: 1 << 16}
 }
 
 // register registers the GPU tuning flags (serve only).
