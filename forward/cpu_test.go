@@ -19,9 +19,9 @@ func refForward(m *model.Model, tokens []int32) [][]float32 {
 	return refForwardX(m, tokens, false)
 }
 
-// refForwardX is refForward, with the input of every matrix product
-// rounded to float32 and then to bf16 when roundX (the model that
-// CPUOptions.BF16Dot computes).
+// refForwardX is refForward, with the input of every layer's matrix
+// products (not the LM head's) rounded to float32 and then to bf16 when
+// roundX (the model that CPUOptions.BF16Dot computes).
 func refForwardX(m *model.Model, tokens []int32, roundX bool) [][]float32 {
 	cfg, w := m.Config, m.Weights
 	T, d, hd := len(tokens), cfg.HiddenSize, cfg.HeadDim
@@ -123,6 +123,7 @@ func refForwardX(m *model.Model, tokens []int32, roundX bool) [][]float32 {
 			}
 		}
 	}
+	roundX = false // the LM head's input stays float32
 	out := make([][]float32, T)
 	for t := range x {
 		lg := matvec(w.LMHead, rmsnorm(x[t], w.FinalNorm), V)
