@@ -213,7 +213,7 @@ func TestReadingsLeaveOneWordOut(t *testing.T) {
 		}
 		rng := rand.New(rand.NewPCG(3, 4))
 		cands := byWord[held]
-		for _, k := range []int{1, 4, 8, 16} {
+		for _, k := range []int{1, 2, 3, 4, 8, 16} {
 			const trials = 200
 			for trial := 0; trial < trials; trial++ {
 				perm := rng.Perm(len(cands))[:k]
@@ -227,8 +227,9 @@ func TestReadingsLeaveOneWordOut(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("odd share of the top-ranked candidate, leave-one-word-out: 1: %.3f  4: %.3f  8: %.3f  16: %.3f", odd[1], odd[4], odd[8], odd[16])
-	if !(odd[8] < odd[4] && odd[4] < odd[1]) {
+	t.Logf("odd share of the top-ranked candidate, leave-one-word-out: 1: %.3f  2: %.3f  3: %.3f  4: %.3f  8: %.3f  16: %.3f",
+		odd[1], odd[2], odd[3], odd[4], odd[8], odd[16])
+	if !(odd[8] < odd[4] && odd[4] < odd[2] && odd[2] < odd[1]) {
 		t.Errorf("ranking more candidates does not lower the odd share: %v", odd)
 	}
 	all := fitWeights(byWord, words, feats)
