@@ -41,6 +41,7 @@ func TestKernelsDoNotAllocate(t *testing.T) {
 	for i := range pos {
 		pos[i] = int32(i)
 	}
+	offs := []int{0, 64, 7, 1000}
 	for _, tc := range []struct {
 		name string
 		f    func()
@@ -52,6 +53,8 @@ func TestKernelsDoNotAllocate(t *testing.T) {
 		{"Softmax", func() { Softmax(x[:512]) }},
 		{"Dot", func() { _ = Dot(x[:512], x[512:1024]) }},
 		{"Axpy", func() { Axpy(0.5, x[:512], x[512:1024]) }},
+		{"DotsAt", func() { DotsAt(x[:64], x[1024:], offs, x[512:512+len(offs)]) }},
+		{"AxpysAt", func() { AxpysAt(x[:len(offs)], x[1024:], offs, x[512:576]) }},
 	} {
 		if a := testing.AllocsPerRun(10, tc.f); a > 0 {
 			t.Errorf("%s allocates %v times per call", tc.name, a)

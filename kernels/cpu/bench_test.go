@@ -146,6 +146,42 @@ func BenchmarkAxpy(b *testing.B) {
 	}
 }
 
+// BenchmarkDotsAtAxpysAt compares one attention row's work (a query
+// against cnt cached keys of 64 floats, then the weighted sum of as many
+// values) done by DotsAt and AxpysAt with the same done by a Dot and an
+// Axpy per key ("loop").
+func BenchmarkDotsAtAxpysAt(b *testing.B) {
+	const hd, stride = 64, 384 // one KV head among six per token
+	for _, cnt := range []int{32, 128} {
+		r := rand.New(rand.NewPCG(1, 2))
+		base := randSlice(r, cnt*stride)
+		q, y, sc := randSlice(r, hd), make([]float32, hd), make([]float32, cnt)
+		offs := make([]int, cnt)
+		for i := range offs {
+			offs[i] = i * stride
+		}
+		b.Run(fmt.Sprintf("cnt=%d/loop", cnt), func(b *testing.B) {
+			for b.Loop() {
+				for i, o := range offs {
+					sc[i] = Dot(q, base[o:o+hd])
+				}
+				for i, o := range offs {
+					Axpy(sc[i]*1e-3, base[o:o+hd], y)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("cnt=%d/batched", cnt), func(b *testing.B) {
+			for b.Loop() {
+				DotsAt(q, base, offs, sc)
+				for i := range sc {
+					sc[i] *= 1e-3
+				}
+				AxpysAt(sc, base, offs, y)
+			}
+		})
+	}
+}
+
 func BenchmarkSoftmax(b *testing.B) {
 	for _, n := range []int{64, 6000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {

@@ -341,6 +341,118 @@ func TestElementwise(t *testing.T) {
 	})
 }
 
+// TestDotsAtAxpysAt checks DotsAt and AxpysAt against float64 sums over
+// head sizes around the assembly's block sizes and random, unaligned
+// offsets, with NaN guards around base and y to catch reads and writes out
+// of range. Under the assembly and plain-Go sets each result must also
+// equal Dot, or Axpy called per offset, bit for bit.
+func TestDotsAtAxpysAt(t *testing.T) {
+	const guard = 40
+	nan := float32(math.NaN())
+	forEachElem(t, func(t *testing.T) {
+		exact := elem.name == "go" || elem.name == "asm"
+		for _, n := range []int{0, 1, 7, 8, 16, 24, 63, 64, 65, 96, 128, 200} {
+			for _, cnt := range []int{0, 1, 3, 33} {
+				t.Run(fmt.Sprintf("n=%d/cnt=%d", n, cnt), func(t *testing.T) {
+					r := rand.New(rand.NewPCG(uint64(n), uint64(cnt)))
+					L := 3*n + 5
+					buf := randSlice(r, L+2*guard)
+					for i := 0; i < guard; i++ {
+						buf[i], buf[L+guard+i] = nan, nan
+					}
+					base := buf[guard : guard+L]
+					offs := make([]int, cnt)
+					for i := range offs {
+						offs[i] = r.IntN(L - n + 1)
+					}
+					if cnt > 1 {
+						offs[0], offs[1] = 0, L-n // both ends
+					}
+					q := randSlice(r, n)
+
+					out := make([]float32, cnt)
+					DotsAt(q, base, offs, out)
+					for i, o := range offs {
+						var want, mag float64
+						for j := range q {
+							p := float64(q[j]) * float64(base[o+j])
+							want, mag = want+p, mag+math.Abs(p)
+						}
+						if !closeEnough(float64(out[i]), want, mag, 1e-5) {
+							t.Fatalf("DotsAt[%d] = %v, want %v", i, out[i], want)
+						}
+						if d := Dot(q, base[o:]); exact && math.Float32bits(d) != math.Float32bits(out[i]) {
+							t.Fatalf("DotsAt[%d] = %v, Dot gives %v", i, out[i], d)
+						}
+					}
+
+					alpha := randSlice(r, cnt)
+					ybuf := randSlice(r, n+2*guard)
+					for i := 0; i < guard; i++ {
+						ybuf[i], ybuf[n+guard+i] = nan, nan
+					}
+					y := ybuf[guard : guard+n]
+					y0 := append([]float32(nil), y...)
+					AxpysAt(alpha, base, offs, y)
+					seq := append([]float32(nil), y0...)
+					for i, o := range offs {
+						Axpy(alpha[i], base[o:o+n], seq)
+					}
+					for j := range y {
+						want, mag := float64(y0[j]), math.Abs(float64(y0[j]))
+						for i, o := range offs {
+							p := float64(alpha[i]) * float64(base[o+j])
+							want, mag = want+p, mag+math.Abs(p)
+						}
+						if !closeEnough(float64(y[j]), want, mag, 1e-5) {
+							t.Fatalf("AxpysAt: y[%d] = %v, want %v", j, y[j], want)
+						}
+						if exact && math.Float32bits(y[j]) != math.Float32bits(seq[j]) {
+							t.Fatalf("AxpysAt: y[%d] = %v, Axpy per offset gives %v", j, y[j], seq[j])
+						}
+					}
+					for i := 0; i < guard; i++ {
+						if !math.IsNaN(float64(ybuf[i])) || !math.IsNaN(float64(ybuf[n+guard+i])) {
+							t.Fatal("AxpysAt wrote outside y")
+						}
+					}
+				})
+			}
+		}
+	})
+}
+
+// TestDotsAtAxpysAtBadArgs: an offset that puts a vector outside base, or
+// mismatched lengths, must panic before any kernel runs.
+func TestDotsAtAxpysAtBadArgs(t *testing.T) {
+	base, q := make([]float32, 100), make([]float32, 16)
+	for _, tc := range []struct {
+		name string
+		f    func()
+	}{
+		{"DotsAt/negative", func() { DotsAt(q, base, []int{0, -1}, make([]float32, 2)) }},
+		{"DotsAt/past end", func() { DotsAt(q, base, []int{85}, make([]float32, 1)) }},
+		{"DotsAt/huge", func() { DotsAt(q, base, []int{math.MaxInt}, make([]float32, 1)) }},
+		{"DotsAt/short base", func() { DotsAt(make([]float32, 101), base, []int{0}, make([]float32, 1)) }},
+		{"DotsAt/short out", func() { DotsAt(q, base, []int{0, 1}, make([]float32, 1)) }},
+		{"AxpysAt/negative", func() { AxpysAt([]float32{1}, base, []int{-16}, q) }},
+		{"AxpysAt/past end", func() { AxpysAt([]float32{1, 1}, base, []int{84, 85}, q) }},
+		{"AxpysAt/short alpha", func() { AxpysAt([]float32{1}, base, []int{0, 1}, q) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("no panic")
+				}
+			}()
+			tc.f()
+		})
+	}
+	// The last valid offset does not panic.
+	DotsAt(q, base, []int{84}, make([]float32, 1))
+	AxpysAt([]float32{1}, base, []int{84}, q)
+}
+
 func TestSoftmaxExtremes(t *testing.T) {
 	forEachElem(t, func(t *testing.T) {
 		x := []float32{float32(math.Inf(-1)), 1e30, -1e30, 0}

@@ -16,9 +16,12 @@ import (
 // elemKernels is one implementation of the inner loops. In every function
 // all slices have the length of the first one (callers reslice).
 type elemKernels struct {
-	name     string
-	dot      func(a, b []float32) float32
-	axpy     func(alpha float32, x, y []float32)  // y += alpha·x
+	name string
+	dot  func(a, b []float32) float32
+	axpy func(alpha float32, x, y []float32) // y += alpha·x
+	// dotsAt and axpysAt are DotsAt and AxpysAt after their checks.
+	dotsAt   func(q, base []float32, offs []int, out []float32)
+	axpysAt  func(alpha, base []float32, offs []int, y []float32)
 	sumSq    func(x []float32) float32            // Σ x²
 	scaleMul func(out, x, w []float32, s float32) // out = x·s·w
 	siluMul  func(out, gate, up []float32)        // out = silu(gate)·up
@@ -35,7 +38,7 @@ type elemKernels struct {
 }
 
 var goElem = elemKernels{
-	name: "go", dot: dotGo, axpy: axpyGo, sumSq: sumSqGo, scaleMul: scaleMulGo,
+	name: "go", dot: dotGo, axpy: axpyGo, dotsAt: dotsAtGo, axpysAt: axpysAtGo, sumSq: sumSqGo, scaleMul: scaleMulGo,
 	siluMul: siluMulGo, add: addGo, rope: ropeGo, softmax: softmaxGo,
 	scanMax: scanMaxGo, expSum: expSumGo, exp: expGo, compact: compactGo, compactVals: compactValsGo,
 }
@@ -55,6 +58,59 @@ func axpyGo(alpha float32, x, y []float32) {
 	y = y[:len(x)]
 	for i, v := range x {
 		y[i] += alpha * v
+	}
+}
+
+// DotsAt sets out[i] = Σ_j q[j]·base[offs[i]+j] (j < len(q)) for every i:
+// the dot products of q with len(offs) vectors stored in base (attention's
+// scores against cached keys, one call per query instead of one per key).
+// len(out) must equal len(offs) and every offset must lie in
+// [0, len(base)-len(q)]; otherwise it panics. Each out[i] equals
+// Dot(q, base[offs[i]:]) under the assembly and plain-Go sets.
+func DotsAt(q, base []float32, offs []int, out []float32) {
+	if len(out) != len(offs) {
+		panic(fmt.Sprintf("cpu.DotsAt: len(out)=%d, len(offs)=%d", len(out), len(offs)))
+	}
+	checkOffs("cpu.DotsAt", offs, len(q), len(base))
+	elem.dotsAt(q, base, offs, out)
+}
+
+// AxpysAt computes y[j] += Σ_i alpha[i]·base[offs[i]+j] over j < len(y),
+// adding the terms in order of i (attention's weighted sum of cached
+// values). len(alpha) must equal len(offs) and every offset must lie in
+// [0, len(base)-len(y)]; otherwise it panics. The result equals calling
+// Axpy(alpha[i], base[offs[i]:offs[i]+len(y)], y) for i = 0, 1, … under
+// the assembly and plain-Go sets.
+func AxpysAt(alpha, base []float32, offs []int, y []float32) {
+	if len(alpha) != len(offs) {
+		panic(fmt.Sprintf("cpu.AxpysAt: len(alpha)=%d, len(offs)=%d", len(alpha), len(offs)))
+	}
+	checkOffs("cpu.AxpysAt", offs, len(y), len(base))
+	elem.axpysAt(alpha, base, offs, y)
+}
+
+// checkOffs panics unless every offset o has base[o:o+n] in range, which
+// is all the assembly relies on.
+func checkOffs(fn string, offs []int, n, lenBase int) {
+	last := lenBase - n // the largest valid offset
+	for i, o := range offs {
+		if o < 0 || o > last {
+			panic(fmt.Sprintf("%s: offs[%d]=%d outside [0,%d] (vector length %d, len(base)=%d)", fn, i, o, last, n, lenBase))
+		}
+	}
+}
+
+func dotsAtGo(q, base []float32, offs []int, out []float32) {
+	out = out[:len(offs)]
+	for i, o := range offs {
+		out[i] = dotGo(q, base[o:o+len(q)])
+	}
+}
+
+func axpysAtGo(alpha, base []float32, offs []int, y []float32) {
+	alpha = alpha[:len(offs)]
+	for i, o := range offs {
+		axpyGo(alpha[i], base[o:o+len(y)], y)
 	}
 }
 

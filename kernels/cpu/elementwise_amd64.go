@@ -21,9 +21,21 @@ func dotAVX2(a, b *float32, n int) float32
 //go:noescape
 func axpyAVX2(alpha float32, x, y *float32, n int)
 
+// dotsAVX2 is dotAVX2 for each of the cnt vectors at base+offs[i], writing
+// out[i]; axpysAVX2 adds alpha[i]·(the vector at base+offs[i]) to y for
+// i < cnt, keeping y in registers. n is a multiple of 8, cnt ≥ 1, and the
+// offsets were checked.
+//
+//go:noescape
+func dotsAVX2(q, base *float32, offs *int, out *float32, n, cnt int)
+
+//go:noescape
+func axpysAVX2(alpha, base *float32, offs *int, y *float32, n, cnt int)
+
 var asmElem = func() elemKernels {
 	e := goElem
 	e.name, e.dot, e.axpy = "asm", dotAsm, axpyAsm
+	e.dotsAt, e.axpysAt = dotsAtAsm, axpysAtAsm
 	e.softmax, e.scanMax, e.expSum, e.exp, e.compact = softmaxAsm, scanMaxAsm, expSumAsm, expAsm, compactAsm
 	e.compactVals = compactValsAsm
 	e.siluMul = siluMulAsm
@@ -63,5 +75,52 @@ func axpyAsm(alpha float32, x, y []float32) {
 	}
 	for i := n8; i < len(x); i++ {
 		y[i] += alpha * x[i]
+	}
+}
+
+// dotsAtAsm is dotAsm for every offset: the first len(q)&^7 terms in
+// assembly, the rest added in the same order.
+func dotsAtAsm(q, base []float32, offs []int, out []float32) {
+	if len(offs) == 0 {
+		return
+	}
+	out = out[:len(offs)]
+	n8 := len(q) &^ 7
+	if n8 > 0 {
+		dotsAVX2(&q[0], &base[0], &offs[0], &out[0], n8, len(offs))
+	} else {
+		clear(out)
+	}
+	if n8 == len(q) {
+		return
+	}
+	qt := q[n8:]
+	for i, o := range offs {
+		s := out[i]
+		bt := base[o+n8 : o+len(q)]
+		for j, v := range qt {
+			s += v * bt[j]
+		}
+		out[i] = s
+	}
+}
+
+// axpysAtAsm is axpyAsm for every offset in turn: the first len(y)&^7
+// elements in assembly, the rest adding the terms in the same order.
+func axpysAtAsm(alpha, base []float32, offs []int, y []float32) {
+	if len(offs) == 0 {
+		return
+	}
+	alpha = alpha[:len(offs)]
+	n8 := len(y) &^ 7
+	if n8 > 0 {
+		axpysAVX2(&alpha[0], &base[0], &offs[0], &y[0], n8, len(offs))
+	}
+	for j := n8; j < len(y); j++ {
+		s := y[j]
+		for i, o := range offs {
+			s += alpha[i] * base[o+j]
+		}
+		y[j] = s
 	}
 }

@@ -1,7 +1,8 @@
 #include "textflag.h"
 
-// AVX2/FMA inner loops of Dot and Axpy for every amd64 build (see
-// elementwise_amd64.go). n is a multiple of 8; the caller does the rest.
+// AVX2/FMA inner loops of Dot, Axpy, DotsAt and AxpysAt for every amd64
+// build (see elementwise_amd64.go). n is a multiple of 8; the caller does
+// the rest.
 
 // func dotAVX2(a, b *float32, n int) float32
 TEXT ·dotAVX2(SB), NOSPLIT, $0-28
@@ -80,6 +81,222 @@ tail:
 	ADDQ $32, AX
 	JMP tail
 done:
+	VZEROUPPER
+	RET
+
+// func dotsAVX2(q, base *float32, offs *int, out *float32, n, cnt int)
+// out[i] = dotAVX2(q, base+offs[i], n) for i < cnt, in the same order of
+// operations. A head of 64 floats (the shipped model's) keeps q in
+// Y8-Y15.
+TEXT ·dotsAVX2(SB), NOSPLIT, $0-48
+	MOVQ q+0(FP), SI
+	MOVQ base+8(FP), R8
+	MOVQ offs+16(FP), R9
+	MOVQ out+24(FP), R10
+	MOVQ n+32(FP), CX
+	MOVQ cnt+40(FP), R11
+	SHLQ $2, CX // bytes
+	MOVQ CX, DX
+	ANDQ $-128, DX // bytes in whole 32-float blocks
+	CMPQ CX, $256
+	JEQ d64
+dnext:
+	MOVQ (R9), DI
+	LEAQ (R8)(DI*4), DI
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+	CMPQ AX, DX
+	JGE dtail
+dloop32:
+	VMOVUPS (SI)(AX*1), Y4
+	VMOVUPS 32(SI)(AX*1), Y5
+	VMOVUPS 64(SI)(AX*1), Y6
+	VMOVUPS 96(SI)(AX*1), Y7
+	VFMADD231PS (DI)(AX*1), Y4, Y0
+	VFMADD231PS 32(DI)(AX*1), Y5, Y1
+	VFMADD231PS 64(DI)(AX*1), Y6, Y2
+	VFMADD231PS 96(DI)(AX*1), Y7, Y3
+	ADDQ $128, AX
+	CMPQ AX, DX
+	JLT dloop32
+dtail:
+	CMPQ AX, CX
+	JGE dreduce
+	VMOVUPS (SI)(AX*1), Y4
+	VFMADD231PS (DI)(AX*1), Y4, Y0
+	ADDQ $32, AX
+	JMP dtail
+dreduce:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, (R10)
+	ADDQ $8, R9
+	ADDQ $4, R10
+	DECQ R11
+	JNZ dnext
+	VZEROUPPER
+	RET
+d64:
+	VMOVUPS (SI), Y8
+	VMOVUPS 32(SI), Y9
+	VMOVUPS 64(SI), Y10
+	VMOVUPS 96(SI), Y11
+	VMOVUPS 128(SI), Y12
+	VMOVUPS 160(SI), Y13
+	VMOVUPS 192(SI), Y14
+	VMOVUPS 224(SI), Y15
+d64next:
+	MOVQ (R9), DI
+	LEAQ (R8)(DI*4), DI
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VFMADD231PS (DI), Y8, Y0
+	VFMADD231PS 32(DI), Y9, Y1
+	VFMADD231PS 64(DI), Y10, Y2
+	VFMADD231PS 96(DI), Y11, Y3
+	VFMADD231PS 128(DI), Y12, Y0
+	VFMADD231PS 160(DI), Y13, Y1
+	VFMADD231PS 192(DI), Y14, Y2
+	VFMADD231PS 224(DI), Y15, Y3
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, (R10)
+	ADDQ $8, R9
+	ADDQ $4, R10
+	DECQ R11
+	JNZ d64next
+	VZEROUPPER
+	RET
+
+// func axpysAVX2(alpha, base *float32, offs *int, y *float32, n, cnt int)
+// y += alpha[i]·(base+offs[i]) for i = 0 … cnt-1, each element's FMAs in
+// order of i as in cnt axpyAVX2 calls. y is walked in blocks of 64 floats
+// (then one of 32, 16, 8 as needed), each held in registers over all i.
+TEXT ·axpysAVX2(SB), NOSPLIT, $0-48
+	MOVQ alpha+0(FP), SI
+	MOVQ base+8(FP), R8
+	MOVQ offs+16(FP), R9
+	MOVQ y+24(FP), DI
+	MOVQ n+32(FP), CX
+	MOVQ cnt+40(FP), R11
+	SHLQ $2, CX // bytes
+	XORQ AX, AX // byte offset of the block in y and in each vector
+	MOVQ CX, DX
+	ANDQ $-256, DX // bytes in whole 64-float blocks
+a64:
+	CMPQ AX, DX
+	JGE a32
+	VMOVUPS 0(DI)(AX*1), Y0
+	VMOVUPS 32(DI)(AX*1), Y1
+	VMOVUPS 64(DI)(AX*1), Y2
+	VMOVUPS 96(DI)(AX*1), Y3
+	VMOVUPS 128(DI)(AX*1), Y4
+	VMOVUPS 160(DI)(AX*1), Y5
+	VMOVUPS 192(DI)(AX*1), Y6
+	VMOVUPS 224(DI)(AX*1), Y7
+	XORQ BX, BX
+a64k:
+	VBROADCASTSS (SI)(BX*4), Y15
+	MOVQ (R9)(BX*8), R12
+	LEAQ (R8)(R12*4), R12
+	VFMADD231PS 0(R12)(AX*1), Y15, Y0
+	VFMADD231PS 32(R12)(AX*1), Y15, Y1
+	VFMADD231PS 64(R12)(AX*1), Y15, Y2
+	VFMADD231PS 96(R12)(AX*1), Y15, Y3
+	VFMADD231PS 128(R12)(AX*1), Y15, Y4
+	VFMADD231PS 160(R12)(AX*1), Y15, Y5
+	VFMADD231PS 192(R12)(AX*1), Y15, Y6
+	VFMADD231PS 224(R12)(AX*1), Y15, Y7
+	INCQ BX
+	CMPQ BX, R11
+	JLT a64k
+	VMOVUPS Y0, 0(DI)(AX*1)
+	VMOVUPS Y1, 32(DI)(AX*1)
+	VMOVUPS Y2, 64(DI)(AX*1)
+	VMOVUPS Y3, 96(DI)(AX*1)
+	VMOVUPS Y4, 128(DI)(AX*1)
+	VMOVUPS Y5, 160(DI)(AX*1)
+	VMOVUPS Y6, 192(DI)(AX*1)
+	VMOVUPS Y7, 224(DI)(AX*1)
+	ADDQ $256, AX
+	JMP a64
+a32:
+	MOVQ CX, DX
+	SUBQ AX, DX // bytes left, < 256
+	CMPQ DX, $128
+	JLT a16
+	VMOVUPS 0(DI)(AX*1), Y0
+	VMOVUPS 32(DI)(AX*1), Y1
+	VMOVUPS 64(DI)(AX*1), Y2
+	VMOVUPS 96(DI)(AX*1), Y3
+	XORQ BX, BX
+a32k:
+	VBROADCASTSS (SI)(BX*4), Y15
+	MOVQ (R9)(BX*8), R12
+	LEAQ (R8)(R12*4), R12
+	VFMADD231PS 0(R12)(AX*1), Y15, Y0
+	VFMADD231PS 32(R12)(AX*1), Y15, Y1
+	VFMADD231PS 64(R12)(AX*1), Y15, Y2
+	VFMADD231PS 96(R12)(AX*1), Y15, Y3
+	INCQ BX
+	CMPQ BX, R11
+	JLT a32k
+	VMOVUPS Y0, 0(DI)(AX*1)
+	VMOVUPS Y1, 32(DI)(AX*1)
+	VMOVUPS Y2, 64(DI)(AX*1)
+	VMOVUPS Y3, 96(DI)(AX*1)
+	ADDQ $128, AX
+a16:
+	MOVQ CX, DX
+	SUBQ AX, DX
+	CMPQ DX, $64
+	JLT a8
+	VMOVUPS 0(DI)(AX*1), Y0
+	VMOVUPS 32(DI)(AX*1), Y1
+	XORQ BX, BX
+a16k:
+	VBROADCASTSS (SI)(BX*4), Y15
+	MOVQ (R9)(BX*8), R12
+	LEAQ (R8)(R12*4), R12
+	VFMADD231PS 0(R12)(AX*1), Y15, Y0
+	VFMADD231PS 32(R12)(AX*1), Y15, Y1
+	INCQ BX
+	CMPQ BX, R11
+	JLT a16k
+	VMOVUPS Y0, 0(DI)(AX*1)
+	VMOVUPS Y1, 32(DI)(AX*1)
+	ADDQ $64, AX
+a8:
+	CMPQ AX, CX
+	JGE adone
+	VMOVUPS 0(DI)(AX*1), Y0
+	XORQ BX, BX
+a8k:
+	VBROADCASTSS (SI)(BX*4), Y15
+	MOVQ (R9)(BX*8), R12
+	LEAQ (R8)(R12*4), R12
+	VFMADD231PS 0(R12)(AX*1), Y15, Y0
+	INCQ BX
+	CMPQ BX, R11
+	JLT a8k
+	VMOVUPS Y0, 0(DI)(AX*1)
+	ADDQ $32, AX
+adone:
 	VZEROUPPER
 	RET
 

@@ -15,13 +15,15 @@ import "simd/archsimd"
 // *[8]float32, which -race's checkptr rejects ("converted pointer straddles
 // multiple allocations").
 
+// DotsAt and AxpysAt are the assembly ones (their point is one call for
+// many vectors, which the assembly loops already make cheap).
 // Softmax and the sampler's kernels (sample.go) are the assembly ones
 // (same CPU requirement, AVX2+FMA): the archsimd softmax is much slower
 // than the assembly (one pass for exp and sum; docs/DECISIONS.md, "Sampler
 // kernels in assembly"), and gave a finite row for a row with a NaN where
 // softmaxGo gives NaNs.
 var simdElem = elemKernels{
-	name: "simd", dot: dotSIMD, axpy: axpySIMD, sumSq: sumSqSIMD, scaleMul: scaleMulSIMD,
+	name: "simd", dot: dotSIMD, axpy: axpySIMD, dotsAt: asmElem.dotsAt, axpysAt: asmElem.axpysAt, sumSq: sumSqSIMD, scaleMul: scaleMulSIMD,
 	siluMul: siluMulSIMD, add: addSIMD, rope: ropeSIMD, softmax: asmElem.softmax,
 	scanMax: asmElem.scanMax, expSum: asmElem.expSum, exp: asmElem.exp, compact: asmElem.compact,
 	compactVals: asmElem.compactVals,
