@@ -141,6 +141,7 @@ type CPU struct {
 	// the caller and workers-1 pool workers).
 	workers int
 	scores  [][]float32  // per part: [max CtxLen] attention weights
+	offs    [][]int      // per part: [max CtxLen] cache offsets of one item's K/V rows
 	next    atomic.Int64 // next unclaimed (sequence, head) item
 	// The current attention job, set by the caller before cpu.Parallel
 	// (which orders these writes before the workers' reads).
@@ -204,6 +205,7 @@ func NewCPU(m *model.Model, o CPUOptions) (*CPU, error) {
 	}
 	c.workers = cpu.Threads()
 	c.scores = make([][]float32, c.workers)
+	c.offs = make([][]int, c.workers)
 	return c, nil
 }
 
@@ -451,6 +453,7 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	c.gate, c.up = grow(c.gate, T*F), grow(c.up, T*F)
 	for i := range c.scores {
 		c.scores[i] = grow(c.scores[i], maxCtx)
+		c.offs[i] = growInt(c.offs[i], maxCtx)
 	}
 
 	// Embedding lookup: x[t] = Embed[token t].                       x: [T,d]
@@ -554,7 +557,7 @@ func (c *CPU) attention(b *Batch, l int) {
 }
 
 // attnJob is a CPU seen as a cpu.Job: part w claims attention items with
-// worker w's scratch (c.scores[w]).
+// worker w's scratch (c.scores[w], c.offs[w]).
 type attnJob CPU
 
 func (j *attnJob) Run(part, _ int) { (*CPU)(j).attnItems(part) }
@@ -565,7 +568,9 @@ func (j *attnJob) Run(part, _ int) { (*CPU)(j).attnItems(part) }
 //	att[t, h] = Σ_{u ≤ p} softmax_u(q[t,h]·K[u,g]/√hd) · V[u,g],  g = h/(H/G)
 //
 // reading K[u,g] and V[u,g] from the cache slot that the sequence's block
-// table gives for position u.
+// table gives for position u. The item's cache offsets are listed once, so
+// that each token's scores and weighted sum are one cpu.DotsAt and one
+// cpu.AxpysAt call instead of a call per position.
 func (c *CPU) attnItems(w int) {
 	b, l := c.jobBatch, c.jobLayer
 	cfg := c.cfg
@@ -583,28 +588,29 @@ func (c *CPU) attnItems(w int) {
 		s := &b.Seqs[item/int64(H)]
 		h := int(item % int64(H))
 		g := h / group
+		// offs[u] is where K[u,g] (in kc) and V[u,g] (in vc) start. Walk
+		// the block table: positions i·bs … i·bs+bs-1 live in slots
+		// BlockTable[i]·bs + 0 … bs-1.
+		offs := c.offs[w][:s.CtxLen] // [CtxLen]
+		for u0 := 0; u0 < s.CtxLen; u0 += bs {
+			off := (int(s.BlockTable[u0/bs])*bs*cfg.NumKVHeads + g) * hd
+			for u := u0; u < min(u0+bs, s.CtxLen); u, off = u+1, off+kvd {
+				offs[u] = off
+			}
+		}
 		first := s.CtxLen - s.Len
 		for j := 0; j < s.Len; j++ {
 			t, p := s.Start+j, first+j
 			q := c.q[t*qd+h*hd : t*qd+(h+1)*hd] // [hd]
 			sc := c.scores[w][:p+1]             // [p+1]
-			// Walk the block table: positions i·bs … i·bs+bs-1 live in
-			// slots BlockTable[i]·bs + 0 … bs-1.
-			for u0 := 0; u0 <= p; u0 += bs {
-				off := (int(s.BlockTable[u0/bs])*bs*cfg.NumKVHeads + g) * hd
-				for u := u0; u < min(u0+bs, p+1); u, off = u+1, off+kvd {
-					sc[u] = cpu.Dot(q, kc[off:off+hd]) * scale
-				}
+			cpu.DotsAt(q, kc, offs[:p+1], sc)
+			for u := range sc {
+				sc[u] *= scale
 			}
 			cpu.Softmax(sc)
 			out := c.att[t*qd+h*hd : t*qd+(h+1)*hd] // [hd]
 			clear(out)
-			for u0 := 0; u0 <= p; u0 += bs {
-				off := (int(s.BlockTable[u0/bs])*bs*cfg.NumKVHeads + g) * hd
-				for u := u0; u < min(u0+bs, p+1); u, off = u+1, off+kvd {
-					cpu.Axpy(sc[u], vc[off:off+hd], out)
-				}
-			}
+			cpu.AxpysAt(sc, vc, offs[:p+1], out)
 		}
 	}
 }
@@ -614,6 +620,13 @@ func (c *CPU) attnItems(w int) {
 func grow(buf []float32, n int) []float32 {
 	if cap(buf) < n {
 		return make([]float32, n, n+n/4)
+	}
+	return buf[:n]
+}
+
+func growInt(buf []int, n int) []int {
+	if cap(buf) < n {
+		return make([]int, n, n+n/4)
 	}
 	return buf[:n]
 }
