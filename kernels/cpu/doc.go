@@ -1,7 +1,8 @@
 // Package cpu holds the float32 CPU kernels of the chunlian forward pass:
 // matrix multiply (Gemm, GemmAcc) and the row/elementwise kernels a
 // Llama-layout transformer needs (RMSNorm, RoPE, SiLUMul, Add, Softmax, Dot,
-// Axpy).
+// Axpy, and DotsAt and AxpysAt: Dot and Axpy over many vectors of one
+// slice, given by offsets).
 //
 // All matrices are dense, row-major float32. Weights keep the Hugging Face
 // [out_features, in_features] layout, so a projection is y = x · Wᵀ and Gemm
@@ -62,8 +63,9 @@
 // kernel is in use. Products under 192 KB of weights and 4 MFLOP run on
 // the caller; bigger ones are split over the pool by weight rows.
 //
-// Dot and Axpy (attention's inner loops) also have AVX2 assembly versions
-// in the default build (elementwise_amd64.s), and so does SiLUMul
+// Dot, Axpy, DotsAt and AxpysAt (attention's inner loops) also have AVX2
+// assembly versions in the default build (elementwise_amd64.s), and so
+// does SiLUMul
 // (siluMulAVX2 in sample_amd64.s, on the vector exp below: same formula
 // and order as the Go loop, within 2.4e-7 relative of it and 1.6e-7 of
 // float64 silu).

@@ -2,11 +2,12 @@
 
 package cpu
 
-// Dot and Axpy in assembly (elementwise_amd64.s; AVX2+FMA, checked at run
-// time) for the default build, which otherwise has only plain-Go loops:
-// attention calls them once per (query head, context position) on
-// head-sized vectors (64 floats for the shipped model), where plain Go is
-// a visible share of a batch-1 decode step. SiLUMul's loop is assembly too
+// Dot and Axpy, and their batched forms DotsAt and AxpysAt, in assembly
+// (elementwise_amd64.s; AVX2+FMA, checked at run time) for the default
+// build, which otherwise has only plain-Go loops: attention runs them on
+// head-sized vectors (64 floats for the shipped model), once per query
+// head and token for the batched forms, where plain Go is a visible share
+// of a decode step. SiLUMul's loop is assembly too
 // (siluMulAsm, sample_amd64.s, on the sampler's vector exp): it runs
 // serially on the engine goroutine. The other elementwise kernels
 // (RMSNorm's sum of squares and scale, RoPE, Add) stay plain Go here: they
