@@ -65,10 +65,11 @@ func (lb LowerBackend) name() string {
 	return lb.Name
 }
 
-// CPULower is the CPU backend as the service runs it: float32 GEMMs, or
-// with int8 the int8 weight copies of --experimental=cpu-int8, or with
-// bf16Dot the bf16-rounded inputs of --experimental=cpu-bf16-dot (both:
-// steps within the rows those paths serve, forward.DefaultBF16MaxRows).
+// CPULower is the CPU backend as the service runs it: float32 GEMM
+// inputs, or with int8 the int8 weight copies (forward.CPUOptions.Int8),
+// or with bf16Dot the bf16-rounded inputs (forward.CPUOptions.BF16Dot)
+// (both: steps within the rows those paths serve,
+// forward.DefaultBF16MaxRows).
 func CPULower(int8, bf16Dot bool) LowerBackend {
 	lb := LowerBackend{New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
 		return forward.NewCPU(m, forward.CPUOptions{BlockSize: bs, KVCacheBytes: int64(kvTokens) * forward.KVBytesPerToken(m.Config), Int8: int8, BF16Dot: bf16Dot})

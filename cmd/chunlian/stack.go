@@ -41,6 +41,7 @@ type stackConfig struct {
 	Engines             int        // engine loops sharing the device, each with its own backend and KV cache; 0 = the backend's default
 	Threads             int        // CPU kernel threads; 0 = GOMAXPROCS
 	CPUGEMM             string     // auto | openblas | simd | go: the CPU float32 GEMM path
+	CPUPrecision        string     // auto | bf16 | fp32: the CPU layer GEMMs' inputs (cpuBF16Dot)
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
 	DefaultTemperature  float64    // sampling temperature of requests that set none
@@ -58,10 +59,11 @@ type stackConfig struct {
 
 // Ranked samples per couplet when --samples-per-couplet is 0, by backend:
 // the GPU takes couplet.DefaultSamples, where blind readers' odd share of
-// the pick stops falling; the 2-core CPU takes 2, the most that keeps its
-// speed goals (docs/DECISIONS.md, "Samples per couplet").
+// the pick stops falling; the 2-core CPU takes 3, the most that keeps its
+// speed goals with bf16 GEMM inputs (docs/DECISIONS.md, "Samples per
+// couplet").
 const (
-	cpuDefaultSamples  = 2
+	cpuDefaultSamples  = 3
 	cudaDefaultSamples = couplet.DefaultSamples
 )
 
@@ -109,6 +111,7 @@ func defaultStackConfig() stackConfig {
 		MaxQueue:            e.MaxQueue,
 		PrefixCaching:       e.EnablePrefixCaching,
 		CPUGEMM:             "auto",
+		CPUPrecision:        "auto",
 		DefaultTemperature:  couplet.DefaultTemperature,
 		BannerCandidates:    couplet.DefaultBannerTopK,
 		CUDA:                defaultCUDAConfig(),
@@ -124,6 +127,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU kernel threads; 0 = all cores")
 	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU float32 GEMM path: auto (fastest available), openblas, simd or go (an unavailable one falls back to the next slower)")
+	fs.StringVar(&c.CPUPrecision, "cpu-precision", c.CPUPrecision, "CPU backend: inputs of the layers' GEMMs on the bf16 weights: auto (bf16 where the CPU has AVX512_BF16, float32 elsewhere), bf16 (rounded everywhere; faster only with AVX512_BF16) or fp32; float32 accumulation in each")
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, fmt.Sprintf("constrained samples drawn and ranked for each returned couplet (quality vs throughput); 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultSamples, cudaDefaultSamples))
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
 	fs.StringVar(&c.BannersFile, "banners-file", c.BannersFile, "a 横批 list of your own (one four-character phrase per line, # comments) used instead of the embedded curated list; empty = the embedded list")
@@ -185,6 +189,11 @@ func (c *stackConfig) Validate() error {
 	case "auto", "openblas", "simd", "go":
 	default:
 		bad("--cpu-gemm %q: want auto, openblas, simd or go", c.CPUGEMM)
+	}
+	switch c.CPUPrecision {
+	case "auto", "bf16", "fp32":
+	default:
+		bad("--cpu-precision %q: want auto, bf16 or fp32", c.CPUPrecision)
 	}
 	if c.KVCacheBytes < 0 {
 		bad("--kv-cache-memory %d: must be ≥ 0", c.KVCacheBytes)
@@ -324,12 +333,19 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	return s, nil
 }
 
+// cpuBF16Dot resolves --cpu-precision into forward.CPUOptions.BF16Dot:
+// "auto" rounds the layers' GEMM inputs to bf16 only where VDPBF16PS makes
+// that faster (docs/DECISIONS.md, "bf16 GEMM inputs").
+func (c stackConfig) cpuBF16Dot() bool {
+	return c.CPUPrecision == "bf16" || (c.CPUPrecision == "auto" && cpu.HasBF16Dot())
+}
+
 // lowerBackend is the forward pass of eval's BLEU and perplexity: a
 // backend of its own of the kind, weights and precision the stack serves
 // with.
 func (s *stack) lowerBackend() quality.LowerBackend {
 	if s.Kind != "cuda" {
-		return quality.CPULower(s.Config.Experimental.Has(featCPUInt8), s.Config.Experimental.Has(featCPUBF16Dot))
+		return quality.CPULower(s.Config.Experimental.Has(featCPUInt8), s.Config.cpuBF16Dot())
 	}
 	return quality.LowerBackend{Name: "CUDA, " + s.Config.CUDA.Precision + " GEMMs", New: func(m *model.Model, bs, kvTokens int) (forward.Backend, error) {
 		cfg := s.Config
@@ -352,7 +368,7 @@ func newBackend(backend string, cfg stackConfig, m *model.Model, i, n int) (forw
 			BlockSize:    cfg.BlockSize,
 			KVCacheBytes: kv,
 			Int8:         cfg.Experimental.Has(featCPUInt8),
-			BF16Dot:      cfg.Experimental.Has(featCPUBF16Dot),
+			BF16Dot:      cfg.cpuBF16Dot(),
 		})
 	case "cuda":
 		b, err = newCUDABackend(cfg, m, kv, i, n) // stack_cuda.go
@@ -462,15 +478,11 @@ const (
 	// copies of the weights (per-row scales): faster decode, logits that
 	// differ from bf16 (forward.CPUOptions.Int8; docs/DECISIONS.md).
 	featCPUInt8 = "cpu-int8"
-	// featCPUBF16Dot rounds the inputs of the CPU backend's bf16 GEMMs to
-	// bf16 and multiplies with VDPBF16PS (forward.CPUOptions.BF16Dot).
-	featCPUBF16Dot = "cpu-bf16-dot"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:    "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCPUBF16Dot: "CPU backend: GEMM inputs rounded to bf16, multiplied with AVX512_BF16 (faster batches, logits differ slightly)",
+	featCPUInt8: "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
 }
 
 // knownFeatures lists the feature names for help and errors.

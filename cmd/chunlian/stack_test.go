@@ -123,6 +123,7 @@ func TestStackConfigValidate(t *testing.T) {
 		{env: [2]string{"CHUNLIAN_EXPERIMENTAL", "warp-drive"}, want: "CHUNLIAN_EXPERIMENTAL"},
 		{args: []string{"--experimental", "cpu-int8,warp-drive"}, want: "warp-drive"},
 		{args: []string{"--cpu-gemm", "fortran"}, want: "--cpu-gemm"},
+		{args: []string{"--cpu-precision", "fp16"}, want: "--cpu-precision"},
 		{args: []string{"--default-temperature", "3"}, want: "--default-temperature"},
 		{args: []string{"--default-temperature", "0"}, want: "--default-temperature"},
 	} {
@@ -172,9 +173,9 @@ func TestCPUInt8Flag(t *testing.T) {
 	}
 }
 
-// --experimental=cpu-bf16-dot reaches the CPU backend (a model stored in
-// bf16, so that the bf16 path it changes is on).
-func TestCPUBF16DotFlag(t *testing.T) {
+// --cpu-precision reaches the CPU backend (a model stored in bf16, so that
+// the bf16 path it changes is on): auto rounds only where VDPBF16PS is.
+func TestCPUPrecisionFlag(t *testing.T) {
 	m := model.NewRandom(model.TestConfig(), 3)
 	m.Weights.RoundToBF16()
 	if !m.Weights.BuildBF16() {
@@ -184,8 +185,9 @@ func TestCPUBF16DotFlag(t *testing.T) {
 		args []string
 		want bool
 	}{
-		{[]string{"--backend", "cpu"}, false},
-		{[]string{"--backend", "cpu", "--experimental=cpu-bf16-dot"}, cpu.HasFastBF16()},
+		{[]string{"--backend", "cpu", "--cpu-precision", "fp32"}, false},
+		{[]string{"--backend", "cpu"}, cpu.HasFastBF16() && cpu.HasBF16Dot()},
+		{[]string{"--backend", "cpu", "--cpu-precision", "bf16"}, cpu.HasFastBF16()},
 	} {
 		c := parseStack(t, append(tc.args, "--kv-cache-memory", "1MiB", "--threads", "1")...)
 		st, err := buildStackFor(c, m)
@@ -311,7 +313,7 @@ func TestSamplesFor(t *testing.T) {
 		backend string
 		flag    int
 		want    int
-	}{{"cpu", 0, cpuDefaultSamples}, {"cuda", 0, cudaDefaultSamples}, {"cpu", 3, 3}, {"cuda", 1, 1}} {
+	}{{"cpu", 0, cpuDefaultSamples}, {"cuda", 0, cudaDefaultSamples}, {"cpu", 2, 2}, {"cuda", 1, 1}} {
 		if got := samplesFor(tc.backend, tc.flag); got != tc.want {
 			t.Errorf("samplesFor(%s, %d) = %d, want %d", tc.backend, tc.flag, got, tc.want)
 		}
