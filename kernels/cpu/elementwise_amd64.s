@@ -4,48 +4,55 @@
 // build (see elementwise_amd64.go). n is a multiple of 8; the caller does
 // the rest.
 
+// DOT_BODY leaves in X0 the dot product of the CX bytes at SI and DI
+// (CX a multiple of 32, DX = CX rounded down to 128), four accumulators
+// over 32-float blocks, then 8-float steps, then one reduction: the order
+// of operations Dot's contract fixes. Clobbers AX and Y0-Y7.
+#define DOT_BODY \
+	VXORPS Y0, Y0, Y0 \
+	VXORPS Y1, Y1, Y1 \
+	VXORPS Y2, Y2, Y2 \
+	VXORPS Y3, Y3, Y3 \
+	XORQ AX, AX \
+	CMPQ AX, DX \
+	JGE dot_tail \
+dot_loop32: \
+	VMOVUPS (SI)(AX*1), Y4 \
+	VMOVUPS 32(SI)(AX*1), Y5 \
+	VMOVUPS 64(SI)(AX*1), Y6 \
+	VMOVUPS 96(SI)(AX*1), Y7 \
+	VFMADD231PS (DI)(AX*1), Y4, Y0 \
+	VFMADD231PS 32(DI)(AX*1), Y5, Y1 \
+	VFMADD231PS 64(DI)(AX*1), Y6, Y2 \
+	VFMADD231PS 96(DI)(AX*1), Y7, Y3 \
+	ADDQ $128, AX \
+	CMPQ AX, DX \
+	JLT dot_loop32 \
+dot_tail: \
+	CMPQ AX, CX \
+	JGE dot_reduce \
+	VMOVUPS (SI)(AX*1), Y4 \
+	VFMADD231PS (DI)(AX*1), Y4, Y0 \
+	ADDQ $32, AX \
+	JMP dot_tail \
+dot_reduce: \
+	VADDPS Y1, Y0, Y0 \
+	VADDPS Y3, Y2, Y2 \
+	VADDPS Y2, Y0, Y0 \
+	VEXTRACTF128 $1, Y0, X1 \
+	VADDPS X1, X0, X0 \
+	VHADDPS X0, X0, X0 \
+	VHADDPS X0, X0, X0
+
 // func dotAVX2(a, b *float32, n int) float32
 TEXT ·dotAVX2(SB), NOSPLIT, $0-28
 	MOVQ a+0(FP), SI
 	MOVQ b+8(FP), DI
 	MOVQ n+16(FP), CX
 	SHLQ $2, CX // bytes
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ AX, AX
 	MOVQ CX, DX
 	ANDQ $-128, DX // bytes in whole 32-float blocks
-	CMPQ AX, DX
-	JGE tail
-loop32:
-	VMOVUPS (SI)(AX*1), Y4
-	VMOVUPS 32(SI)(AX*1), Y5
-	VMOVUPS 64(SI)(AX*1), Y6
-	VMOVUPS 96(SI)(AX*1), Y7
-	VFMADD231PS (DI)(AX*1), Y4, Y0
-	VFMADD231PS 32(DI)(AX*1), Y5, Y1
-	VFMADD231PS 64(DI)(AX*1), Y6, Y2
-	VFMADD231PS 96(DI)(AX*1), Y7, Y3
-	ADDQ $128, AX
-	CMPQ AX, DX
-	JLT loop32
-tail:
-	CMPQ AX, CX
-	JGE reduce
-	VMOVUPS (SI)(AX*1), Y4
-	VFMADD231PS (DI)(AX*1), Y4, Y0
-	ADDQ $32, AX
-	JMP tail
-reduce:
-	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
+	DOT_BODY
 	VZEROUPPER
 	MOVSS X0, ret+24(FP)
 	RET
@@ -103,40 +110,7 @@ TEXT ·dotsAVX2(SB), NOSPLIT, $0-48
 dnext:
 	MOVQ (R9), DI
 	LEAQ (R8)(DI*4), DI
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ AX, AX
-	CMPQ AX, DX
-	JGE dtail
-dloop32:
-	VMOVUPS (SI)(AX*1), Y4
-	VMOVUPS 32(SI)(AX*1), Y5
-	VMOVUPS 64(SI)(AX*1), Y6
-	VMOVUPS 96(SI)(AX*1), Y7
-	VFMADD231PS (DI)(AX*1), Y4, Y0
-	VFMADD231PS 32(DI)(AX*1), Y5, Y1
-	VFMADD231PS 64(DI)(AX*1), Y6, Y2
-	VFMADD231PS 96(DI)(AX*1), Y7, Y3
-	ADDQ $128, AX
-	CMPQ AX, DX
-	JLT dloop32
-dtail:
-	CMPQ AX, CX
-	JGE dreduce
-	VMOVUPS (SI)(AX*1), Y4
-	VFMADD231PS (DI)(AX*1), Y4, Y0
-	ADDQ $32, AX
-	JMP dtail
-dreduce:
-	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
+	DOT_BODY
 	VMOVSS X0, (R10)
 	ADDQ $8, R9
 	ADDQ $4, R10
