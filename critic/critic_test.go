@@ -133,6 +133,11 @@ func TestUnsuitable(t *testing.T) {
 		{"春风一度", []string{"春风一度"}},
 		{"百病不侵身体健", nil},
 		{"久病缠身", []string{"病"}},
+		// Marked odd by both readers of cpu-bf16x3-ab.tsv.
+		{"欢乐年年迎富贵\t平安夜夜度新春", []string{"平安夜"}}, // read as Christmas Eve
+		{"春晖一抹红梅笑\t秋色满园紫燕飞", []string{"秋色"}},
+		{"迎春接福年年好\t反腐倡廉步步高", []string{"反腐", "倡廉"}},
+		{"春华秋实", nil},
 	}
 	for _, c := range cases {
 		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
