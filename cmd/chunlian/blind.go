@@ -59,12 +59,17 @@ func (r *readerFlags) active() bool { return *r.blind != 0 || *r.score != "" || 
 
 // runReader runs `eval --blind N --sheet-out F --key-out K`,
 // `eval --score SHEET --key K` or `eval --signals`.
-func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, randomModel bool, stdout io.Writer) error {
+// temp is eval's --temperature for the couplets --blind and --signals
+// generate (nil: not given, the stack's default).
+func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, temp *float64, randomModel bool, stdout io.Writer) error {
 	if *r.score != "" {
 		return scoreSheetFiles(*r.score, *r.key, stdout)
 	}
 	if *r.blind < 0 {
 		return errors.New("--blind needs N > 0")
+	}
+	if temp != nil && (*temp < 0 || *temp > couplet.Limits.MaxTemperature) {
+		return fmt.Errorf("--temperature %g: want 0..%g (0 = greedy)", *temp, couplet.Limits.MaxTemperature)
 	}
 	shared := *r.sharedFolder
 	words := strings.Split(*r.wordList, ",")
@@ -83,9 +88,9 @@ func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, randomMo
 		if *r.sheetOut == "" || *r.keyOut == "" {
 			return errors.New("--blind needs --sheet-out and --key-out")
 		}
-		return writeBlind(g, pool, words, *r.blind, length, seed, rng, *r.sheetOut, *r.keyOut, stdout)
+		return writeBlind(g, pool, words, *r.blind, length, seed, temp, rng, *r.sheetOut, *r.keyOut, stdout)
 	}
-	return writeSignals(g, pool, signalsConfig{words, *r.perWord, length, seed, shared, *r.signalsOut, st.Config.SamplesPerCouplet}, rng, stdout)
+	return writeSignals(g, pool, signalsConfig{words, *r.perWord, length, seed, temp, shared, *r.signalsOut, st.Config.SamplesPerCouplet}, rng, stdout)
 }
 
 func scoreSheetFiles(sheetPath, keyPath string, stdout io.Writer) error {
@@ -112,7 +117,7 @@ func scoreSheetFiles(sheetPath, keyPath string, stdout io.Writer) error {
 
 // generateFor draws n keyword-mode couplets per word at the request
 // defaults (seed base+1000·word index+k), eight requests at a time.
-func generateFor(g *couplet.Generator, words []string, n, length int, base uint64) ([]quality.Couplet, error) {
+func generateFor(g *couplet.Generator, words []string, n, length int, base uint64, temp *float64) ([]quality.Couplet, error) {
 	out := make([]quality.Couplet, len(words)*n)
 	errs := make([]error, len(out))
 	var wg sync.WaitGroup
@@ -125,6 +130,9 @@ func generateFor(g *couplet.Generator, words []string, n, length int, base uint6
 			go func() {
 				defer func() { <-sem; wg.Done() }()
 				req := couplet.Request{Mode: couplet.ModeKeyword, Text: w, Length: length, N: 1, Seed: base + uint64(1000*wi+k)}
+				if temp != nil {
+					req.SetTemperature(*temp) // 0 = greedy, as over HTTP
+				}
 				cs, err := g.Generate(context.Background(), req)
 				if err != nil || len(cs) == 0 {
 					errs[i] = fmt.Errorf("%s (seed %d): %v", w, req.Seed, err)
@@ -140,7 +148,7 @@ func generateFor(g *couplet.Generator, words []string, n, length int, base uint6
 
 // writeBlind writes a sheet of n rows: n/2 of ours and n/2 human, over
 // the words that have enough human couplets of the length.
-func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n, length int, seed uint64, rng *rand.Rand, sheetPath, keyPath string, stdout io.Writer) error {
+func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n, length int, seed uint64, temp *float64, rng *rand.Rand, sheetPath, keyPath string, stdout io.Writer) error {
 	half := n / 2
 	var usable []string
 	human := map[string][]quality.Couplet{}
@@ -154,7 +162,7 @@ func writeBlind(g *couplet.Generator, pool []quality.Couplet, words []string, n,
 		return fmt.Errorf("no human couplet of %d characters holds any of %v", length, words)
 	}
 	per := (half + len(usable) - 1) / len(usable)
-	ours, err := generateFor(g, usable, per, length, seed)
+	ours, err := generateFor(g, usable, per, length, seed, temp)
 	if err != nil {
 		return err
 	}
@@ -204,13 +212,14 @@ type signalsConfig struct {
 	words             []string
 	perWord, length   int
 	seed              uint64
+	temp              *float64 // nil: the stack's default temperature
 	shared, out       string
 	samplesPerCouplet int
 }
 
 func writeSignals(g *couplet.Generator, pool []quality.Couplet, c signalsConfig, rng *rand.Rand, stdout io.Writer) error {
 	critic.Load()
-	ours, err := generateFor(g, c.words, c.perWord, c.length, c.seed)
+	ours, err := generateFor(g, c.words, c.perWord, c.length, c.seed, c.temp)
 	if err != nil {
 		return err
 	}
@@ -238,8 +247,12 @@ func writeSignals(g *couplet.Generator, pool []quality.Couplet, c signalsConfig,
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "chunlian eval: copied share skipped: %v\n", err)
 	}
-	fmt.Fprintf(stdout, "Automatic signals, keyword mode, %d-character lines, words %s; chunlian: %d couplets per word (--samples-per-couplet %d, seed %d); human: the spring couplets of ../shared that hold the word, of the same length (one that holds two of the words counts for the first).\n\n",
-		c.length, strings.Join(c.words, " "), c.perWord, c.samplesPerCouplet, c.seed)
+	temp := "the default temperature"
+	if c.temp != nil {
+		temp = fmt.Sprintf("--temperature %g", *c.temp)
+	}
+	fmt.Fprintf(stdout, "Automatic signals, keyword mode, %d-character lines, words %s; chunlian: %d couplets per word (--samples-per-couplet %d, %s, seed %d); human: the spring couplets of ../shared that hold the word, of the same length (one that holds two of the words counts for the first).\n\n",
+		c.length, strings.Join(c.words, " "), c.perWord, c.samplesPerCouplet, temp, c.seed)
 	quality.WriteSignals(stdout, []quality.Signals{
 		quality.ComputeSignals(quality.SourceOurs, ours, real, train),
 		quality.ComputeSignals(quality.SourceHuman, human, real, train),

@@ -48,7 +48,7 @@ func defineEval(fs *pflag.FlagSet, stdout io.Writer) func() error {
 	words := fs.Int("words", len(quality.BlessingWords), fmt.Sprintf("use the first N of the %d built-in blessing words", len(quality.BlessingWords)))
 	fs.IntVar(&o.Length, "length", couplet.DefaultLength, "line length in keyword mode")
 	fs.Uint64Var(&o.Seed, "seed", 1, "base seed (request i uses seed+i)")
-	fs.Float64Var(&o.Temperature, "temperature", 0, fmt.Sprintf("sampling temperature of the sampled keyword and lower-mode runs, 0..%g as in the HTTP API (0 = greedy; the BLEU runs are greedy); not given: %g", couplet.Limits.MaxTemperature, couplet.DefaultTemperature))
+	fs.Float64Var(&o.Temperature, "temperature", 0, fmt.Sprintf("sampling temperature of the sampled keyword and lower-mode runs and of the couplets --blind and --signals write, 0..%g as in the HTTP API (0 = greedy; the BLEU runs are greedy); not given: %g", couplet.Limits.MaxTemperature, couplet.DefaultTemperature))
 	fs.IntVar(&o.Samples, "samples", 8, "sample couplets to print")
 	fs.IntVar(&o.BLEULimit, "bleu-limit", 300, "greedy lower-mode BLEU on this many test.tsv pairs, constraints on vs off (0 = skip)")
 	fs.IntVar(&o.ForcedLimit, "bleu-forced", 0, "BLEU as docs/EVAL.md defines it (greedy, exactly as many characters as the 上联, special tokens forbidden) on this many test.tsv pairs, on a forward pass of its own on --backend (0 = skip; 3830 = the whole test set)")
@@ -61,7 +61,11 @@ func defineEval(fs *pflag.FlagSet, stdout io.Writer) func() error {
 	sc.registerModel(fs)
 	return func() error {
 		if reader.active() {
-			return runReader(sc, reader, o.Length, o.Seed, *randomModel, stdout)
+			var temp *float64
+			if fs.Changed("temperature") {
+				temp = &o.Temperature
+			}
+			return runReader(sc, reader, o.Length, o.Seed, temp, *randomModel, stdout)
 		}
 		if *words < 1 || *words > len(quality.BlessingWords) {
 			return fmt.Errorf("--words must be 1..%d", len(quality.BlessingWords))

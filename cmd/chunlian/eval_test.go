@@ -202,6 +202,40 @@ func TestEvalReaderRoundTrip(t *testing.T) {
 	}
 }
 
+// TestEvalSignalsTemperature: eval's --temperature reaches the couplets
+// --signals writes (a run at the default and one at 0.5 write the same
+// couplets, greedy ones differ), and an out-of-range one is refused.
+func TestEvalSignalsTemperature(t *testing.T) {
+	dir := t.TempDir()
+	shared := fakeShared(t, dir)
+	dump := func(extra ...string) string {
+		t.Helper()
+		path := filepath.Join(dir, fmt.Sprintf("c%d.tsv", len(extra)))
+		args := append([]string{"--random-model", "--signals", "--per-word", "6", "--shared", shared, "--word-list", "平安", "--signals-out", path}, extra...)
+		var out bytes.Buffer
+		if err := runEval(args, &out); err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	def, half, greedy := dump(), dump("--temperature", "0.5"), dump("--temperature", "0", "--seed", "1")
+	if def != half {
+		t.Errorf("--temperature 0.5 (the default) wrote other couplets than no flag:\n%s\n%s", def, half)
+	}
+	if greedy == def {
+		t.Errorf("--temperature 0 wrote the default's couplets: the flag does not reach --signals")
+	}
+	var out bytes.Buffer
+	err := runEval([]string{"--random-model", "--signals", "--shared", shared, "--temperature", "3"}, &out)
+	if err == nil || !strings.Contains(err.Error(), "--temperature") {
+		t.Errorf("--temperature 3 with --signals: err %v, want a --temperature error", err)
+	}
+}
+
 // TestEvalSignals runs --signals on the random test model: both sides are
 // reported, the human side is 1 of 2 copied from train.tsv and its 横批
 // is real.
