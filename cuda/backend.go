@@ -36,10 +36,9 @@ type Options struct {
 	// bf16 weight copies and the GEMMs' input activations rounded to bf16
 	// as the kernel before each GEMM writes them, float32 accumulation and
 	// output: half the bytes and twice the tensor-core rate; lossless for
-	// the weights of a model stored in bf16; the KV cache holds bf16 too,
-	// which halves what attention reads), "tf32" (float32 storage,
+	// the weights of a model stored in bf16), "tf32" (float32 storage,
 	// TF32 tensor cores, float32 accumulation) or "fp32" (exact float32
-	// FMA; for tests). Both keep a float32 KV cache.
+	// FMA; for tests).
 	Precision string
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
@@ -112,7 +111,6 @@ type Info struct {
 	Multiprocessors int
 	TotalMemory     int64
 	KVCacheBytes    int64
-	KVCacheDType    string // "bf16" or "fp32": the cache's element (Options.Precision)
 	WeightBytes     int64
 	// SmallBatchPath says how steps of ≤ 8 tokens run: "gemv-bf16",
 	// "gemv-fp32" (the fused GEMV kernels) or "cublas".
@@ -259,19 +257,7 @@ func (b *Backend) sync() error {
 
 // kvSlab returns the device address of layer l's K (v=0) or V (v=1) cache.
 func (b *Backend) kvSlab(l, v int) uintptr {
-	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*int64(b.kvBytes()))
-}
-
-// kvBF16 reports whether the KV cache holds bf16 (the kernels' KV_BF16):
-// with bf16 GEMMs, whose inputs are rounded to bf16 anyway.
-func (b *Backend) kvBF16() bool { return b.opt.Precision == "bf16" }
-
-// kvBytes is the size of one KV cache element.
-func (b *Backend) kvBytes() int {
-	if b.kvBF16() {
-		return 2
-	}
-	return 4
+	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*4)
 }
 
 // launch starts kernel name with a 1-D block and a (gx, gy) grid. Each
@@ -743,7 +729,7 @@ func (b *Backend) copyBlocks(h []int32) error {
 		return err
 	}
 	return b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
-		uint64(b.allocBlocks), i32(b.blockElems*b.kvBytes()/4))
+		uint64(b.allocBlocks), i32(b.blockElems))
 }
 
 // deferErr keeps an error of work the worker did after its caller had

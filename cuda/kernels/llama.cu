@@ -3,7 +3,6 @@
 // (The bf16 GEMM path stores some activations as bfloat16: out16 arguments.)
 // Model constants arrive as -D macros:
 //   HEAD_DIM  head dimension (any size up to 32*MAX_LANE_DIMS)
-//   KV_BF16   1: the paged KV cache holds bfloat16 (kv_t), 0: float32
 // Every kernel uses 64-bit offsets: the paged cache can exceed 2^31 floats.
 
 #define WARP 32
@@ -22,24 +21,6 @@ __device__ __forceinline__ unsigned short f2bf(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-
-// bf16 pairs in a 32-bit word, little-endian: element 0 in the low half.
-// bfloat16 → float32 is exact (the bits shifted into the high half).
-__device__ __forceinline__ float bf_lo(unsigned int u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
-
-// kv_t is the KV cache's element: bfloat16 (rounded nearest-even on store)
-// or float32. Every kernel that reads or writes the cache goes through
-// kv_load / kv_store.
-#if KV_BF16
-typedef unsigned short kv_t;
-__device__ __forceinline__ float kv_load(const kv_t* p, i64 i) { return __uint_as_float((unsigned)p[i] << 16); }
-__device__ __forceinline__ void kv_store(kv_t* p, i64 i, float v) { p[i] = f2bf(v); }
-#else
-typedef float kv_t;
-__device__ __forceinline__ float kv_load(const kv_t* p, i64 i) { return p[i]; }
-__device__ __forceinline__ void kv_store(kv_t* p, i64 i, float v) { p[i] = v; }
-#endif
 
 // store_act writes an activation: as bfloat16 into out16 when it is
 // non-null (the bf16 GEMM path), else as float32 into out.
@@ -133,10 +114,10 @@ extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restr
 // qkv [T, (nH + 2*nKV) * HEAD_DIM] laid out [q heads | k heads | v heads];
 // cosSin [maxPos, HEAD_DIM/2, 2] (cos, sin); positions [T]; slots [T]
 // (slot = block*blockSize + offset; negative = do not store);
-// kcache, vcache [numBlocks*blockSize, nKV, HEAD_DIM] of this layer (kv_t).
+// kcache, vcache [numBlocks*blockSize, nKV, HEAD_DIM] of this layer.
 extern "C" __global__ void rope_kv(float* __restrict__ qkv, const float* __restrict__ cosSin,
                                    const int* __restrict__ positions, const int* __restrict__ slots,
-                                   kv_t* __restrict__ kcache, kv_t* __restrict__ vcache,
+                                   float* __restrict__ kcache, float* __restrict__ vcache,
                                    int nH, int nKV) {
     const int half = HEAD_DIM / 2;
     int t = blockIdx.x;
@@ -156,15 +137,15 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const float* __restr
         base[i] = y1;
         base[i + half] = y2;
         if (head >= nH && slot >= 0) {
-            kv_t* kd = kcache + ((i64)slot * nKV + (head - nH)) * HEAD_DIM;
-            kv_store(kd, i, y1);
-            kv_store(kd, i + half, y2);
+            float* kd = kcache + ((i64)slot * nKV + (head - nH)) * HEAD_DIM;
+            kd[i] = y1;
+            kd[i + half] = y2;
         }
     }
     if (slot >= 0) {
         const float* v = row + (nH + nKV) * HEAD_DIM;
-        kv_t* vd = vcache + (i64)slot * nKV * HEAD_DIM;
-        for (int j = threadIdx.x; j < nKV * HEAD_DIM; j += blockDim.x) kv_store(vd, j, v[j]);
+        float* vd = vcache + (i64)slot * nKV * HEAD_DIM;
+        for (int j = threadIdx.x; j < nKV * HEAD_DIM; j += blockDim.x) vd[j] = v[j];
     }
 }
 
@@ -177,8 +158,8 @@ extern "C" __global__ void rope_kv(float* __restrict__ qkv, const float* __restr
 // blockTables [S, btStride] physical block ids; caches as in rope_kv.
 // grid = ceil(T*nH / 4), block = 128.
 extern "C" __global__ void paged_attention(float* __restrict__ out, const float* __restrict__ qkv,
-                                           const kv_t* __restrict__ kcache,
-                                           const kv_t* __restrict__ vcache,
+                                           const float* __restrict__ kcache,
+                                           const float* __restrict__ vcache,
                                            const int* __restrict__ tokSeq,
                                            const int* __restrict__ positions,
                                            const int* __restrict__ blockTables, int btStride,
@@ -205,13 +186,13 @@ extern "C" __global__ void paged_attention(float* __restrict__ out, const float*
     for (int j = 0; j <= pos; j++) {
         int blk = bt[j / blockSize];
         i64 base = (((i64)blk * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
-        const kv_t* k = kcache + base;
-        const kv_t* v = vcache + base;
+        const float* k = kcache + base;
+        const float* v = vcache + base;
         float dot = 0.f;
 #pragma unroll
         for (int i = 0; i < MAX_LANE_DIMS; i++) {
             int dd = lane + i * WARP;
-            if (dd < HEAD_DIM) dot += qr[i] * kv_load(k, dd);
+            if (dd < HEAD_DIM) dot += qr[i] * k[dd];
         }
         dot = warp_sum(dot);
         float mn = fmaxf(m, dot);
@@ -221,7 +202,7 @@ extern "C" __global__ void paged_attention(float* __restrict__ out, const float*
 #pragma unroll
         for (int i = 0; i < MAX_LANE_DIMS; i++) {
             int dd = lane + i * WARP;
-            if (dd < HEAD_DIM) acc[i] = acc[i] * c + p * kv_load(v, dd);
+            if (dd < HEAD_DIM) acc[i] = acc[i] * c + p * v[dd];
         }
         m = mn;
     }
@@ -252,8 +233,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // The query is pre-scaled; online softmax in float32 across chunks.
 // out16 [T, nH*HEAD_DIM] bf16: written instead of out when non-null.
 extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, const float* __restrict__ qkv,
-                                                   const kv_t* __restrict__ kcache,
-                                                   const kv_t* __restrict__ vcache,
+                                                   const float* __restrict__ kcache,
+                                                   const float* __restrict__ vcache,
                                                    const int* __restrict__ tokSeq,
                                                    const int* __restrict__ positions,
                                                    const int* __restrict__ blockTables, int btStride,
@@ -287,20 +268,9 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
         if (valid) {
             int blk = bt[j / blockSize];
             row = (((i64)blk * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
-            const kv_t* k = kcache + row;
+            const float* k = kcache + row;
             float dot = 0.f;
-#if KV_BF16 && HEAD_DIM % 8 == 0
-            // 8 bf16 keys' dims per 16-byte load (a K row starts at a
-            // multiple of HEAD_DIM elements: 16-byte aligned).
-#pragma unroll
-            for (int d = 0; d < HEAD_DIM; d += 8) {
-                uint4 kv = *reinterpret_cast<const uint4*>(k + d);
-                float4 q0 = *reinterpret_cast<const float4*>(qw + d);
-                float4 q1 = *reinterpret_cast<const float4*>(qw + d + 4);
-                dot += bf_lo(kv.x) * q0.x + bf_hi(kv.x) * q0.y + bf_lo(kv.y) * q0.z + bf_hi(kv.y) * q0.w +
-                       bf_lo(kv.z) * q1.x + bf_hi(kv.z) * q1.y + bf_lo(kv.w) * q1.z + bf_hi(kv.w) * q1.w;
-            }
-#elif !KV_BF16 && HEAD_DIM % 4 == 0
+#if HEAD_DIM % 4 == 0
 #pragma unroll
             for (int d = 0; d < HEAD_DIM; d += 4) {
                 float4 kv = *reinterpret_cast<const float4*>(k + d);
@@ -309,7 +279,7 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
             }
 #else
 #pragma unroll
-            for (int d = 0; d < HEAD_DIM; d++) dot += kv_load(k, d) * qw[d];
+            for (int d = 0; d < HEAD_DIM; d++) dot += k[d] * qw[d];
 #endif
             s = dot;
         }
@@ -324,11 +294,11 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
         for (int u = 0; u < n; u++) {
             float pu = __shfl_sync(0xffffffffu, p, u);
             long long ru = __shfl_sync(0xffffffffu, row, u);
-            const kv_t* v = vcache + ru;
+            const float* v = vcache + ru;
 #pragma unroll
             for (int i = 0; i < MAX_LANE_DIMS; i++) {
                 int dd = lane + i * WARP;
-                if (dd < HEAD_DIM) acc[i] += pu * kv_load(v, dd);
+                if (dd < HEAD_DIM) acc[i] += pu * v[dd];
             }
         }
         m = mn;
@@ -370,8 +340,7 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
 }
 
 // copy_blocks: for every pair p and every layer-half lk (2*layer + {0:K,1:V}),
-// copies block src[p] to dst[p]. cache [2*L, numBlocks, blockElems] in
-// float32 words (a bf16 cache passes half its element count).
+// copies block src[p] to dst[p]. cache [2*L, numBlocks, blockElems].
 // grid = (npairs, 2*L), block = 256.
 extern "C" __global__ void copy_blocks(float* __restrict__ cache, const int* __restrict__ src,
                                        const int* __restrict__ dst, i64 numBlocks, int blockElems) {
@@ -530,9 +499,11 @@ __device__ __forceinline__ void warp_dot(const float* __restrict__ w, const floa
         if (m < M) acc[m] = warp_sum(acc[m]);
 }
 
-// bf16 weights: 8 per 16-byte load (bf_lo / bf_hi), so a model stored in
-// bf16 computes exactly what the float32 kernel computes, reading half the
-// bytes.
+// bf16 weights: 8 per 16-byte load; bfloat16 → float32 is exact (the bits
+// shifted into the high half), so a model stored in bf16 computes exactly
+// what the float32 kernel computes, reading half the bytes.
+__device__ __forceinline__ float bf_lo(unsigned int u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
 
 __device__ __forceinline__ void warp_dot(const unsigned short* __restrict__ w, const float* xs, int M,
                                          int K, float acc[GEMV_MAX_M]) {
@@ -606,8 +577,8 @@ __device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict
                                 const int* __restrict__ ids, float* __restrict__ resid,
                                 const float* __restrict__ g, float eps, const WT* __restrict__ W,
                                 const float* __restrict__ cosSin, const int* __restrict__ positions,
-                                const int* __restrict__ slots, kv_t* __restrict__ kcache,
-                                kv_t* __restrict__ vcache, int M, int K, int nH, int nKV) {
+                                const int* __restrict__ slots, float* __restrict__ kcache,
+                                float* __restrict__ vcache, int M, int K, int nH, int nKV) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     const int half = HEAD_DIM / 2;
@@ -643,9 +614,9 @@ __device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict
             row[r2] = x2;
             if (head >= nH && slot >= 0) {
                 int kv = head < nH + nKV ? head - nH : head - nH - nKV;
-                kv_t* dst = (head < nH + nKV ? kcache : vcache) + ((i64)slot * nKV + kv) * HEAD_DIM;
-                kv_store(dst, i, x1);
-                kv_store(dst, i + half, x2);
+                float* dst = (head < nH + nKV ? kcache : vcache) + ((i64)slot * nKV + kv) * HEAD_DIM;
+                dst[i] = x1;
+                dst[i + half] = x2;
             }
         }
     }
@@ -697,7 +668,7 @@ GEMV_ENTRY(gemv_bf16, unsigned short)
                                     const float* __restrict__ g, float eps, const WT* __restrict__ W, \
                                     const float* __restrict__ cosSin,                                 \
                                     const int* __restrict__ positions, const int* __restrict__ slots, \
-                                    kv_t* __restrict__ kcache, kv_t* __restrict__ vcache, int M,      \
+                                    float* __restrict__ kcache, float* __restrict__ vcache, int M,    \
                                     int K, int nH, int nKV) {                                         \
         gemv_qkv_rope_t<WT>(qkv, x, ids, resid, g, eps, W, cosSin, positions, slots, kcache, vcache, \
                             M, K, nH, nKV);                                                           \
