@@ -128,12 +128,8 @@ type CPU struct {
 	xn    []float32 // [T, d] normalised input of a sublayer
 	qkv   []float32 // [T, H·hd + 2·G·hd] fused projection output
 	gu    []float32 // [T, 2·F] fused gate|up projection output
-	q     []float32 // [T, nHeads·headDim]
-	k     []float32 // [T, nKVHeads·headDim]
-	v     []float32 // [T, nKVHeads·headDim]
 	att   []float32 // [T, nHeads·headDim] attention output before Wo
-	gate  []float32 // [T, ffn] gate projection, then silu(gate)·up
-	up    []float32 // [T, ffn]
+	gate  []float32 // [T, ffn] silu(gate)·up of gu
 	rows  []float32 // [R, d] final-normed hidden states of the logit rows
 	owner []int32   // [T] which span owns each token (batch validation)
 
@@ -448,9 +444,8 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	c.x, c.xn = grow(c.x, T*d), grow(c.xn, T*d)
 	W := qd + 2*kvd
 	c.qkv, c.gu = grow(c.qkv, T*W), grow(c.gu, T*2*F)
-	c.q, c.att = grow(c.q, T*qd), grow(c.att, T*qd)
-	c.k, c.v = grow(c.k, T*kvd), grow(c.v, T*kvd)
-	c.gate, c.up = grow(c.gate, T*F), grow(c.up, T*F)
+	c.att = grow(c.att, T*qd)
+	c.gate = grow(c.gate, T*F)
 	for i := range c.scores {
 		c.scores[i] = grow(c.scores[i], maxCtx)
 		c.offs[i] = growInt(c.offs[i], maxCtx)
@@ -471,38 +466,29 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 			Q = c.q8[l]
 		}
 		// Attention sublayer.
-		// xn[T,d] = RMSNorm(x); qkv[T,(H+2G)·hd] = xn·Wqkvᵀ, split into
-		// q[T,H·hd], k[T,G·hd], v[T,G·hd].
+		// xn[T,d] = RMSNorm(x); qkv[T,W] = xn·Wqkvᵀ, each row
+		// q[H·hd] | k[G·hd] | v[G·hd] (W = (H+2G)·hd); RoPE rotates the
+		// q and k heads in place.
 		cpu.RMSNorm(c.xn, c.x, L.AttnNorm, T, d, eps)
 		c.gemm(T, W, d, c.xn, c.wqkv[l], B.QKV, &Q.qkv, c.qkv, false, c.bf16Dot)
-		for t := 0; t < T; t++ {
-			row := c.qkv[t*W : (t+1)*W]
-			copy(c.q[t*qd:(t+1)*qd], row[:qd])
-			copy(c.k[t*kvd:(t+1)*kvd], row[qd:qd+kvd])
-			copy(c.v[t*kvd:(t+1)*kvd], row[qd+kvd:])
-		}
-		cpu.RoPE(c.q, b.Positions, T, cfg.NumHeads, cfg.HeadDim, cfg.RopeTheta)
-		cpu.RoPE(c.k, b.Positions, T, cfg.NumKVHeads, cfg.HeadDim, cfg.RopeTheta)
+		cpu.RoPEStrided(c.qkv, W, b.Positions, T, cfg.NumHeads+cfg.NumKVHeads, cfg.HeadDim, cfg.RopeTheta)
 		// Write this step's K/V into their slots before attention, so a
 		// token sees itself and the earlier tokens of its own chunk.
 		// kc, vc: [numBlocks·blockSize slots, G·hd].
 		kc, vc := c.kc[l], c.vc[l]
 		for t, slot := range b.SlotMapping {
-			copy(kc[int(slot)*kvd:(int(slot)+1)*kvd], c.k[t*kvd:(t+1)*kvd])
-			copy(vc[int(slot)*kvd:(int(slot)+1)*kvd], c.v[t*kvd:(t+1)*kvd])
+			row := c.qkv[t*W : (t+1)*W]
+			copy(kc[int(slot)*kvd:(int(slot)+1)*kvd], row[qd:qd+kvd])
+			copy(vc[int(slot)*kvd:(int(slot)+1)*kvd], row[qd+kvd:])
 		}
 		c.attention(b, l)                                                // att[T,H·hd]
 		c.gemm(T, d, qd, c.att, L.Wo, B.Wo, &Q.wo, c.x, true, c.bf16Dot) // x[T,d] += att·Woᵀ
 		// MLP sublayer (SwiGLU).
-		// xn[T,d] = RMSNorm(x); gu[T,2F] = xn·[Wgate;Wup]ᵀ, split into
-		// gate[T,F], up[T,F].
+		// xn[T,d] = RMSNorm(x); gu[T,2F] = xn·[Wgate;Wup]ᵀ (gate then up
+		// in each row); gate[T,F] = silu(gu[:, :F])·gu[:, F:].
 		cpu.RMSNorm(c.xn, c.x, L.MLPNorm, T, d, eps)
 		c.gemm(T, 2*F, d, c.xn, c.wgu[l], B.GateUp, &Q.gu, c.gu, false, c.bf16Dot)
-		for t := 0; t < T; t++ {
-			copy(c.gate[t*F:(t+1)*F], c.gu[t*2*F:t*2*F+F])
-			copy(c.up[t*F:(t+1)*F], c.gu[t*2*F+F:(t+1)*2*F])
-		}
-		cpu.SiLUMul(c.gate, c.gate, c.up)                                        // gate = silu(gate)·up
+		cpu.SwiGLU(c.gate, c.gu, T, F)
 		c.gemm(T, d, F, c.gate, L.WDown, B.WDown, &Q.down, c.x, true, c.bf16Dot) // x[T,d] += gate·Wdownᵀ
 	}
 	// Final norm and LM head only for the rows that will be sampled.
@@ -576,7 +562,7 @@ func (c *CPU) attnItems(w int) {
 	cfg := c.cfg
 	H, hd, kvd, bs := cfg.NumHeads, cfg.HeadDim, cfg.KVDim(), c.blockSize
 	group := H / cfg.NumKVHeads
-	qd := cfg.QDim()
+	qd, W := cfg.QDim(), cfg.QDim()+2*cfg.KVDim()
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	kc, vc := c.kc[l], c.vc[l]
 	n := int64(len(b.Seqs) * H)
@@ -601,7 +587,7 @@ func (c *CPU) attnItems(w int) {
 		first := s.CtxLen - s.Len
 		for j := 0; j < s.Len; j++ {
 			t, p := s.Start+j, first+j
-			q := c.q[t*qd+h*hd : t*qd+(h+1)*hd] // [hd]
+			q := c.qkv[t*W+h*hd : t*W+(h+1)*hd] // [hd], rotated in place
 			sc := c.scores[w][:p+1]             // [p+1]
 			cpu.DotsAt(q, kc, offs[:p+1], sc)
 			for u := range sc {

@@ -517,12 +517,11 @@ func kernelCalls(c *CPU, b *Batch, logits []float32) {
 	for l, L := range c.m.Weights.Layers {
 		cpu.RMSNorm(c.xn, c.x, L.AttnNorm, T, d, eps)
 		cpu.Gemm(T, qd+2*kvd, d, c.xn, c.wqkv[l], c.qkv)
-		cpu.RoPE(c.q, b.Positions, T, cfg.NumHeads, cfg.HeadDim, cfg.RopeTheta)
-		cpu.RoPE(c.k, b.Positions, T, cfg.NumKVHeads, cfg.HeadDim, cfg.RopeTheta)
+		cpu.RoPEStrided(c.qkv, qd+2*kvd, b.Positions, T, cfg.NumHeads+cfg.NumKVHeads, cfg.HeadDim, cfg.RopeTheta)
 		cpu.GemmAcc(T, d, qd, c.att, L.Wo, c.x)
 		cpu.RMSNorm(c.xn, c.x, L.MLPNorm, T, d, eps)
 		cpu.Gemm(T, 2*F, d, c.xn, c.wgu[l], c.gu)
-		cpu.SiLUMul(c.gate, c.gate, c.up)
+		cpu.SwiGLU(c.gate, c.gu, T, F)
 		cpu.GemmAcc(T, d, F, c.gate, L.WDown, c.x)
 	}
 	R := len(b.LogitRows)

@@ -255,6 +255,41 @@ func TestRoPE(t *testing.T) {
 	})
 }
 
+// TestRoPEStrided: rotating the first heads of wider rows in place gives,
+// bit for bit, RoPE of those heads packed, and leaves the rest of each row
+// (the v heads of a q|k|v row) untouched, on one thread and on the pool.
+func TestRoPEStrided(t *testing.T) {
+	forEachElem(t, func(t *testing.T) {
+		for _, tc := range []struct{ rows, heads, extra, hd int }{{1, 2, 1, 8}, {5, 3, 2, 16}, {700, 12, 6, 64}} {
+			r := rand.New(rand.NewPCG(uint64(tc.rows), 9))
+			stride := (tc.heads + tc.extra) * tc.hd
+			x := randSlice(r, tc.rows*stride)
+			pos := make([]int32, tc.rows)
+			for i := range pos {
+				pos[i] = int32(r.IntN(200))
+			}
+			packed := make([]float32, tc.rows*tc.heads*tc.hd)
+			for row := range tc.rows {
+				copy(packed[row*tc.heads*tc.hd:(row+1)*tc.heads*tc.hd], x[row*stride:])
+			}
+			RoPE(packed, pos, tc.rows, tc.heads, tc.hd, 10000)
+			got := append([]float32(nil), x...)
+			RoPEStrided(got, stride, pos, tc.rows, tc.heads, tc.hd, 10000)
+			for row := range tc.rows {
+				for i := range stride {
+					want := x[row*stride+i]
+					if i < tc.heads*tc.hd {
+						want = packed[row*tc.heads*tc.hd+i]
+					}
+					if got[row*stride+i] != want {
+						t.Fatalf("%+v: row %d col %d = %v, want %v", tc, row, i, got[row*stride+i], want)
+					}
+				}
+			}
+		}
+	})
+}
+
 func TestRoPEConcurrent(t *testing.T) {
 	// Table growth under concurrent use must be race-free (run with -race).
 	done := make(chan bool)
@@ -346,6 +381,33 @@ func TestElementwise(t *testing.T) {
 // offsets, with NaN guards around base and y to catch reads and writes out
 // of range. Under the assembly and plain-Go sets each result must also
 // equal Dot, or Axpy called per offset, bit for bit.
+// TestSwiGLU: each output row is SiLUMul of its gu row's two halves, bit
+// for bit, on one thread and split over the pool (rows·f ≥ 2^15).
+func TestSwiGLU(t *testing.T) {
+	forEachElem(t, func(t *testing.T) {
+		for _, sh := range []struct{ rows, f int }{{1, 7}, {3, 33}, {2, 1024}, {40, 1024}, {37, 1000}} {
+			r := rand.New(rand.NewPCG(uint64(sh.rows), uint64(sh.f)))
+			gu := randSlice(r, sh.rows*2*sh.f)
+			out := randSlice(r, sh.rows*sh.f+1) // one float past the end stays
+			last := out[len(out)-1]
+			SwiGLU(out, gu, sh.rows, sh.f)
+			want := make([]float32, sh.f)
+			for row := 0; row < sh.rows; row++ {
+				g := gu[row*2*sh.f : (row+1)*2*sh.f]
+				SiLUMul(want, g[:sh.f], g[sh.f:])
+				for i, w := range want {
+					if got := out[row*sh.f+i]; got != w {
+						t.Fatalf("rows %d f %d: out[%d,%d] = %v, want %v", sh.rows, sh.f, row, i, got, w)
+					}
+				}
+			}
+			if out[len(out)-1] != last {
+				t.Errorf("rows %d f %d: SwiGLU wrote past rows·f", sh.rows, sh.f)
+			}
+		}
+	})
+}
+
 func TestDotsAtAxpysAt(t *testing.T) {
 	const guard = 40
 	nan := float32(math.NaN())

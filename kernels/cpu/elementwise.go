@@ -207,6 +207,44 @@ func (j *siluJob) run(p, np int) {
 	elem.siluMul(j.out[lo:hi], j.gate[lo:hi], j.up[lo:hi])
 }
 
+// SwiGLU computes out[r, i] = silu(gu[r, i])·gu[r, f+i] for rows r and
+// i < f: the SwiGLU of a fused gate/up projection gu [rows, 2f] (gate
+// then up in each row) into out [rows, f], without splitting gu first.
+// out must not overlap gu.
+func SwiGLU(out, gu []float32, rows, f int) {
+	out, gu = out[:rows*f], gu[:rows*2*f]
+	if rows*f < 1<<15 || Threads() <= 1 || rows < 2 {
+		swiGLURows(out, gu, 0, rows, f)
+		return
+	}
+	poolMu.Lock()
+	theSwiGLUJob = swiGLUJob{out, gu, rows, f}
+	runParts(&theSwiGLUJob, min(Threads(), rows))
+	theSwiGLUJob = swiGLUJob{}
+	poolMu.Unlock()
+}
+
+func swiGLURows(out, gu []float32, r0, r1, f int) {
+	for r := r0; r < r1; r++ {
+		g := gu[r*2*f : r*2*f+2*f]
+		elem.siluMul(out[r*f:(r+1)*f], g[:f], g[f:])
+	}
+}
+
+// swiGLUJob is one SwiGLU call split by rows; theSwiGLUJob is guarded by
+// poolMu.
+type swiGLUJob struct {
+	out, gu []float32
+	rows, f int
+}
+
+var theSwiGLUJob swiGLUJob
+
+func (j *swiGLUJob) run(p, np int) {
+	r0, r1 := split(j.rows, np, p, 1)
+	swiGLURows(j.out, j.gu, r0, r1, j.f)
+}
+
 func siluMulGo(out, gate, up []float32) {
 	gate, up = gate[:len(out)], up[:len(out)]
 	for i, g := range gate {
@@ -261,9 +299,16 @@ func softmaxGo(x []float32) {
 // (x[i], x[i+headDim/2]) is rotated by angle pos·theta^(-2i/headDim).
 // headDim must be even.
 func RoPE(x []float32, positions []int32, rows, nHeads, headDim int, theta float64) {
-	if headDim%2 != 0 || len(positions) < rows || len(x) < rows*nHeads*headDim {
-		panic(fmt.Sprintf("cpu.RoPE: bad shapes rows=%d nHeads=%d headDim=%d len(x)=%d len(positions)=%d",
-			rows, nHeads, headDim, len(x), len(positions)))
+	RoPEStrided(x, nHeads*headDim, positions, rows, nHeads, headDim, theta)
+}
+
+// RoPEStrided is RoPE on the first nHeads heads of each row of x [rows,
+// stride] (stride ≥ nHeads·headDim): the q and k heads at the start of a
+// fused q|k|v projection's rows, rotated where they are.
+func RoPEStrided(x []float32, stride int, positions []int32, rows, nHeads, headDim int, theta float64) {
+	if headDim%2 != 0 || stride < nHeads*headDim || len(positions) < rows || (rows > 0 && len(x) < (rows-1)*stride+nHeads*headDim) {
+		panic(fmt.Sprintf("cpu.RoPE: bad shapes rows=%d stride=%d nHeads=%d headDim=%d len(x)=%d len(positions)=%d",
+			rows, stride, nHeads, headDim, len(x), len(positions)))
 	}
 	if rows == 0 {
 		return
@@ -275,7 +320,7 @@ func RoPE(x []float32, positions []int32, rows, nHeads, headDim int, theta float
 		}
 		maxPos = max(maxPos, p)
 	}
-	j := ropeJob{x, positions, ropeTable(headDim, theta, int(maxPos)+1), rows, nHeads, headDim}
+	j := ropeJob{x, positions, ropeTable(headDim, theta, int(maxPos)+1), rows, stride, nHeads, headDim}
 	parts := rowParts(rows, nHeads*headDim)
 	if parts <= 1 {
 		j.rows0(0, rows)
@@ -288,13 +333,13 @@ func RoPE(x []float32, positions []int32, rows, nHeads, headDim int, theta float
 	poolMu.Unlock()
 }
 
-// ropeJob is one RoPE call: x [rows, nHeads*headDim], positions [rows];
+// ropeJob is one RoPE call: x [rows, stride], positions [rows];
 // theRoPEJob is guarded by poolMu.
 type ropeJob struct {
-	x                     []float32
-	positions             []int32
-	tab                   *ropeTab
-	rows, nHeads, headDim int
+	x                             []float32
+	positions                     []int32
+	tab                           *ropeTab
+	rows, stride, nHeads, headDim int
 }
 
 var theRoPEJob ropeJob
@@ -307,7 +352,7 @@ func (j *ropeJob) run(p, np int) {
 func (j *ropeJob) rows0(r0, r1 int) {
 	hd := j.headDim
 	half := hd / 2
-	stride := j.nHeads * hd
+	stride := j.stride
 	for r := r0; r < r1; r++ {
 		pos := int(j.positions[r])
 		cos := j.tab.cos[pos*half : (pos+1)*half]
