@@ -138,6 +138,10 @@ func TestUnsuitable(t *testing.T) {
 		{"春晖一抹红梅笑\t秋色满园紫燕飞", []string{"秋色"}},
 		{"迎春接福年年好\t反腐倡廉步步高", []string{"反腐", "倡廉"}},
 		{"春华秋实", nil},
+		// Marked odd by both readers of cpu-temperature-ab.tsv.
+		{"万里长征永安乐\t八年抗战长精神", []string{"抗战"}},
+		{"得意人生真顺遂\t无情岁月太匆忙", []string{"无情"}},
+		{"一代名师称心术", []string{"心术"}},
 	}
 	for _, c := range cases {
 		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
@@ -291,6 +295,10 @@ func TestWrongYear(t *testing.T) {
 		{"蛇年大吉", 1}, {"金犬迎春", 1},
 		{"骏马辞岁", 0}, {"金羊迎春到", 0}, {"羊年大吉", 0}, {"马到成功", 0}, {"龙凤呈祥", 0},
 		{"鸡鸣犬吠", 0}, {"龙辞旧岁蛇贺新春", 2},
+		// The readings' odd couplets of 2026-12-05: 金鸡 and 金猴 read as
+		// their own years; 金 before the years of the festival is fine.
+		{"金鸡报晓纳祥瑞", 1}, {"瑞雪迎福春来早", 0}, {"金猴恭喜迎春到", 1}, {"金马奔腾辞旧岁", 0},
+		{"金羊献瑞", 0}, {"雄鸡报晓", 1},
 	} {
 		if got := WrongYear(c.text, 2027); len(got) != c.want {
 			t.Errorf("WrongYear(%q, 2027) = %q, want %d claims", c.text, got, c.want)
