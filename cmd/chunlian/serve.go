@@ -201,6 +201,7 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 	}
 	cfg.stack.logger = log
 	cfg.stack.Backend = cfg.stack.resolveBackend() // the HTTP defaults below depend on it
+	cfg.stack.resolveLimits(cfg.stack.Backend)
 	if cfg.LogFormat == "json" {
 		defer func() {
 			if err != nil {

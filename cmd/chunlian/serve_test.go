@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"chunlian/engine"
 	"chunlian/model"
 )
 
@@ -125,6 +126,7 @@ func TestServeDefaultsPerBackend(t *testing.T) {
 		var c serveConfig
 		c.register(pflag.NewFlagSet("t", pflag.ContinueOnError))
 		c.stack.Backend, c.admissionSet = tc.backend, tc.admissionSet
+		c.stack.resolveLimits(tc.backend) // as serveRun does
 		sc, err := c.serverConfig(slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
@@ -134,6 +136,9 @@ func TestServeDefaultsPerBackend(t *testing.T) {
 		}
 		if got := sc.MaxInFlight == c.stack.MaxNumSeqs+c.stack.MaxQueue; got != tc.wantInFlight {
 			t.Errorf("%s: MaxInFlight %d", tc.backend, sc.MaxInFlight)
+		}
+		if tc.wantInFlight && sc.MaxInFlight != cudaDefaultMaxNumSeqs+engine.DefaultConfig().MaxQueue {
+			t.Errorf("%s: MaxInFlight %d, want the GPU's step limit plus the queue", tc.backend, sc.MaxInFlight)
 		}
 	}
 }

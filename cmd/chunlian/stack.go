@@ -76,6 +76,22 @@ const (
 	cudaDefaultEngines = 2
 )
 
+// Engine step limits when --max-num-seqs / --max-num-batched-tokens are 0,
+// by backend: the CPU takes engine.DefaultConfig's; the GPU batches
+// thousands of sequences per step, and the CPU-sized limits left it a
+// fraction of its throughput (docs/DECISIONS.md, "Step limits on the GPU").
+const (
+	cudaDefaultMaxNumSeqs          = 4096
+	cudaDefaultMaxNumBatchedTokens = 16384
+)
+
+// resolveLimits sets the step limits left at 0 to backend's defaults.
+func (c *stackConfig) resolveLimits(backend string) {
+	e := engine.DefaultConfig()
+	c.MaxNumSeqs = byBackend(backend, c.MaxNumSeqs, e.MaxNumSeqs, cudaDefaultMaxNumSeqs)
+	c.MaxNumBatchedTokens = byBackend(backend, c.MaxNumBatchedTokens, e.MaxNumBatchedTokens, cudaDefaultMaxNumBatchedTokens)
+}
+
 // enginesFor resolves --engines for backend ("cpu" or "cuda").
 func enginesFor(backend string, flag int) int {
 	return byBackend(backend, flag, cpuDefaultEngines, cudaDefaultEngines)
@@ -99,22 +115,20 @@ func byBackend(backend string, flag, cpu, cuda int) int {
 
 // defaultStackConfig holds the built-in defaults. Each is owned by the
 // package that implements the setting (engine.DefaultConfig,
-// couplet.Default*); block size and KV cache size are the backend's own
-// (0 here).
+// couplet.Default*); block size, KV cache size and the step limits are
+// the backend's own (0 here; resolveLimits).
 func defaultStackConfig() stackConfig {
 	e := engine.DefaultConfig()
 	return stackConfig{
-		Engine:              "paged",
-		Backend:             "auto",
-		MaxNumSeqs:          e.MaxNumSeqs,
-		MaxNumBatchedTokens: e.MaxNumBatchedTokens,
-		MaxQueue:            e.MaxQueue,
-		PrefixCaching:       e.EnablePrefixCaching,
-		CPUGEMM:             "auto",
-		CPUPrecision:        "auto",
-		DefaultTemperature:  couplet.DefaultTemperature,
-		BannerCandidates:    couplet.DefaultBannerTopK,
-		CUDA:                defaultCUDAConfig(),
+		Engine:             "paged",
+		Backend:            "auto",
+		MaxQueue:           e.MaxQueue,
+		PrefixCaching:      e.EnablePrefixCaching,
+		CPUGEMM:            "auto",
+		CPUPrecision:       "auto",
+		DefaultTemperature: couplet.DefaultTemperature,
+		BannerCandidates:   couplet.DefaultBannerTopK,
+		CUDA:               defaultCUDAConfig(),
 	}
 }
 
@@ -145,8 +159,9 @@ func (c *stackConfig) registerEngine(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Engine, "engine", c.Engine, "engine: paged (continuous batching, paged KV cache) or naive (one request at a time, no cache reuse)")
 	fs.Var(&c.KVCacheBytes, "kv-cache-memory", "KV cache size in bytes, suffixes KiB MiB GiB (or K M G) accepted, e.g. 64MiB; 0 = backend default")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, fmt.Sprintf("tokens per KV cache block; 0 = the backend's default: %d on the CPU, %d with CUDA", forward.DefaultCPUBlockSize, cudaDefaultBlockSize))
-	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "max sequences per engine step")
-	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "max tokens per engine step")
+	e := engine.DefaultConfig()
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, fmt.Sprintf("max sequences per engine step; 0 = the backend's default: %d on the CPU, %d with CUDA", e.MaxNumSeqs, cudaDefaultMaxNumSeqs))
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, fmt.Sprintf("max tokens per engine step; 0 = the backend's default: %d on the CPU, %d with CUDA", e.MaxNumBatchedTokens, cudaDefaultMaxNumBatchedTokens))
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests per engine; beyond it requests are rejected (HTTP 503)")
 	fs.Float64Var(&c.DefaultTemperature, "default-temperature", c.DefaultTemperature, fmt.Sprintf("sampling temperature of requests that set none (0 < t ≤ %g)", couplet.Limits.MaxTemperature))
 	fs.IntVar(&c.Engines, "engines", c.Engines, fmt.Sprintf("engine loops sharing the device, each with its own backend (a GPU stream) and a share of the KV cache; requests go to the least busy; 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultEngines, cudaDefaultEngines))
@@ -201,11 +216,11 @@ func (c *stackConfig) Validate() error {
 	if c.BlockSize < 0 || c.BlockSize > 1024 {
 		bad("--block-size %d: want 1..1024, or 0 for the backend's default", c.BlockSize)
 	}
-	if c.MaxNumSeqs < 1 {
-		bad("--max-num-seqs %d: must be ≥ 1", c.MaxNumSeqs)
+	if c.MaxNumSeqs < 0 {
+		bad("--max-num-seqs %d: must be ≥ 1, or 0 for the backend's default", c.MaxNumSeqs)
 	}
-	if c.MaxNumBatchedTokens < 1 {
-		bad("--max-num-batched-tokens %d: must be ≥ 1", c.MaxNumBatchedTokens)
+	if c.MaxNumBatchedTokens < 0 {
+		bad("--max-num-batched-tokens %d: must be ≥ 1, or 0 for the backend's default", c.MaxNumBatchedTokens)
 	}
 	if c.MaxQueue < 0 {
 		bad("--max-queue %d: must be ≥ 0", c.MaxQueue)
@@ -286,8 +301,9 @@ func configureKernels(cfg stackConfig) {
 // random model).
 func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 	configureKernels(cfg)
-	s := &stack{Config: cfg, Model: m}
 	backend := cfg.resolveBackend()
+	cfg.resolveLimits(backend)
+	s := &stack{Config: cfg, Model: m}
 	s.Kind = backend
 	n := enginesFor(backend, cfg.Engines)
 	s.Config.Engines = n

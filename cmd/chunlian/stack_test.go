@@ -109,7 +109,7 @@ func TestStackConfigValidate(t *testing.T) {
 		{args: []string{"--backend", "tpu"}, want: "--backend"},
 		{args: []string{"--block-size", "-1"}, want: "--block-size"},
 		{args: []string{"--block-size", "1025"}, want: "--block-size"},
-		{args: []string{"--max-num-seqs", "0"}, want: "--max-num-seqs"},
+		{args: []string{"--max-num-seqs", "-1"}, want: "--max-num-seqs"},
 		{args: []string{"--max-num-batched-tokens", "-3"}, want: "--max-num-batched-tokens"},
 		{args: []string{"--max-queue", "-1"}, want: "--max-queue"},
 		{args: []string{"--threads", "-2"}, want: "--threads"},
@@ -303,6 +303,44 @@ func TestBlockSize(t *testing.T) {
 			t.Errorf("%v: generate: %v", tc.args, err)
 		}
 		st.Close()
+	}
+}
+
+// TestResolveLimits: --max-num-seqs and --max-num-batched-tokens left at 0
+// take the backend's step limits (the engine's defaults on the CPU, wide
+// ones on the GPU); set values win, and buildStack passes the resolved
+// ones on.
+func TestResolveLimits(t *testing.T) {
+	e := engine.DefaultConfig()
+	for _, tc := range []struct {
+		backend            string
+		seqs, tokens       int
+		wantSeqs, wantToks int
+	}{
+		{"cpu", 0, 0, e.MaxNumSeqs, e.MaxNumBatchedTokens},
+		{"cuda", 0, 0, cudaDefaultMaxNumSeqs, cudaDefaultMaxNumBatchedTokens},
+		{"cuda", 64, 0, 64, cudaDefaultMaxNumBatchedTokens},
+		{"cpu", 0, 512, e.MaxNumSeqs, 512},
+	} {
+		c := defaultStackConfig()
+		c.MaxNumSeqs, c.MaxNumBatchedTokens = tc.seqs, tc.tokens
+		c.resolveLimits(tc.backend)
+		if c.MaxNumSeqs != tc.wantSeqs || c.MaxNumBatchedTokens != tc.wantToks {
+			t.Errorf("%s %d/%d: resolved %d/%d, want %d/%d", tc.backend, tc.seqs, tc.tokens, c.MaxNumSeqs, c.MaxNumBatchedTokens, tc.wantSeqs, tc.wantToks)
+		}
+	}
+	if cudaDefaultMaxNumSeqs <= e.MaxNumSeqs || cudaDefaultMaxNumBatchedTokens <= e.MaxNumBatchedTokens {
+		t.Errorf("the GPU's step limits are not wider than the CPU's")
+	}
+	c := defaultStackConfig()
+	c.Backend = "cpu"
+	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.Config.MaxNumSeqs != e.MaxNumSeqs || st.Config.MaxNumBatchedTokens != e.MaxNumBatchedTokens {
+		t.Errorf("the stack kept %d/%d, want the CPU's %d/%d", st.Config.MaxNumSeqs, st.Config.MaxNumBatchedTokens, e.MaxNumSeqs, e.MaxNumBatchedTokens)
 	}
 }
 
