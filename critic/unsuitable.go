@@ -202,15 +202,22 @@ func WrongYear(text string, y int) []string {
 			continue
 		}
 		v := r[i+1]
+		var wrong bool
 		switch {
-		case containsRune(leaveVerbs, v) || containsRune(arriveVerbs, v) || v == '年':
-			if containsRune(leaveVerbs, v) && a != leaving ||
-				containsRune(arriveVerbs, v) && a != arriving ||
-				v == '年' && a != leaving && a != arriving {
-				out = append(out, string([]rune{r[i], v}))
+		case containsRune(leaveVerbs, v):
+			wrong = a != leaving
+		case containsRune(arriveVerbs, v):
+			wrong = a != arriving
+		case v == '年':
+			wrong = a != leaving && a != arriving
+		case i > 0 && r[i-1] == '金':
+			if a != leaving && a != arriving {
+				out = append(out, string([]rune{'金', r[i]}))
 			}
-		case i > 0 && r[i-1] == '金' && a != leaving && a != arriving:
-			out = append(out, string([]rune{'金', r[i]}))
+			continue
+		}
+		if wrong {
+			out = append(out, string([]rune{r[i], v}))
 		}
 	}
 	return out

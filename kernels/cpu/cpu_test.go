@@ -376,11 +376,6 @@ func TestElementwise(t *testing.T) {
 	})
 }
 
-// TestDotsAtAxpysAt checks DotsAt and AxpysAt against float64 sums over
-// head sizes around the assembly's block sizes and random, unaligned
-// offsets, with NaN guards around base and y to catch reads and writes out
-// of range. Under the assembly and plain-Go sets each result must also
-// equal Dot, or Axpy called per offset, bit for bit.
 // TestSwiGLU: each output row is SiLUMul of its gu row's two halves, bit
 // for bit, on one thread and split over the pool (rows·f ≥ 2^15).
 func TestSwiGLU(t *testing.T) {
@@ -408,6 +403,11 @@ func TestSwiGLU(t *testing.T) {
 	})
 }
 
+// TestDotsAtAxpysAt checks DotsAt and AxpysAt against float64 sums over
+// head sizes around the assembly's block sizes and random, unaligned
+// offsets, with NaN guards around base and y to catch reads and writes out
+// of range. Under the assembly and plain-Go sets each result must also
+// equal Dot, or Axpy called per offset, bit for bit.
 func TestDotsAtAxpysAt(t *testing.T) {
 	const guard = 40
 	nan := float32(math.NaN())
