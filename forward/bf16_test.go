@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -511,6 +512,71 @@ func TestBF16DotLogits(t *testing.T) {
 	}
 	if nearU*5 > total {
 		t.Errorf("%d/%d logits within 1e-4 of the unrounded reference, want ≤ 20%%", nearU, total)
+	}
+}
+
+// TestRefineHead: under BF16Dot, each LM head row's logits within
+// headRefineMargin of its largest rounded one equal a float64 dot product
+// of the unrounded final hidden state (c.rows) with the head, and the
+// others the same product of the bf16-rounded state, both within 1e-4.
+// Rounding alone must move some leading logit by more than that, or the
+// test could not tell whether refineHead ran.
+func TestRefineHead(t *testing.T) {
+	if !cpu.HasFastBF16() {
+		t.Skip("no fast bf16 kernels: the bf16 path (and BF16Dot) is off")
+	}
+	m := bf16Model(t, 35)
+	const bs = 8
+	c, err := NewCPU(m, CPUOptions{BlockSize: bs, BF16MaxRows: 1 << 20, BF16Dot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rng, fl := newRNG(35), newFreeList(c.NumBlocks(), newRNG(35))
+	d, V := m.Config.HiddenSize, m.Config.VocabSize
+	var b Batch
+	for range 6 {
+		s := &seqState{tokens: randomTokens(rng, 5, V)}
+		b.LogitRows = append(b.LogitRows, addStep(&b, s, 5, bs, fl))
+	}
+	logits := make([]float32, len(b.LogitRows)*V)
+	if err := c.Forward(&b, logits); err != nil {
+		t.Fatal(err)
+	}
+	head := m.Weights.LMHead
+	var leading, moved, checked int
+	for i := range b.LogitRows {
+		h := c.rows[i*d : (i+1)*d]
+		exact, rounded := make([]float64, V), make([]float64, V)
+		for v := range V {
+			for j, x := range h {
+				w := float64(head[v*d+j])
+				exact[v] += w * float64(x)
+				rounded[v] += w * float64(cpu.BF16ToFloat32(cpu.BF16Bits(x)))
+			}
+		}
+		thr := slices.Max(rounded) - headRefineMargin
+		for v, got := range logits[i*V : (i+1)*V] {
+			if math.Abs(rounded[v]-thr) < 1e-3 {
+				continue // the kernel's float32 may fall on either side
+			}
+			want, what := rounded[v], "rounded"
+			if rounded[v] > thr {
+				want, what = exact[v], "exact"
+				leading++
+				if math.Abs(rounded[v]-exact[v]) > 1e-4 {
+					moved++
+				}
+			}
+			checked++
+			if math.Abs(float64(got)-want) > 1e-4 {
+				t.Fatalf("row %d logit %d = %g, want the %s %g", i, v, got, what, want)
+			}
+		}
+	}
+	t.Logf("%d logits checked, %d leading, %d of them moved by rounding", checked, leading, moved)
+	if moved == 0 {
+		t.Error("rounding moved no leading logit by more than 1e-4: the test cannot see the refinement")
 	}
 }
 

@@ -47,8 +47,9 @@ type CPUOptions struct {
 	// The service sets it from --experimental=cpu-int8. Quantising costs
 	// ~0.1 s and 17 MB at NewCPU.
 	Int8 bool
-	// BF16Dot rounds the input of every layer GEMM that runs on the bf16
-	// weights to bf16 too (not the LM head's), so that it runs on
+	// BF16Dot rounds the input of every GEMM that runs on the bf16
+	// weights to bf16 too (the LM head's with refineHead's correction of
+	// the leading logits), so that it runs on
 	// cpu.GemmBF16Dot (VDPBF16PS where the CPU has AVX512_BF16,
 	// cpu.HasBF16Dot): 32 multiply-adds per instruction on the bits as
 	// stored, no widening of the weights, so GEMMs of 4 rows or more run
@@ -132,6 +133,7 @@ type CPU struct {
 	gate  []float32 // [T, ffn] silu(gate)·up of gu
 	rows  []float32 // [R, d] final-normed hidden states of the logit rows
 	owner []int32   // [T] which span owns each token (batch validation)
+	hidx  []int32   // [V] indices of the logits refineHead recomputes
 
 	// Attention runs in workers parts on the kernel pool (cpu.Parallel:
 	// the caller and workers-1 pool workers).
@@ -505,10 +507,46 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	if c.bf16 != nil {
 		head16 = c.bf16.LMHead
 	}
-	// The LM head keeps float32 inputs under BF16Dot: rounding them too
-	// moved greedy test-set BLEU below the quality floor (docs/DECISIONS.md).
-	c.gemm(R, V, d, c.rows, w.LMHead, head16, c.q8Head, logits[:R*V], false, false) // logits: [R,V]
+	// Under BF16Dot the LM head rounds its input to bf16 too, and then
+	// recomputes each row's leading logits from the float32 input.
+	c.gemm(R, V, d, c.rows, w.LMHead, head16, c.q8Head, logits[:R*V], false, c.bf16Dot) // logits: [R,V]
+	if c.bf16Dot && head16 != nil && R <= c.bf16Max {
+		c.refineHead(R, logits[:R*V])
+	}
 	return nil
+}
+
+// headRefineMargin is how far below a row's largest logit refineHead
+// recomputes logits exactly. Rounding the LM head's input to bf16 moves a
+// logit of the shipped model by about 0.01 (at most ~0.05 with the layers'
+// rounding below), so every logit that could be the row's largest after
+// recomputing lies within 0.1 of the largest rounded one; 0.5 leaves a
+// margin of 5 (docs/DECISIONS.md, "LM head on bf16 inputs").
+const headRefineMargin = 0.5
+
+// refineHead replaces, in each of the R rows of logits ([R,V], computed
+// by the LM head from bf16-rounded hidden states c.rows), every logit
+// within headRefineMargin of the row's largest by its float32 value
+// rows[i]·LMHead[v]. A row's largest logit, and so a greedy choice, is
+// then the float32 path's (up to float32 summation order); the logits far
+// below it keep the rounding's error of about 0.01, which moves no
+// sampled token's probability by more than a few percent at the service's
+// temperatures. Rows with NaNs are left as they are.
+func (c *CPU) refineHead(R int, logits []float32) {
+	d, V := c.cfg.HiddenSize, c.cfg.VocabSize
+	head := c.m.Weights.LMHead
+	c.hidx = grow32(c.hidx, V)
+	for i := range R {
+		row, h := logits[i*V:(i+1)*V], c.rows[i*d:(i+1)*d]
+		m, _, nan := cpu.ScanMax(row)
+		if nan || math.IsInf(float64(m), 0) {
+			continue
+		}
+		n, _ := cpu.CompactGreater(c.hidx, row, m-headRefineMargin)
+		for _, v := range c.hidx[:n] {
+			row[v] = cpu.Dot(h, head[int(v)*d:(int(v)+1)*d])
+		}
+	}
 }
 
 // attnInlineMACs is the attention work (multiply-adds: 2·headDim per

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,9 +20,10 @@ func refForward(m *model.Model, tokens []int32) [][]float32 {
 	return refForwardX(m, tokens, false)
 }
 
-// refForwardX is refForward, with the input of every layer's matrix
-// products (not the LM head's) rounded to float32 and then to bf16 when
-// roundX (the model that CPUOptions.BF16Dot computes).
+// refForwardX is refForward, with the input of every matrix product
+// rounded to float32 and then to bf16 when roundX, and then the LM head's
+// logits within headRefineMargin of the largest computed again from the
+// unrounded input (the model that CPUOptions.BF16Dot computes).
 func refForwardX(m *model.Model, tokens []int32, roundX bool) [][]float32 {
 	cfg, w := m.Config, m.Weights
 	T, d, hd := len(tokens), cfg.HiddenSize, cfg.HeadDim
@@ -123,10 +125,21 @@ func refForwardX(m *model.Model, tokens []int32, roundX bool) [][]float32 {
 			}
 		}
 	}
-	roundX = false // the LM head's input stays float32
 	out := make([][]float32, T)
 	for t := range x {
-		lg := matvec(w.LMHead, rmsnorm(x[t], w.FinalNorm), V)
+		h := rmsnorm(x[t], w.FinalNorm)
+		lg := matvec(w.LMHead, h, V)
+		if roundX { // the leading logits from the unrounded input (refineHead)
+			roundX = false
+			exact := matvec(w.LMHead, h, V)
+			roundX = true
+			m := slices.Max(lg)
+			for i := range lg {
+				if lg[i] > m-headRefineMargin {
+					lg[i] = exact[i]
+				}
+			}
+		}
 		out[t] = make([]float32, V)
 		for i, f := range lg {
 			out[t][i] = float32(f)
@@ -561,8 +574,10 @@ func baseShape() model.Config {
 }
 
 // BenchmarkDecode measures a decode step at batch 1, 8, 32, 128 with 32
-// tokens of context each (a couplet's length) on the random test model and
-// on a random model of the shipped model's shape.
+// tokens of context each (a couplet's length) on the random test model, on
+// a random model of the shipped model's shape and on the shipped model
+// ("default"), with bf16 GEMM inputs where the CPU has VDPBF16PS, as the
+// service's --cpu-precision auto.
 func BenchmarkDecode(b *testing.B) {
 	models := []struct {
 		name string
@@ -582,7 +597,7 @@ func BenchmarkDecode(b *testing.B) {
 		for _, batch := range []int{1, 8, 32, 128} {
 			b.Run(fmt.Sprintf("%s/batch=%d", mm.name, batch), func(b *testing.B) {
 				const ctx = 32
-				c, err := NewCPU(m, CPUOptions{BlockSize: 16, KVCacheBytes: int64(batch*ctx) * KVBytesPerToken(m.Config)})
+				c, err := NewCPU(m, CPUOptions{BlockSize: 16, BF16Dot: cpu.HasBF16Dot(), KVCacheBytes: int64(batch*ctx) * KVBytesPerToken(m.Config)})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -41,7 +41,7 @@ type stackConfig struct {
 	Engines             int        // engine loops sharing the device, each with its own backend and KV cache; 0 = the backend's default
 	Threads             int        // CPU kernel threads; 0 = GOMAXPROCS
 	CPUGEMM             string     // auto | openblas | simd | go: the CPU float32 GEMM path
-	CPUPrecision        string     // auto | bf16 | fp32: the CPU layer GEMMs' inputs (cpuBF16Dot)
+	CPUPrecision        string     // auto | bf16 | fp32: the CPU GEMMs' inputs (cpuBF16Dot)
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
 	DefaultTemperature  float64    // sampling temperature of requests that set none
@@ -141,7 +141,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU kernel threads; 0 = all cores")
 	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU float32 GEMM path: auto (fastest available), openblas, simd or go (an unavailable one falls back to the next slower)")
-	fs.StringVar(&c.CPUPrecision, "cpu-precision", c.CPUPrecision, "CPU backend: inputs of the layers' GEMMs on the bf16 weights: auto (bf16 where the CPU has AVX512_BF16, float32 elsewhere), bf16 (rounded everywhere; faster only with AVX512_BF16) or fp32; float32 accumulation in each")
+	fs.StringVar(&c.CPUPrecision, "cpu-precision", c.CPUPrecision, "CPU backend: inputs of the GEMMs on the bf16 weights: auto (bf16 where the CPU has AVX512_BF16, float32 elsewhere), bf16 (rounded everywhere; faster only with AVX512_BF16) or fp32; float32 accumulation in each, and the LM head's leading logits from float32 inputs")
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, fmt.Sprintf("constrained samples drawn and ranked for each returned couplet (quality vs throughput); 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultSamples, cudaDefaultSamples))
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
 	fs.StringVar(&c.BannersFile, "banners-file", c.BannersFile, "a 横批 list of your own (one four-character phrase per line, # comments) used instead of the embedded curated list; empty = the embedded list")
@@ -350,7 +350,7 @@ func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
 }
 
 // cpuBF16Dot resolves --cpu-precision into forward.CPUOptions.BF16Dot:
-// "auto" rounds the layers' GEMM inputs to bf16 only where VDPBF16PS makes
+// "auto" rounds the GEMM inputs to bf16 only where VDPBF16PS makes
 // that faster (docs/DECISIONS.md, "bf16 GEMM inputs").
 func (c stackConfig) cpuBF16Dot() bool {
 	return c.CPUPrecision == "bf16" || (c.CPUPrecision == "auto" && cpu.HasBF16Dot())
