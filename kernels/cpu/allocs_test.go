@@ -48,7 +48,6 @@ func TestKernelsDoNotAllocate(t *testing.T) {
 	}{
 		{"RMSNorm", func() { RMSNorm(x, x, wt, 256, 512, 1e-5) }},
 		{"RoPE", func() { RoPE(x, pos, 256, 8, 64, 10000) }},
-		{"SiLUMul", func() { SiLUMul(x[:65536], x[:65536], x[65536:131072]) }},
 		{"SwiGLU", func() { SwiGLU(x[65536:98304], x[:65536], 32, 1024) }},
 		{"Add", func() { Add(x[:512], x[512:1024]) }},
 		{"Softmax", func() { Softmax(x[:512]) }},

@@ -80,22 +80,22 @@ func BenchmarkRMSNorm(b *testing.B) {
 	}
 }
 
-// BenchmarkSiLUMul runs SiLUMul on every elementwise set (go, asm, simd)
-// in one run: n = 1024 is one decode row of the shipped model (ffn 1024),
-// 10240 ten rows (10 users), 64·1408 a prefill chunk (pool-split).
-func BenchmarkSiLUMul(b *testing.B) {
+// BenchmarkSwiGLU runs SwiGLU on every elementwise set (go, asm, simd)
+// in one run: one decode row of the shipped model (ffn 1024), ten rows
+// (10 users), and a prefill chunk of 64 rows of 1408 (pool-split).
+func BenchmarkSwiGLU(b *testing.B) {
 	for _, set := range elemSets {
-		for _, n := range []int{1024, 10 * 1024, 64 * 1408} {
-			b.Run(fmt.Sprintf("%s/%d", set.name, n), func(b *testing.B) {
+		for _, sh := range []struct{ rows, f int }{{1, 1024}, {10, 1024}, {64, 1408}} {
+			b.Run(fmt.Sprintf("%s/%dx%d", set.name, sh.rows, sh.f), func(b *testing.B) {
 				old := elem
 				elem = set
 				defer func() { elem = old }()
 				r := rand.New(rand.NewPCG(1, 2))
-				g, u := randSlice(r, n), randSlice(r, n)
-				out := make([]float32, n)
-				b.SetBytes(int64(4 * n))
+				gu := randSlice(r, sh.rows*2*sh.f)
+				out := make([]float32, sh.rows*sh.f)
+				b.SetBytes(int64(4 * len(out)))
 				for b.Loop() {
-					SiLUMul(out, g, u)
+					SwiGLU(out, gu, sh.rows, sh.f)
 				}
 			})
 		}
@@ -224,7 +224,7 @@ func BenchmarkLayer(b *testing.B) {
 						RMSNorm(xn, x, norm, m, d, 1e-5)
 						Gemm(m, F, d, xn, wg, g)
 						Gemm(m, F, d, xn, wu, u)
-						SiLUMul(g, g, u)
+						elem.siluMul(g, g, u)
 						GemmAcc(m, d, F, g, wd, x)
 						RMSNorm(x, x, norm, m, d, 1e-5) // keep x bounded
 					}

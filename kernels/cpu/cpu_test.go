@@ -340,12 +340,12 @@ func TestElementwise(t *testing.T) {
 				}
 
 				out := make([]float32, n)
-				SiLUMul(out, a, b)
+				elem.siluMul(out, a, b)
 				for i := range out {
 					g := float64(a[i])
 					w := g / (1 + math.Exp(-g)) * float64(b[i])
 					if !closeEnough(float64(out[i]), w, math.Abs(w), 1e-5) {
-						t.Fatalf("SiLUMul[%d] = %v, want %v", i, out[i], w)
+						t.Fatalf("siluMul[%d] = %v, want %v", i, out[i], w)
 					}
 				}
 
@@ -376,8 +376,9 @@ func TestElementwise(t *testing.T) {
 	})
 }
 
-// TestSwiGLU: each output row is SiLUMul of its gu row's two halves, bit
-// for bit, on one thread and split over the pool (rows·f ≥ 2^15).
+// TestSwiGLU: each output row is the elementwise set's siluMul of its gu
+// row's two halves, bit for bit, on one thread and split over the pool
+// (rows·f ≥ 2^15).
 func TestSwiGLU(t *testing.T) {
 	forEachElem(t, func(t *testing.T) {
 		for _, sh := range []struct{ rows, f int }{{1, 7}, {3, 33}, {2, 1024}, {40, 1024}, {37, 1000}} {
@@ -389,7 +390,7 @@ func TestSwiGLU(t *testing.T) {
 			want := make([]float32, sh.f)
 			for row := 0; row < sh.rows; row++ {
 				g := gu[row*2*sh.f : (row+1)*2*sh.f]
-				SiLUMul(want, g[:sh.f], g[sh.f:])
+				elem.siluMul(want, g[:sh.f], g[sh.f:])
 				for i, w := range want {
 					if got := out[row*sh.f+i]; got != w {
 						t.Fatalf("rows %d f %d: out[%d,%d] = %v, want %v", sh.rows, sh.f, row, i, got, w)

@@ -1,6 +1,6 @@
 // Package cpu holds the float32 CPU kernels of the chunlian forward pass:
 // matrix multiply (Gemm, GemmAcc) and the row/elementwise kernels a
-// Llama-layout transformer needs (RMSNorm, RoPE, SiLUMul, Add, Softmax, Dot,
+// Llama-layout transformer needs (RMSNorm, RoPE, SwiGLU, Add, Softmax, Dot,
 // Axpy, and DotsAt and AxpysAt: Dot and Axpy over many vectors of one
 // slice, given by offsets).
 //
@@ -65,7 +65,7 @@
 //
 // Dot, Axpy, DotsAt and AxpysAt (attention's inner loops) also have AVX2
 // assembly versions in the default build (elementwise_amd64.s), and so
-// does SiLUMul
+// does SwiGLU's SiLU·mul
 // (siluMulAVX2 in sample_amd64.s, on the vector exp below: same formula
 // and order as the Go loop, within 2.4e-7 relative of it and 1.6e-7 of
 // float64 silu).

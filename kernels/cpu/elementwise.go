@@ -181,32 +181,6 @@ func rowParts(rows, d int) int {
 	return min(Threads(), rows)
 }
 
-// SiLUMul computes out[i] = silu(gate[i])·up[i] = gate/(1+e^-gate)·up over
-// len(out). out may alias gate or up.
-func SiLUMul(out, gate, up []float32) {
-	gate, up = gate[:len(out)], up[:len(out)]
-	if len(out) < 1<<15 || Threads() <= 1 {
-		elem.siluMul(out, gate, up)
-		return
-	}
-	poolMu.Lock()
-	theSiLUJob = siluJob{out, gate, up}
-	runParts(&theSiLUJob, Threads())
-	theSiLUJob = siluJob{}
-	poolMu.Unlock()
-}
-
-// siluJob is one SiLUMul call over equal-length out, gate, up; theSiLUJob
-// is guarded by poolMu.
-type siluJob struct{ out, gate, up []float32 }
-
-var theSiLUJob siluJob
-
-func (j *siluJob) run(p, np int) {
-	lo, hi := split(len(j.out), np, p, 16)
-	elem.siluMul(j.out[lo:hi], j.gate[lo:hi], j.up[lo:hi])
-}
-
 // SwiGLU computes out[r, i] = silu(gu[r, i])·gu[r, f+i] for rows r and
 // i < f: the SwiGLU of a fused gate/up projection gu [rows, 2f] (gate
 // then up in each row) into out [rows, f], without splitting gu first.
