@@ -68,8 +68,11 @@ func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, temp *fl
 	if *r.blind < 0 {
 		return errors.New("--blind needs N > 0")
 	}
-	if temp != nil && (*temp < 0 || *temp > couplet.Limits.MaxTemperature) {
-		return fmt.Errorf("--temperature %g: want 0..%g (0 = greedy)", *temp, couplet.Limits.MaxTemperature)
+	if temp != nil {
+		// The HTTP API's range check, as evalRun's (quality.EvalOptions.Validate).
+		if err := couplet.Limits.Validate(couplet.Request{Temperature: float32(*temp)}); err != nil {
+			return fmt.Errorf("--temperature %g: %w", *temp, err)
+		}
 	}
 	shared := *r.sharedFolder
 	words := strings.Split(*r.wordList, ",")
