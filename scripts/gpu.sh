@@ -10,7 +10,9 @@
 # BASE=<commit> for build also builds that commit's chunlian as
 # chunlian-base; check then benches it right before HEAD's at every level
 # (a same-call before/after). CUDATEST=0 skips the CUDA tests, REPLICAS=0
-# the replica scaling.
+# the replica scaling; LEVELS (default 1,1000) sets the bench's user
+# counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
+# serve flags to the shipped defaults.
 #
 # build compiles the committed tree (git archive HEAD) with an empty embedded
 # model file: the device tool moves at most 64 MiB, and the tracked weights
@@ -63,7 +65,9 @@ check)
 		echo "cuda.test rc=$? ($(($(date +%s) - T0)) s)" >> $S
 		grep -E "^(--- FAIL|FAIL|ok|PASS)|panic" $OUT/cuda_test.log | head -20 >> $S
 	fi
-	SF="--backend cuda --max-num-seqs 4096 --max-num-batched-tokens 16384 --max-queue 16384 --kv-cache-memory 16GiB --log-level warn"
+	# The service as shipped: CUDA's step limits are the defaults (DECISIONS.md,
+	# "Step limits on the GPU"); extra flags through SERVER_FLAGS.
+	SF="--backend cuda --log-level warn ${SERVER_FLAGS:-}"
 	for k in ${SAMPLES:-0 1}; do
 		for bin in $BINS; do
 			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
