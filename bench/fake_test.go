@@ -34,6 +34,7 @@ type fakeService struct {
 var fakeCouplet = map[string]any{"upper": "春回大地", "lower": "福满人间", "banner": "吉祥", "score": -1.5}
 
 const fakeCoupletHan = 10
+const fakeRSS = 2e8       // process_resident_memory_bytes in the fake's /metrics
 const fakeUsageTokens = 9 // what /v1/completions reports as completion_tokens
 
 func (f *fakeService) handler() http.Handler {
@@ -44,6 +45,17 @@ func (f *fakeService) handler() http.Handler {
 		// CPU grows with work done so the delta is > 0 after some requests.
 		fmt.Fprintf(w, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %g\n", 0.001*float64(f.ok.Load()))
 		fmt.Fprintf(w, "chunlian:gpu_utilization_perc{gpu=\"0\"} 50\nchunlian:gpu_memory_used_bytes{gpu=\"0\"} 1.5e9\n")
+		fmt.Fprintf(w, "process_resident_memory_bytes %g\n", fakeRSS)
+		// Engine counters as chunlian's: per completed request 2 steps,
+		// 30 rows, 1 + 2 ms of host phases and 4 ms of forward pass.
+		n := float64(f.ok.Load())
+		fmt.Fprintf(w, "chunlian:engine_steps_total{model_name=\"m\"} %g\nchunlian:engine_computed_tokens_total{model_name=\"m\"} %g\n", 2*n, 30*n)
+		for _, p := range []struct {
+			phase string
+			sec   float64
+		}{{"schedule", 0.001}, {"forward", 0.004}, {"consume", 0.002}} {
+			fmt.Fprintf(w, "chunlian:engine_step_seconds_total{phase=%q,model_name=\"m\"} %g\n", p.phase, p.sec*n)
+		}
 	})
 	mux.HandleFunc("POST /generate", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {

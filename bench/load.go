@@ -291,11 +291,20 @@ type monResult struct {
 	selfCores *float64 // the bench process's own CPU over the window
 	gpuUtil   *float64 // mean over scrapes, percent
 	gpuMem    *float64 // max over scrapes, bytes
+	rss       *float64 // server's resident memory, max over scrapes, bytes
+	engine    *EngineWindow
 }
 
 func (m monResult) apply(r *LevelResult) {
 	r.CPUCores, r.CPUSource, r.GPUUtilPct, r.GPUMemBytes = m.cpuCores, m.cpuSource, m.gpuUtil, m.gpuMem
-	r.BenchCPUCores = m.selfCores
+	r.BenchCPUCores, r.ServerRSSBytes = m.selfCores, m.rss
+	if m.engine != nil {
+		e := *m.engine
+		if r.Couplets > 0 {
+			e.RowsPerCouplet = e.Rows / float64(r.Couplets)
+		}
+		r.Engine = &e
+	}
 }
 
 // readCPU returns the server's CPU seconds: /proc/PID/stat for a spawned
@@ -327,9 +336,12 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 			return
 		}
 		var utils []float64
-		var memMax float64
-		var hasMem bool
+		var memMax, rssMax float64
+		var hasMem, hasRSS bool
 		observe := func(pm map[string]promValue) {
+			if v, ok := pm["process_resident_memory_bytes"]; ok {
+				hasRSS, rssMax = true, max(rssMax, v.Sum)
+			}
 			g := gpuFromProm(pm)
 			if g.hasUtil {
 				utils = append(utils, g.utilPct)
@@ -341,6 +353,7 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 		}
 		pm := scrape(ctx, cl.hc, cl.base)
 		observe(pm)
+		eng0 := engineFromProm(pm)
 		cpu0, src, cpuOK := readCPU(ctx, cl, t, pm)
 		self0, selfErr := procCPUSeconds(os.Getpid())
 		w0 := time.Now()
@@ -361,6 +374,18 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 		defer cancel()
 		pm = scrape(fctx, cl.hc, cl.base)
 		observe(pm)
+		if eng1 := engineFromProm(pm); eng0.ok && eng1.ok && eng1.steps > eng0.steps {
+			n := eng1.steps - eng0.steps
+			res.engine = &EngineWindow{
+				Steps: n, Rows: eng1.rows - eng0.rows,
+				HostMSPerStep:    1000 * (eng1.hostSec - eng0.hostSec) / n,
+				ForwardMSPerStep: 1000 * (eng1.fwdSec - eng0.fwdSec) / n,
+			}
+		}
+		if hasRSS {
+			v := rssMax
+			res.rss = &v
+		}
 		if self1, err := procCPUSeconds(os.Getpid()); err == nil && selfErr == nil {
 			if wall := time.Since(w0).Seconds(); wall > 0 {
 				v := (self1 - self0) / wall

@@ -14,6 +14,23 @@ import (
 	"time"
 )
 
+// hasLabel reports whether the label text ls (a="x",b="y") holds the
+// pair want (name="value") whole.
+func hasLabel(ls, want string) bool {
+	for off := 0; ; {
+		i := strings.Index(ls[off:], want)
+		if i < 0 {
+			return false
+		}
+		i += off
+		end := i + len(want)
+		if (i == 0 || ls[i-1] == ',' || ls[i-1] == ' ') && (end == len(ls) || ls[end] == ',' || ls[end] == ' ') {
+			return true
+		}
+		off = i + 1
+	}
+}
+
 // parseProm reads Prometheus text exposition format and returns, per metric
 // name, the sum over its label sets and the number of series. Comments, and
 // lines that do not parse, are skipped: the bench must survive any /metrics.
@@ -28,13 +45,13 @@ func parseProm(r io.Reader) map[string]promValue {
 		if line == "" || line[0] == '#' {
 			continue
 		}
-		var name, rest string
+		var name, rest, labels string
 		if i := strings.IndexByte(line, '{'); i >= 0 {
 			j := strings.LastIndexByte(line, '}')
 			if j < i {
 				continue
 			}
-			name, rest = line[:i], line[j+1:]
+			name, labels, rest = line[:i], line[i+1:j], line[j+1:]
 		} else {
 			k := strings.IndexAny(line, " \t")
 			if k < 0 {
@@ -53,6 +70,12 @@ func parseProm(r io.Reader) map[string]promValue {
 		pv := out[name]
 		pv.Sum += v
 		pv.Series++
+		if labels != "" {
+			if pv.labels == nil {
+				pv.labels = map[string]float64{}
+			}
+			pv.labels[labels] += v
+		}
 		out[name] = pv
 	}
 	return out
@@ -61,6 +84,21 @@ func parseProm(r io.Reader) map[string]promValue {
 type promValue struct {
 	Sum    float64
 	Series int
+	// labels holds each series' value by its label text (between the
+	// braces); nil for a metric without labels.
+	labels map[string]float64
+}
+
+// Label sums the series whose labels include name="value".
+func (p promValue) Label(name, value string) (float64, bool) {
+	want := name + "=" + strconv.Quote(value)
+	sum, ok := 0.0, false
+	for ls, v := range p.labels {
+		if hasLabel(ls, want) {
+			sum, ok = sum+v, true
+		}
+	}
+	return sum, ok
 }
 
 // Mean is the average over the series (e.g. utilisation of several GPUs).
@@ -69,6 +107,27 @@ func (p promValue) Mean() float64 {
 		return 0
 	}
 	return p.Sum / float64(p.Series)
+}
+
+// engineCounters are the engine's cumulative counters in one scrape of
+// chunlian's /metrics; ok=false when the server exports none (another
+// server, or an older chunlian).
+type engineCounters struct {
+	steps, rows, hostSec, fwdSec float64
+	ok                           bool
+}
+
+func engineFromProm(m map[string]promValue) engineCounters {
+	st, ok1 := m["chunlian:engine_steps_total"]
+	rows, ok2 := m["chunlian:engine_computed_tokens_total"]
+	sec, ok3 := m["chunlian:engine_step_seconds_total"]
+	if !ok1 || !ok2 || !ok3 {
+		return engineCounters{}
+	}
+	sched, _ := sec.Label("phase", "schedule")
+	cons, _ := sec.Label("phase", "consume")
+	fwd, _ := sec.Label("phase", "forward")
+	return engineCounters{steps: st.Sum, rows: rows.Sum, hostSec: sched + cons, fwdSec: fwd, ok: true}
 }
 
 // gpuReading is one scrape's GPU view; ok=false when /metrics has no GPU gauge.

@@ -20,6 +20,10 @@ chunlian:e2e_request_latency_seconds_bucket{le="+Inf"} 17
 bad line
 nan_metric NaN
 plain_no_value
+chunlian:engine_step_seconds_total{phase="schedule",model_name="m"} 1.5
+chunlian:engine_step_seconds_total{phase="schedule_wait",model_name="m"} 100
+chunlian:engine_step_seconds_total{model_name="m", phase="schedule"} 0.5
+chunlian:engine_step_seconds_total{phase="consume",model_name="m"} 2
 `
 	m := parseProm(strings.NewReader(text))
 	tests := []struct {
@@ -37,6 +41,16 @@ plain_no_value
 		v, ok := m[tc.name]
 		if !ok || v.Series != tc.series || v.Sum != tc.sum {
 			t.Errorf("%s = %+v (present %v), want sum %g over %d series", tc.name, v, ok, tc.sum, tc.series)
+		}
+	}
+	steps := m["chunlian:engine_step_seconds_total"]
+	for _, tc := range []struct {
+		value string
+		sum   float64
+		ok    bool
+	}{{"schedule", 2, true}, {"consume", 2, true}, {"forward", 0, false}, {"schedule_wait", 100, true}} {
+		if v, ok := steps.Label("phase", tc.value); ok != tc.ok || v != tc.sum {
+			t.Errorf("phase=%q: %g (present %v), want %g (%v)", tc.value, v, ok, tc.sum, tc.ok)
 		}
 	}
 	for _, absent := range []string{"bad", "nan_metric", "plain_no_value", "#"} {

@@ -48,10 +48,32 @@ type LevelResult struct {
 	BenchCPUCores *float64 `json:"bench_cpu_cores,omitempty"`
 	GPUUtilPct    *float64 `json:"gpu_util_pct,omitempty"`
 	GPUMemBytes   *float64 `json:"gpu_mem_bytes,omitempty"`
-	Partial       bool     `json:"partial,omitempty"` // cut short by Ctrl-C or the run cap
+	// ServerRSSBytes is the server's resident memory (its /metrics
+	// process_resident_memory_bytes), the maximum over the window's scrapes.
+	ServerRSSBytes *float64 `json:"server_rss_bytes,omitempty"`
+	// Engine is chunlian's own engine counters over the window; nil for
+	// other servers.
+	Engine  *EngineWindow `json:"engine,omitempty"`
+	Partial bool          `json:"partial,omitempty"` // cut short by Ctrl-C or the run cap
 	// unreachable: the level stopped because its first refusedAbort
 	// requests were refused at connect (not part of the report).
 	unreachable bool
+}
+
+// EngineWindow is what chunlian's engine counters (its /metrics) moved by
+// between the first and the last scrape of a level: from the window's
+// start until its last counted request finished.
+type EngineWindow struct {
+	Steps float64 `json:"steps"` // forward passes, summed over engine loops
+	Rows  float64 `json:"rows"`  // token rows run through the model
+	// RowsPerCouplet is Rows over the level's counted couplets: requests
+	// running when the window opened make it slightly high.
+	RowsPerCouplet float64 `json:"rows_per_couplet"`
+	// HostMSPerStep is an engine loop's wall time per step outside the
+	// forward pass (scheduling, sampling, rules, delivery); ForwardMSPerStep
+	// the forward pass's, waiting for the device included.
+	HostMSPerStep    float64 `json:"host_ms_per_step"`
+	ForwardMSPerStep float64 `json:"forward_ms_per_step"`
 }
 
 // TargetResult is one service's levels.
@@ -271,12 +293,12 @@ func (r *Report) WriteSeedTable(w io.Writer) {
 
 // WriteLevelTable writes one row per target and level.
 func (r *Report) WriteLevelTable(w io.Writer) {
-	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | bench CPU | GPU |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | bench CPU | GPU | server RSS | rows/couplet | host / forward ms per step |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, tr := range r.Targets {
 		if tr.Error != "" {
 			first, _, _ := strings.Cut(tr.Error, "\n")
-			fmt.Fprintf(w, "| %s | — | not measured: %s ||||||||||||||||\n", tr.Name, mdEscape(first))
+			fmt.Fprintf(w, "| %s | — | not measured: %s |||||||||||||||||||\n", tr.Name, mdEscape(first))
 			continue
 		}
 		for _, l := range tr.Levels {
@@ -319,11 +341,21 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 				}
 				return fmtMS(v)
 			}
-			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			rss, rows, step := "—", "—", "—"
+			if l.ServerRSSBytes != nil {
+				rss = fmt.Sprintf("%.0f MiB", *l.ServerRSSBytes/(1<<20))
+			}
+			if e := l.Engine; e != nil {
+				if e.RowsPerCouplet > 0 {
+					rows = fmt.Sprintf("%.1f", e.RowsPerCouplet)
+				}
+				step = fmt.Sprintf("%.3f / %.3f", e.HostMSPerStep, e.ForwardMSPerStep)
+			}
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				tr.Name, load, l.Sent, l.Completed, failed, l.Rejected,
 				fmtRate(l.ReqPerSec), fmtRate(l.CoupletsPerSec), fmtRate(l.TokensPerSec),
 				lat(l.Latency.Mean), lat(l.Latency.P50), lat(l.Latency.P90), lat(l.Latency.P99), lat(l.Latency.Max),
-				ttft, tpot, cpu, self, gpu)
+				ttft, tpot, cpu, self, gpu, rss, rows, step)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"image/png"
+	"math"
 	"net"
 	"net/http/httptest"
 	"os"
@@ -83,6 +84,14 @@ func TestRunClosedLoopGenerate(t *testing.T) {
 		}
 		if l.GPUUtilPct == nil || *l.GPUUtilPct != 50 || l.GPUMemBytes == nil || *l.GPUMemBytes != 1.5e9 {
 			t.Errorf("GPU util %v mem %v, want 50%% and 1.5e9 from /metrics", l.GPUUtilPct, l.GPUMemBytes)
+		}
+		if l.ServerRSSBytes == nil || *l.ServerRSSBytes != fakeRSS {
+			t.Errorf("server RSS %v, want %g from /metrics", l.ServerRSSBytes, fakeRSS)
+		}
+		if e := l.Engine; e == nil {
+			t.Errorf("level %v: no engine counters from /metrics", l.Level)
+		} else if e.Rows != 15*e.Steps || math.Abs(e.HostMSPerStep-1.5) > 1e-6 || math.Abs(e.ForwardMSPerStep-2) > 1e-6 || e.RowsPerCouplet <= 0 {
+			t.Errorf("level %v: engine window %+v, want 15 rows a step, 1.5 ms host and 2 ms forward per step", l.Level, *e)
 		}
 		if l.CPUCores == nil || *l.CPUCores < 0 || l.CPUSource != "metrics" {
 			t.Errorf("CPU %v from %q, want a value from /metrics", l.CPUCores, l.CPUSource)
