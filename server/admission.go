@@ -46,12 +46,13 @@ import (
 // AdmissionConfig tunes admission; zero values mean the defaults.
 type AdmissionConfig struct {
 	// LatencyFactor is the smoothed per-step latency, relative to the
-	// unloaded mean, above which the budget shrinks (default 3: batching
-	// alone doubles a step's latency at ten users on two cores, so 2 shed
-	// load below the knee; docs/DECISIONS.md has the measurements).
+	// unloaded mean, above which the budget shrinks (default 6: batching
+	// alone makes a step at ten users about 4.6 times slower on two cores
+	// with three samples per couplet, so 3 shed load below the knee;
+	// docs/DECISIONS.md has the measurements).
 	LatencyFactor float64
 	// OverloadFactor replaces LatencyFactor while queueing shows overload
-	// (default 2, at most LatencyFactor: docs/DECISIONS.md).
+	// (default 1.75, at most LatencyFactor: docs/DECISIONS.md).
 	OverloadFactor float64
 	// QueueTarget is the queueing delay above which a queue that stands for
 	// a whole interval means overload (default: half the unloaded latency
@@ -149,10 +150,10 @@ const (
 
 func newAdmission(cfg AdmissionConfig, now func() time.Time) *admission {
 	if cfg.LatencyFactor == 0 {
-		cfg.LatencyFactor = 3
+		cfg.LatencyFactor = 6
 	}
 	if cfg.OverloadFactor == 0 {
-		cfg.OverloadFactor = math.Min(2, cfg.LatencyFactor)
+		cfg.OverloadFactor = math.Min(1.75, cfg.LatencyFactor)
 	}
 	if cfg.InitialBudget == 0 {
 		cfg.InitialBudget = 8 * defaultCost

@@ -342,10 +342,10 @@ func postNoT(url, body string) (int, http.Header, error) {
 
 // simEngine is a deterministic model of the engine behind admission, on a
 // fake clock: continuous batching, one decode step at a time for every
-// running request, a step taking simStep × (1 + b/5) for b running
-// requests (batching raises a step's latency: ×2.5 at ten, as on the
-// 2-core CPU, where throughput at ten users is about four times one
-// user's), and a stalled step now and then (another process taking the
+// running request, a step taking simStep × (1 + b/simBatch) for b running
+// requests (batching raises a step's latency: ×4.3 at ten, as on the
+// 2-core CPU with three samples per couplet, where a step at ten users
+// takes about 4.6 times an unloaded one), and a stalled step now and then (another process taking the
 // cores: simStall of the steps last simStallX as long). Users are closed
 // loop: send, wait for the answer, send again; a refused user waits the
 // Retry-After.
@@ -364,6 +364,7 @@ const (
 	simStep   = 2 * time.Millisecond
 	simStall  = 0.02
 	simStallX = 10
+	simBatch  = 3
 )
 
 type simUser struct {
@@ -433,7 +434,7 @@ func (e *simEngine) run(users int, warm, dur time.Duration) simResult {
 			e.clk.advance(next.Sub(now))
 			continue
 		}
-		d := time.Duration(float64(simStep) * (1 + float64(b)/5))
+		d := time.Duration(float64(simStep) * (1 + float64(b)/simBatch))
 		if e.rng.Float64() < simStall {
 			d *= simStallX
 		}
