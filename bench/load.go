@@ -292,12 +292,13 @@ type monResult struct {
 	gpuUtil   *float64 // mean over scrapes, percent
 	gpuMem    *float64 // max over scrapes, bytes
 	rss       *float64 // server's resident memory, max over scrapes, bytes
+	kvLive    *float64 // chunlian's live share of allocated KV slots, mean over scrapes with any allocated
 	engine    *EngineWindow
 }
 
 func (m monResult) apply(r *LevelResult) {
 	r.CPUCores, r.CPUSource, r.GPUUtilPct, r.GPUMemBytes = m.cpuCores, m.cpuSource, m.gpuUtil, m.gpuMem
-	r.BenchCPUCores, r.ServerRSSBytes = m.selfCores, m.rss
+	r.BenchCPUCores, r.ServerRSSBytes, r.KVLiveSlots = m.selfCores, m.rss, m.kvLive
 	if m.engine != nil {
 		e := *m.engine
 		if r.Couplets > 0 {
@@ -338,7 +339,11 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 		var utils []float64
 		var memMax, rssMax float64
 		var hasMem, hasRSS bool
+		var live []float64
 		observe := func(pm map[string]promValue) {
+			if v, ok := pm["chunlian:kv_cache_live_slots_perc"]; ok && v.Sum > 0 {
+				live = append(live, v.Mean())
+			}
 			if v, ok := pm["process_resident_memory_bytes"]; ok {
 				hasRSS, rssMax = true, max(rssMax, v.Sum)
 			}
@@ -385,6 +390,13 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 		if hasRSS {
 			v := rssMax
 			res.rss = &v
+		}
+		if len(live) > 0 {
+			v := 0.0
+			for _, x := range live {
+				v += x / float64(len(live))
+			}
+			res.kvLive = &v
 		}
 		if self1, err := procCPUSeconds(os.Getpid()); err == nil && selfErr == nil {
 			if wall := time.Since(w0).Seconds(); wall > 0 {

@@ -51,6 +51,10 @@ type LevelResult struct {
 	// ServerRSSBytes is the server's resident memory (its /metrics
 	// process_resident_memory_bytes), the maximum over the window's scrapes.
 	ServerRSSBytes *float64 `json:"server_rss_bytes,omitempty"`
+	// KVLiveSlots is chunlian's kv_cache_live_slots_perc (0..1: the share
+	// of allocated KV slots holding a live token), the mean over the
+	// window's scrapes that found any slot allocated.
+	KVLiveSlots *float64 `json:"kv_live_slots,omitempty"`
 	// Engine is chunlian's own engine counters over the window; nil for
 	// other servers.
 	Engine  *EngineWindow `json:"engine,omitempty"`
@@ -293,12 +297,12 @@ func (r *Report) WriteSeedTable(w io.Writer) {
 
 // WriteLevelTable writes one row per target and level.
 func (r *Report) WriteLevelTable(w io.Writer) {
-	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | bench CPU | GPU | server RSS | rows/couplet | host / forward ms per step |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | bench CPU | GPU | server RSS | KV slots live | rows/couplet | host / forward ms per step |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, tr := range r.Targets {
 		if tr.Error != "" {
 			first, _, _ := strings.Cut(tr.Error, "\n")
-			fmt.Fprintf(w, "| %s | — | not measured: %s |||||||||||||||||||\n", tr.Name, mdEscape(first))
+			fmt.Fprintf(w, "| %s | — | not measured: %s ||||||||||||||||||||\n", tr.Name, mdEscape(first))
 			continue
 		}
 		for _, l := range tr.Levels {
@@ -341,7 +345,10 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 				}
 				return fmtMS(v)
 			}
-			rss, rows, step := "—", "—", "—"
+			rss, live, rows, step := "—", "—", "—", "—"
+			if l.KVLiveSlots != nil {
+				live = fmt.Sprintf("%.1f%%", 100**l.KVLiveSlots)
+			}
 			if l.ServerRSSBytes != nil {
 				rss = fmt.Sprintf("%.0f MiB", *l.ServerRSSBytes/(1<<20))
 			}
@@ -351,11 +358,11 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 				}
 				step = fmt.Sprintf("%.3f / %.3f", e.HostMSPerStep, e.ForwardMSPerStep)
 			}
-			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				tr.Name, load, l.Sent, l.Completed, failed, l.Rejected,
 				fmtRate(l.ReqPerSec), fmtRate(l.CoupletsPerSec), fmtRate(l.TokensPerSec),
 				lat(l.Latency.Mean), lat(l.Latency.P50), lat(l.Latency.P90), lat(l.Latency.P99), lat(l.Latency.Max),
-				ttft, tpot, cpu, self, gpu, rss, rows, step)
+				ttft, tpot, cpu, self, gpu, rss, live, rows, step)
 		}
 	}
 }

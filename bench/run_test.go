@@ -88,6 +88,9 @@ func TestRunClosedLoopGenerate(t *testing.T) {
 		if l.ServerRSSBytes == nil || *l.ServerRSSBytes != fakeRSS {
 			t.Errorf("server RSS %v, want %g from /metrics", l.ServerRSSBytes, fakeRSS)
 		}
+		if l.KVLiveSlots == nil || math.Abs(*l.KVLiveSlots-0.96) > 1e-9 {
+			t.Errorf("KV slots live %v, want 0.96 from /metrics", l.KVLiveSlots)
+		}
 		if e := l.Engine; e == nil {
 			t.Errorf("level %v: no engine counters from /metrics", l.Level)
 		} else if e.Rows != 15*e.Steps || math.Abs(e.HostMSPerStep-1.5) > 1e-6 || math.Abs(e.ForwardMSPerStep-2) > 1e-6 || e.RowsPerCouplet <= 0 {
