@@ -142,6 +142,13 @@ func TestUnsuitable(t *testing.T) {
 		{"万里长征永安乐\t八年抗战长精神", []string{"抗战"}},
 		{"得意人生真顺遂\t无情岁月太匆忙", []string{"无情"}},
 		{"一代名师称心术", []string{"心术"}},
+		// Marked odd by both readers of cpu-bf16x3-ab.tsv's second section.
+		{"春在元宵花簇锦\t岁逢端午梦生香", []string{"端午"}},
+		{"千年古寺钟声远\t四面青山暮色深", []string{"古寺", "暮色"}},
+		{"百年老树一枝秀\t十载寒窗两鬓霜", []string{"两鬓", "鬓霜"}},
+		{"四时花好皆春色\t一夜雪寒尽白头", []string{"白头"}},
+		{"一树桃花开笑脸\t几枝柳叶展颦眉", []string{"颦"}},
+		{"千年一脉终成梦\t两岸双亲已变心", []string{"变心"}},
 	}
 	for _, c := range cases {
 		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
