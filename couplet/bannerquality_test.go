@@ -228,8 +228,8 @@ func BenchmarkBannerQuality(b *testing.B) {
 		{"model + 8, no <eos>", true, 8, 4, 0},
 		{"model + B1-best 2 of 8, no <eos>", true, 2, 4, 8},
 		{"model + B1-best 4 of 8, no <eos>", true, 4, 4, 8},
-		{"model + B1-best 2 of 32, no <eos>", true, 2, 4, 32},
-		{"model + B1-best 4 of 32, no <eos> (new default)", true, 4, 4, 32},
+		{"model + B1-best 2 of 32, no <eos> (default)", true, 2, 4, 32},
+		{"model + B1-best 4 of 32, no <eos>", true, 4, 4, 32},
 		{"model + B1-best 8 of 32, no <eos>", true, 8, 4, 32},
 	}
 	def := 4

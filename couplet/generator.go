@@ -193,9 +193,10 @@ func (g *Generator) prompt(p *plan) []int32 {
 	return out
 }
 
-// Defaults of the 横批 stage (see WithBannerTopK, WithBannerPool).
+// Defaults of the 横批 stage (see WithBannerTopK, WithBannerPool); why
+// these values: docs/DECISIONS.md, "横批 candidates".
 const (
-	DefaultBannerTopK = 4
+	DefaultBannerTopK = 2
 	DefaultBannerPool = 32
 )
 
