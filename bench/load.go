@@ -391,13 +391,7 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 			v := rssMax
 			res.rss = &v
 		}
-		if len(live) > 0 {
-			v := 0.0
-			for _, x := range live {
-				v += x / float64(len(live))
-			}
-			res.kvLive = &v
-		}
+		res.kvLive = meanOf(live)
 		if self1, err := procCPUSeconds(os.Getpid()); err == nil && selfErr == nil {
 			if wall := time.Since(w0).Seconds(); wall > 0 {
 				v := (self1 - self0) / wall
@@ -412,20 +406,26 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 				}
 			}
 		}
-		if len(utils) > 0 {
-			sum := 0.0
-			for _, u := range utils {
-				sum += u
-			}
-			v := sum / float64(len(utils))
-			res.gpuUtil = &v
-		}
+		res.gpuUtil = meanOf(utils)
 		if hasMem {
 			v := memMax
 			res.gpuMem = &v
 		}
 	}()
 	return m
+}
+
+// meanOf is the mean of xs, or nil when xs is empty (nothing scraped).
+func meanOf(xs []float64) *float64 {
+	if len(xs) == 0 {
+		return nil
+	}
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	v := sum / float64(len(xs))
+	return &v
 }
 
 func (m *monitor) stop() monResult {

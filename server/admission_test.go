@@ -345,8 +345,9 @@ func postNoT(url, body string) (int, http.Header, error) {
 // running request, a step taking simStep × (1 + b/simBatch) for b running
 // requests (batching raises a step's latency: ×4.3 at ten, as on the
 // 2-core CPU with three samples per couplet, where a step at ten users
-// takes about 4.6 times an unloaded one), and a stalled step now and then (another process taking the
-// cores: simStall of the steps last simStallX as long). Users are closed
+// takes about 4.6 times an unloaded one), and a stalled step now and then
+// (another process taking the cores: simStall of the steps last simStallX
+// as long). Users are closed
 // loop: send, wait for the answer, send again; a refused user waits the
 // Retry-After.
 type simEngine struct {
