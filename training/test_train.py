@@ -54,44 +54,6 @@ class TestEpoch(unittest.TestCase):
                 got.append((v.text(r[4:4 + n]), v.text(r[ft:ft + n])))
         self.assertEqual(sorted(got), sorted(self.rows))
 
-    def test_pairs_per_epoch(self):
-        v = C.Vocab(sorted(set(CHARS)))
-        def sizes(n):
-            args = train.parse(["--data", self.dir, "--mix", "1,0,0", "--triple-repeat", "0",
-                                "--pseudo-per-epoch", "0", "--pairs-per-epoch", str(n)])
-            data = train.Data(self.dir, v, args, np.random.default_rng(1))
-            return [sum(len(x) for x, _ in data.epoch(np.random.default_rng(s))) for s in range(20)]
-        some = sizes(100)
-        self.assertTrue(60 < sum(some) / len(some) < 140, some)  # ~100 of the 400 pairs
-        self.assertEqual(sizes(0), [0] * 20)
-        self.assertEqual(sizes(-1), [len(self.rows)] * 20)
-
-
-class TestTuneRows(unittest.TestCase):
-    """--tune-tokens: one optimizer step moves the chosen embedding rows only."""
-
-    @unittest.skipIf(train is None, "PyTorch not installed: train.py is tested where it is")
-    def test_only_the_rows_move(self):
-        import llama as L
-        torch.manual_seed(0)
-        m = L.Llama(dict(vocab_size=60, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
-                         rope_theta=10000.0, max_position_embeddings=32, dropout=0.0))
-        m.init_weights()
-        before = {k: t.detach().clone() for k, t in m.state_dict().items()}
-        w = train.tune_rows_only(m, [4, 5])
-        opt = torch.optim.AdamW([w], lr=1e-2, weight_decay=0.0)
-        ids = torch.tensor([[2, 4, 50, 51, 7, 52, 53, 3], [2, 5, 54, 55, 7, 56, 57, 3]])
-        logits = m(ids[:, :-1])
-        torch.nn.functional.cross_entropy(logits.reshape(-1, 60), ids[:, 1:].reshape(-1)).backward()
-        opt.step()
-        for k, t in m.state_dict().items():
-            if k == "model.embed_tokens.weight":
-                moved = (t != before[k]).any(dim=1).nonzero().flatten().tolist()
-                self.assertEqual(moved, [4, 5])
-            else:
-                self.assertTrue(torch.equal(t, before[k]), k)
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -88,14 +88,8 @@ class Data:
                         ft += n + 1  # the upper line is given in lower mode: targets start at L1
                     seqs.setdefault((ids.shape[1], ft), []).append(ids)
 
-        keep_pairs = 1.0 if a.pairs_per_epoch < 0 else a.pairs_per_epoch / max(self.n_pairs, 1)
         for n, g in self.pairs.items():
-            if keep_pairs >= 1:
-                add(g, n)
-                continue
-            idx = np.nonzero(rng.random(g.U.shape[0]) < keep_pairs)[0]
-            if len(idx):
-                add(subset(g, idx), n)
+            add(g, n)
         spring = a.spring_mix or a.mix
         for n, g in self.triples.items():
             for _ in range(a.triple_repeat):
@@ -224,13 +218,6 @@ def parse(argv=None):
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--triple-repeat", type=int, default=20)
     ap.add_argument("--pseudo-per-epoch", type=int, default=20000)
-    ap.add_argument("--pairs-per-epoch", type=int, default=-1,
-                    help="training pairs drawn per epoch (about; -1 = every pair, 0 = none: with --tune-tokens "
-                         "only the spring-festival examples teach the tuned rows)")
-    ap.add_argument("--tune-tokens", default="",
-                    help="comma-separated special tokens (e.g. '<kw>,<acr>') whose embedding rows alone are "
-                         "trained, the rest frozen: every mode without them (lower mode, the test figures) "
-                         "keeps its output except through those rows' logits; use with --no-calibrate")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
@@ -260,20 +247,6 @@ def parse(argv=None):
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
                     help="lower-mode loss from U1 (upper) or from L1 (lower; the upper line is the given prompt)")
     return ap.parse_args(argv)
-
-
-def tune_rows_only(model, rows):
-    """Freeze the model except the embedding rows `rows` (tied: also their
-    LM-head rows); returns the embedding weight, whose gradient is masked to
-    those rows."""
-    for p in model.parameters():
-        p.requires_grad_(False)
-    w = model.model.embed_tokens.weight
-    w.requires_grad_(True)
-    mask = torch.zeros(w.shape[0], 1, device=w.device, dtype=w.dtype)
-    mask[rows] = 1
-    w.register_hook(lambda g: g * mask)
-    return w
 
 
 def train(args):
@@ -315,14 +288,12 @@ def train(args):
         for layer in model.model.layers:
             layer.compile(dynamic=True)
         compiled = True
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     extra = {"fused": True} if dev.type == "cuda" else {}
-    if args.tune_tokens:
-        groups = [{"params": [tune_rows_only(model, [v.stoi[t] for t in args.tune_tokens.split(",")])],
-                   "weight_decay": 0.0}]  # decoupled decay would shrink the frozen rows too
-    else:
-        groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": args.wd},
-                  {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **extra)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **extra)
 
     # EMA of the weights (fp32, like the parameters): validated and exported
     # instead of the raw weights. swap() exchanges the two sets in place, so
