@@ -149,6 +149,10 @@ func TestUnsuitable(t *testing.T) {
 		{"四时花好皆春色\t一夜雪寒尽白头", []string{"白头"}},
 		{"一树桃花开笑脸\t几枝柳叶展颦眉", []string{"颦"}},
 		{"千年一脉终成梦\t两岸双亲已变心", []string{"变心"}},
+		// Marked odd by both readers of style-ab3.tsv and cpu-bf16x3-ab.tsv.
+		{"窗花自在心中瘦\t月色清于指上凉", []string{"瘦", "凉"}},
+		{"人生苦短幸福路\t世事艰辛勤奋行", []string{"苦短"}},
+		{"心归宁静纳清凉", nil},
 	}
 	for _, c := range cases {
 		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
