@@ -74,9 +74,9 @@ func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n
 func WithOversample(k int) Option { return func(o *options) { o.oversample = k } }
 
 // WithBannerTopK sets how many retrieved 横批 are scored per couplet besides
-// the model's own (default DefaultBannerTopK; 0 = model banner only). They are the k of the
-// lexical prefilter's pool (WithBannerPool) whose first character the model
-// finds likeliest after the couplet.
+// the model's own (default DefaultBannerTopK; 0 = model banner only). They
+// are the k of the lexical prefilter's pool (WithBannerPool) whose first
+// character the model finds likeliest after the couplet.
 func WithBannerTopK(k int) Option { return func(o *options) { o.bannerTopK = k } }
 
 // WithBannerPool sets how many retrieval candidates the lexical prefilter
