@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -238,4 +240,193 @@ func BenchmarkDefaultConcurrent10(b *testing.B) {
 		done += tenUsers(b, g, i)
 	}
 	b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "couplets/s")
+}
+
+// nullDevice is a forward.AsyncDrawBackend that does no model work, so a
+// benchmark on it measures the host side of GPU serving: the engine loop
+// (scheduling, draw planning, landing results), the couplet rules and the
+// request goroutines. Its logits are one fixed row; a draw takes the
+// forced token, or the first allowed token at or after a position set by
+// the draw's uniform number (so samples differ and respect the rules'
+// masks, as the device's draws do). Launches complete at once.
+type nullDevice struct {
+	numBlocks, bs int
+	row           []float32 // [V] every row's logits
+	lse           float32   // log-sum-exp of row
+	masks         [][]uint64
+	lastLSE       []float32 // [rows of the last Forward or ForwardDraw]
+	// latency is each launch's time "on the device": WaitDraw returns no
+	// earlier, so steps grow as on a GPU, whose forward takes ~0.3 ms.
+	latency time.Duration
+	slots   [2]struct {
+		ready     time.Time
+		out       []forward.Drawn
+		hostRows  int
+		logitRows int
+	}
+}
+
+var _ forward.AsyncDrawBackend = (*nullDevice)(nil)
+
+func newNullDevice(vocab, numBlocks, bs int) *nullDevice {
+	n := &nullDevice{numBlocks: numBlocks, bs: bs, row: make([]float32, vocab)}
+	for i := range n.row {
+		n.row[i] = float32(i%97) / 16 // no token dominates, so draws spread
+	}
+	n.lse = float32(sampler.LogSumExp(n.row))
+	return n
+}
+
+func (n *nullDevice) NumBlocks() int                    { return n.numBlocks }
+func (n *nullDevice) BlockSize() int                    { return n.bs }
+func (n *nullDevice) VocabSize() int                    { return len(n.row) }
+func (n *nullDevice) Close() error                      { return nil }
+func (n *nullDevice) CopyBlocks(src, dst []int32) error { return nil }
+func (n *nullDevice) DrawVocab() bool                   { return true }
+func (n *nullDevice) RegisterMask(allowed []uint64) (int32, error) {
+	n.masks = append(n.masks, slices.Clone(allowed))
+	return int32(len(n.masks) - 1), nil
+}
+
+func (n *nullDevice) LogSumExp() []float32 { return n.lastLSE }
+
+func (n *nullDevice) setLSE(rows int) {
+	n.lastLSE = n.lastLSE[:0]
+	for range rows {
+		n.lastLSE = append(n.lastLSE, n.lse)
+	}
+}
+
+func (n *nullDevice) Forward(b *forward.Batch, logits []float32) error {
+	n.setLSE(len(b.LogitRows))
+	for i := range b.LogitRows {
+		copy(logits[i*len(n.row):], n.row)
+	}
+	return nil
+}
+
+func (n *nullDevice) draw(d forward.Draw) forward.Drawn {
+	if d.Force >= 0 {
+		return forward.Drawn{Tok: d.Force, Logit: n.row[d.Force]}
+	}
+	V := len(n.row)
+	start := int(d.U * float64(V))
+	for k := range V {
+		t := int32((start + k) % V)
+		if d.Mask >= 0 {
+			m := n.masks[d.Mask]
+			if int(t/64) >= len(m) || m[t/64]&(1<<(t%64)) == 0 {
+				continue
+			}
+		}
+		if !slices.Contains(d.Exclude, t) {
+			return forward.Drawn{Tok: t, Logit: n.row[t]}
+		}
+	}
+	return forward.Drawn{Tok: -1}
+}
+
+func (n *nullDevice) ForwardDraw(b *forward.Batch, draws []forward.Draw, out []forward.Drawn, hostRows []int32, logits []float32) error {
+	n.setLSE(len(b.LogitRows))
+	for i, d := range draws {
+		out[i] = n.draw(d)
+	}
+	for k := range hostRows {
+		copy(logits[k*len(n.row):], n.row)
+	}
+	return nil
+}
+
+func (n *nullDevice) LaunchDraw(slot int, b *forward.Batch, draws []forward.Draw, hostRows []int32) error {
+	s := &n.slots[slot]
+	s.out = s.out[:0]
+	for _, d := range draws {
+		s.out = append(s.out, n.draw(d))
+	}
+	s.hostRows, s.logitRows = len(hostRows), len(b.LogitRows)
+	s.ready = time.Now().Add(n.latency)
+	return nil
+}
+
+func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, lse []float32) error {
+	s := &n.slots[slot]
+	if len(out) != len(s.out) || len(logits) != s.hostRows*len(n.row) || len(lse) != s.logitRows {
+		return fmt.Errorf("nullDevice: WaitDraw slices %d/%d/%d, launch had %d/%d/%d", len(out), len(logits), len(lse), len(s.out), s.hostRows*len(n.row), s.logitRows)
+	}
+	time.Sleep(time.Until(s.ready))
+	copy(out, s.out)
+	for k := range s.hostRows {
+		copy(logits[k*len(n.row):], n.row)
+	}
+	for i := range lse {
+		lse[i] = n.lse
+	}
+	return nil
+}
+
+// BenchmarkHostLoop: the GPU's host side without a GPU. `users` closed-loop
+// clients generate default couplets (8 ranked samples, 横批 scoring) on the
+// shipped model's vocabulary and rules through two engine loops with the
+// CUDA step limits, each on a nullDevice taking 0.25 ms a step. Reports couplets/s and the
+// engine loops' host time (schedule + consume) per step and per logits
+// row: the figures the GPU's bench reports as "host ms per step".
+func BenchmarkHostLoop(b *testing.B) {
+	m := defaultModel(b)
+	for _, users := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("users=%d", users), func(b *testing.B) {
+			var es []engine.Engine
+			for range 2 {
+				dev := newNullDevice(m.Config.VocabSize, 1<<16, 16)
+				dev.latency = 250 * time.Microsecond
+				e, err := engine.New(dev, engine.Config{
+					MaxNumSeqs: 4096, MaxNumBatchedTokens: 16384, MaxQueue: 16384, EnablePrefixCaching: true,
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				es = append(es, e)
+			}
+			eng := engine.NewShards(es...)
+			defer eng.Close()
+			g, err := New(m, eng)
+			if err != nil {
+				b.Fatal(err)
+			}
+			const perUser = 4
+			var fails atomic.Int64
+			round := func(r int) {
+				var wg sync.WaitGroup
+				for u := range users {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for k := range perUser {
+							seed := uint64((r*users+u)*perUser + k + 1)
+							if _, err := g.Generate(context.Background(), Request{Text: tenWords[int(seed)%len(tenWords)], Seed: seed}); err != nil {
+								fails.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			round(0) // warm-up: masks registered, buffers grown
+			st0 := eng.Stats()
+			r := 1
+			for b.Loop() {
+				round(r)
+				r++
+			}
+			st := eng.Stats()
+			steps := float64(st.Steps - st0.Steps)
+			host := (st.StepSeconds.Schedule - st0.StepSeconds.Schedule) + (st.StepSeconds.Consume - st0.StepSeconds.Consume)
+			b.ReportMetric(float64(users*perUser*(r-1))/b.Elapsed().Seconds(), "couplets/s")
+			b.ReportMetric(1e3*host/steps, "host-ms/step")
+			b.ReportMetric(1e9*host/float64(st.LogitRows-st0.LogitRows), "host-ns/row")
+			b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/float64(users*perUser*(r-1)), "rows/couplet")
+			if f := fails.Load(); f > 0 {
+				b.Logf("%d requests failed", f)
+			}
+		})
+	}
 }
