@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -80,17 +79,26 @@ func (a *bannerAssign) assigned(i int) (ids [4]int32, ok, done bool) {
 // character has the highest logit in row (ties keep pool order; candidates
 // whose first character is -Inf or NaN are skipped).
 func assignByFirstChar(pool []*bannerCand, row []float32, k int) [][4]int32 {
-	idx := make([]int, 0, len(pool))
-	for i, c := range pool {
-		id := c.ids[0]
-		if int(id) < len(row) && row[id] > float32(math.Inf(-1)) {
-			idx = append(idx, i)
+	// k selection passes, not a sort: k is a few and the pool a few dozen,
+	// and this runs on the engine goroutine once per 横批 request.
+	out := make([][4]int32, 0, min(k, len(pool)))
+	taken := make([]bool, len(pool))
+	for range k {
+		best := -1
+		for i, c := range pool {
+			id := c.ids[0]
+			if taken[i] || int(id) >= len(row) || !(row[id] > float32(math.Inf(-1))) {
+				continue
+			}
+			if best < 0 || row[id] > row[pool[best].ids[0]] {
+				best = i
+			}
 		}
-	}
-	sort.SliceStable(idx, func(x, y int) bool { return row[pool[idx[x]].ids[0]] > row[pool[idx[y]].ids[0]] })
-	out := make([][4]int32, 0, min(k, len(idx)))
-	for _, i := range idx[:min(k, len(idx))] {
-		out = append(out, pool[i].ids)
+		if best < 0 {
+			break
+		}
+		taken[best] = true
+		out = append(out, pool[best].ids)
 	}
 	return out
 }

@@ -75,7 +75,7 @@ func (e *Paged) completeRequest(r *request) {
 		for i := 0; i < r.n; i++ {
 			if i < len(r.seqs) {
 				s := r.seqs[i]
-				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clone(s.generated()), LogProbs: s.logprobs, Finish: s.finish})
+				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clip(s.generated()), LogProbs: slices.Clip(s.logprobs), Finish: s.finish})
 			} else { // MaxTokens == 0: scored only, never forked
 				res.Completions = append(res.Completions, Completion{Index: i, Tokens: []int32{}, Finish: FinishLength})
 			}
@@ -242,8 +242,19 @@ func (e *Paged) fork(s *sequence, now time.Time) (scoreOnly bool) {
 	if r.req.Params.MaxTokens == 0 {
 		return true
 	}
+	// One allocation each for the samples' tokens and log-probs: every
+	// sample gets a window of the size add gives the prompt sequence,
+	// capped by a full slice expression, so that a sample outgrowing its
+	// window reallocates instead of writing into the next one.
+	room := cap(s.tokens)
+	toks := make([]int32, (r.n-1)*room)
+	lpRoom := min(r.req.Params.MaxTokens, 64)
+	lps := make([]float32, r.n*lpRoom)
+	s.logprobs = append(lps[0:0:lpRoom], s.logprobs...)
 	for i := 1; i < r.n; i++ {
-		c := e.newSeq(r, i, slices.Clone(s.tokens))
+		w := toks[(i-1)*room : i*room : i*room]
+		c := e.newSeq(r, i, append(w[:0], s.tokens...))
+		c.logprobs = lps[i*lpRoom : i*lpRoom : (i+1)*lpRoom]
 		e.mgr.Fork(s.id, c.id)
 		c.numComputed = s.numComputed
 		c.state = stRunning

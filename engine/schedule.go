@@ -62,7 +62,10 @@ func (e *Paged) scheduleStep(maxSeqs int, inFlight bool) bool {
 		hostRows = len(e.dp.hostRows) + len(e.dp.peekRows)
 	}
 	if cap(e.logits) < hostRows*e.vocab {
-		e.logits = make([]float32, hostRows*e.vocab)
+		// Twice the rows: host rows come in bursts (many 横批 requests at
+		// their first step), and each new maximum would otherwise cost a
+		// reallocation and a refill of every peeked row.
+		e.logits = make([]float32, 2*hostRows*e.vocab)
 		e.dp.peekClean = 0
 	}
 	e.logits = e.logits[:hostRows*e.vocab]
