@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mozillazg/go-pinyin"
+
 	"chunlian/engine"
 	"chunlian/model"
 	"chunlian/sampler"
@@ -76,6 +78,26 @@ func TestCharTone(t *testing.T) {
 		if got := CharTone(c.r); got != c.want {
 			t.Errorf("CharTone(%c) = %v, want %v", c.r, got, c.want)
 		}
+	}
+}
+
+// TestCharToneTable: the table CharTone reads gives charTone's class for
+// every rune in the data and for runes outside it.
+func TestCharToneTable(t *testing.T) {
+	n := 0
+	for k := range pinyin.PinyinDict {
+		if got, want := CharTone(rune(k)), charTone(rune(k)); got != want {
+			t.Fatalf("CharTone(%c) = %v, charTone %v", rune(k), got, want)
+		}
+		n++
+	}
+	for _, r := range []rune{-1, 'a', '，', 0x10FFFF, rune(len(toneTable()))} {
+		if got, want := CharTone(r), charTone(r); got != want {
+			t.Errorf("CharTone(%U) = %v, charTone %v", r, got, want)
+		}
+	}
+	if n < 20000 {
+		t.Fatalf("only %d runes in the pinyin data", n)
 	}
 }
 

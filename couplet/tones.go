@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"strings"
+	"sync"
 
 	"github.com/mozillazg/go-pinyin"
 )
@@ -59,6 +60,29 @@ func pinyinTone(syllable string) int {
 
 // CharTone returns the 平仄 class of r by its primary reading.
 func CharTone(r rune) Tone {
+	if t := toneTable(); r >= 0 && int(r) < len(t) {
+		return t[r]
+	}
+	return charTone(r)
+}
+
+// toneTable is charTone for every rune below the largest one in the data,
+// made on first use: the rules and the ranking ask for every character of
+// every candidate, and the data's lookup splits strings.
+var toneTable = sync.OnceValue(func() []Tone {
+	top := 0
+	for k := range pinyin.PinyinDict {
+		top = max(top, k)
+	}
+	t := make([]Tone, top+1)
+	for k := range pinyin.PinyinDict {
+		t[k] = charTone(rune(k))
+	}
+	return t
+})
+
+// charTone is CharTone's definition, from the data.
+func charTone(r rune) Tone {
 	readings, ok := pinyin.PinyinDict[int(r)]
 	if !ok {
 		return ToneUnknown
