@@ -1,7 +1,6 @@
 package couplet
 
 import (
-	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -11,8 +10,15 @@ import (
 // character.
 const Punctuation = "，、；：！？·"
 
-// IsPunct reports whether r is couplet punctuation.
-func IsPunct(r rune) bool { return strings.ContainsRune(Punctuation, r) }
+// IsPunct reports whether r is couplet punctuation (a rune of Punctuation;
+// a switch, because the rules ask for every character of every candidate).
+func IsPunct(r rune) bool {
+	switch r {
+	case '，', '、', '；', '：', '！', '？', '·':
+		return true
+	}
+	return false
+}
 
 // IsHan reports whether r is a Chinese character: a CJK ideograph (Unicode
 // property Ideographic, which also covers 〇 but not radicals or 々).

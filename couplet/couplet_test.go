@@ -640,3 +640,17 @@ func TestNormalizeTraditionalAndZeroWidth(t *testing.T) {
 		}
 	}
 }
+
+// TestIsPunct: IsPunct is exactly the runes of Punctuation.
+func TestIsPunct(t *testing.T) {
+	for _, r := range Punctuation {
+		if !IsPunct(r) {
+			t.Errorf("IsPunct(%c) = false", r)
+		}
+	}
+	for _, r := range "春,.;:!?。「」 a0\u00b6\u30fb" {
+		if IsPunct(r) != strings.ContainsRune(Punctuation, r) {
+			t.Errorf("IsPunct(%c) = %v", r, IsPunct(r))
+		}
+	}
+}
