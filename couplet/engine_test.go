@@ -365,15 +365,17 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 }
 
 // BenchmarkHostLoop: the GPU's host side without a GPU. `users` closed-loop
-// clients generate default couplets (8 ranked samples, 横批 scoring) on the
+// clients generate couplets (8 ranked samples as the GPU's default, or 1;
+// 横批 scoring) on the
 // shipped model's vocabulary and rules through two engine loops with the
 // CUDA step limits, each on a nullDevice taking 0.25 ms a step. Reports couplets/s and the
 // engine loops' host time (schedule + consume) per step and per logits
 // row: the figures the GPU's bench reports as "host ms per step".
 func BenchmarkHostLoop(b *testing.B) {
 	m := defaultModel(b)
-	for _, users := range []int{100, 1000} {
-		b.Run(fmt.Sprintf("users=%d", users), func(b *testing.B) {
+	for _, c := range []struct{ users, samples int }{{100, 8}, {1000, 8}, {1000, 1}, {2000, 1}} {
+		users := c.users
+		b.Run(fmt.Sprintf("users=%d/samples=%d", users, c.samples), func(b *testing.B) {
 			var es []engine.Engine
 			for range 2 {
 				dev := newNullDevice(m.Config.VocabSize, 1<<16, 16)
@@ -388,7 +390,7 @@ func BenchmarkHostLoop(b *testing.B) {
 			}
 			eng := engine.NewShards(es...)
 			defer eng.Close()
-			g, err := New(m, eng)
+			g, err := New(m, eng, WithOversample(c.samples))
 			if err != nil {
 				b.Fatal(err)
 			}
