@@ -25,6 +25,7 @@ type Generator struct {
 	banners []bannerCand
 	sources []string // banner lists actually read
 	o       options
+	prior   bannerPrior // with o.bannerPMI: the generic <ban> row
 }
 
 type options struct {
@@ -38,6 +39,7 @@ type options struct {
 	weights      Weights
 	selectTemp   float64
 	temperature  float32 // of requests that leave Temperature unset
+	bannerPMI    bool
 }
 
 // Option configures a Generator.
