@@ -185,7 +185,7 @@ func TestForcedBannerConcurrent(t *testing.T) {
 	for i := range row {
 		row[i] = float32(i % 7)
 	}
-	want := assignByFirstChar(pool, row, nil, k)
+	want := assignByFirstChar(pool, row, k)
 	for trial := 0; trial < 20; trial++ {
 		a := &bannerAssign{pool: pool, k: k}
 		got := make([][]int32, k+2) // [k+2] per slot: the token forced at each step, -1 on dead end

@@ -40,8 +40,6 @@ type bqScored struct {
 	item  bqItem
 	texts []string    // [1+k] candidate texts, [0] = the model's own
 	lp    [][]float64 // [1+k][5] raw log-probs of B1..B4 <eos>
-	b1    []int32     // [1+k] candidates' first ids ([0] unused)
-	prior []float32   // the generic <ban> row (WithBannerPMI), nil if none
 }
 
 // bqConfig is one way to choose: the model's banner (if withModel) plus
@@ -56,7 +54,6 @@ type bqConfig struct {
 	k         int
 	nTok      int
 	pool      int
-	pmi       bool // the pool ranked by log P(B1) minus the generic row's
 }
 
 func (c bqConfig) choose(s *bqScored) int {
@@ -67,13 +64,7 @@ func (c bqConfig) choose(s *bqScored) int {
 		for i := 1; i <= c.pool && i < len(s.texts); i++ {
 			idx = append(idx, i)
 		}
-		key := func(i int) float64 {
-			if c.pmi && s.prior != nil {
-				return s.lp[i][0] - float64(s.prior[s.b1[i]])
-			}
-			return s.lp[i][0]
-		}
-		sort.SliceStable(idx, func(a, b int) bool { return key(idx[a]) > key(idx[b]) })
+		sort.SliceStable(idx, func(a, b int) bool { return s.lp[idx[a]][0] > s.lp[idx[b]][0] })
 		for _, i := range idx[:min(c.k, len(idx))] {
 			keep[i] = true
 		}
@@ -168,11 +159,10 @@ func bqGenerated(b *testing.B, g *Generator, n int) []bqItem {
 // is forced through retrieved candidate i.
 func bqScore(b *testing.B, g *Generator, it bqItem, seed uint64) *bqScored {
 	sp := g.t.sp
-	s := &bqScored{item: it, texts: []string{""}, b1: []int32{-1}}
+	s := &bqScored{item: it, texts: []string{""}}
 	seqs := [][]int32{nil}
 	for _, c := range topBanners(g.banners, it.ctxText, bqMaxK) {
 		s.texts = append(s.texts, c.text)
-		s.b1 = append(s.b1, c.ids[0])
 		seqs = append(seqs, append(append([]int32(nil), c.ids[:]...), sp.EOS))
 	}
 	bp := bannerProc{t: g.t}
@@ -212,11 +202,10 @@ func bqScore(b *testing.B, g *Generator, it bqItem, seed uint64) *bqScored {
 
 func BenchmarkBannerQuality(b *testing.B) {
 	m := defaultModel(b)
-	g, err := New(m, realStack(b, m), WithBannerSources(testBannerSources()...), WithBannerPMI(true))
+	g, err := New(m, realStack(b, m), WithBannerSources(testBannerSources()...))
 	if err != nil {
 		b.Fatal(err)
 	}
-	prior := g.bannerPriorRow(context.Background())
 	if g.NumBanners() < bqMaxK {
 		b.Skipf("only %d retrieval candidates", g.NumBanners())
 	}
@@ -228,23 +217,20 @@ func BenchmarkBannerQuality(b *testing.B) {
 		{"generated keyword couplets", bqGenerated(b, g, 120)},
 	}
 	configs := []bqConfig{
-		{"model 横批 only", true, 0, 5, 0, false},
-		{"retrieved 8, no model", false, 8, 5, 0, false},
-		{"model + 2", true, 2, 5, 0, false},
-		{"model + 4", true, 4, 5, 0, false},
-		{"model + 8 lexical, with <eos> (old default)", true, 8, 5, 0, false},
-		{"model + 16", true, 16, 5, 0, false},
-		{"model + 32 (reference)", true, 32, 5, 0, false},
-		{"model + 4, no <eos>", true, 4, 4, 0, false},
-		{"model + 8, no <eos>", true, 8, 4, 0, false},
-		{"model + B1-best 2 of 8, no <eos>", true, 2, 4, 8, false},
-		{"model + B1-best 4 of 8, no <eos>", true, 4, 4, 8, false},
-		{"model + B1-best 2 of 32, no <eos> (default)", true, 2, 4, 32, false},
-		{"model + B1-best 4 of 32, no <eos>", true, 4, 4, 32, false},
-		{"model + B1-best 8 of 32, no <eos>", true, 8, 4, 32, false},
-		{"B1-best 2 of 32, no <eos>", false, 2, 4, 32, false},
-		{"B1-PMI-best 2 of 32, no <eos>", false, 2, 4, 32, true},
-		{"B1-PMI-best 4 of 32, no <eos>", false, 4, 4, 32, true},
+		{"model 横批 only", true, 0, 5, 0},
+		{"retrieved 8, no model", false, 8, 5, 0},
+		{"model + 2", true, 2, 5, 0},
+		{"model + 4", true, 4, 5, 0},
+		{"model + 8 lexical, with <eos> (old default)", true, 8, 5, 0},
+		{"model + 16", true, 16, 5, 0},
+		{"model + 32 (reference)", true, 32, 5, 0},
+		{"model + 4, no <eos>", true, 4, 4, 0},
+		{"model + 8, no <eos>", true, 8, 4, 0},
+		{"model + B1-best 2 of 8, no <eos>", true, 2, 4, 8},
+		{"model + B1-best 4 of 8, no <eos>", true, 4, 4, 8},
+		{"model + B1-best 2 of 32, no <eos> (default)", true, 2, 4, 32},
+		{"model + B1-best 4 of 32, no <eos>", true, 4, 4, 32},
+		{"model + B1-best 8 of 32, no <eos>", true, 8, 4, 32},
 	}
 	def := 4
 	for i := 0; i < b.N; i++ {
@@ -255,7 +241,6 @@ func BenchmarkBannerQuality(b *testing.B) {
 			scored := make([]*bqScored, len(set.items))
 			for j, it := range set.items {
 				scored[j] = bqScore(b, g, it, uint64(j+1))
-				scored[j].prior = prior
 			}
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "\n%s: %d couplets\n\n", set.name, len(scored))

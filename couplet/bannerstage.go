@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"chunlian/engine"
-	"chunlian/model"
 	"chunlian/sampler"
 )
 
@@ -41,9 +40,8 @@ import (
 // Ownership: processors run on the engine goroutine (or, for engines that
 // run samples on several goroutines, under mu), so mu is uncontended.
 type bannerAssign struct {
-	pool  []*bannerCand // lexical prefilter order
-	k     int
-	prior []float32 // [V] subtracted from the row's logits when non-nil (WithBannerPMI)
+	pool []*bannerCand // lexical prefilter order
+	k    int
 
 	mu    sync.Mutex
 	slots [][4]int32 // [≤k] assigned candidates, nil until the first call
@@ -55,7 +53,7 @@ func (a *bannerAssign) slot(i int, row []float32) ([4]int32, bool) {
 	defer a.mu.Unlock()
 	if !a.done {
 		a.done = true
-		a.slots = assignByFirstChar(a.pool, row, a.prior, a.k)
+		a.slots = assignByFirstChar(a.pool, row, a.k)
 	}
 	if i < 0 || i >= len(a.slots) {
 		return [4]int32{}, false
@@ -80,15 +78,9 @@ func (a *bannerAssign) assigned(i int) (ids [4]int32, ok, done bool) {
 // assignByFirstChar returns the ids of the k pool candidates whose first
 // character has the highest logit in row (ties keep pool order; candidates
 // whose first character is -Inf or NaN are skipped).
-func assignByFirstChar(pool []*bannerCand, row, prior []float32, k int) [][4]int32 {
+func assignByFirstChar(pool []*bannerCand, row []float32, k int) [][4]int32 {
 	// k selection passes, not a sort: k is a few and the pool a few dozen,
 	// and this runs on the engine goroutine once per 横批 request.
-	key := func(id int32) float32 {
-		if prior != nil {
-			return row[id] - prior[id]
-		}
-		return row[id]
-	}
 	out := make([][4]int32, 0, min(k, len(pool)))
 	taken := make([]bool, len(pool))
 	for range k {
@@ -98,7 +90,7 @@ func assignByFirstChar(pool []*bannerCand, row, prior []float32, k int) [][4]int
 			if taken[i] || int(id) >= len(row) || !(row[id] > float32(math.Inf(-1))) {
 				continue
 			}
-			if best < 0 || key(id) > key(pool[best].ids[0]) {
+			if best < 0 || row[id] > row[pool[best].ids[0]] {
 				best = i
 			}
 		}
@@ -109,94 +101,6 @@ func assignByFirstChar(pool []*bannerCand, row, prior []float32, k int) [][4]int
 		out = append(out, pool[best].ids)
 	}
 	return out
-}
-
-// WithBannerPMI makes the 横批 assignment rank the pool by how much more
-// likely the couplet makes each candidate's first character than a
-// generic couplet does (log P(B1 | couplet) − log P(B1 | generic), the
-// generic row being the mean <ban> row over bannerReferences, computed
-// once on first use), instead of by log P(B1 | couplet): the plain
-// ranking favours the 横批 likely after any couplet.
-func WithBannerPMI(on bool) Option { return func(o *options) { o.bannerPMI = on } }
-
-// bannerReferences are the couplets whose mean <ban> row is the generic
-// row of WithBannerPMI: common traditional spring couplets.
-var bannerReferences = [][2]string{
-	{"天增岁月人增寿", "春满乾坤福满门"}, {"一帆风顺年年好", "万事如意步步高"},
-	{"和顺一门有百福", "平安二字值千金"}, {"门迎百福福星照", "户纳千祥祥云开"},
-	{"丹凤呈祥龙献瑞", "红桃贺岁杏迎春"}, {"喜居宝地千年旺", "福照家门万事兴"},
-	{"百世岁月当代好", "千古江山今朝新"}, {"五湖四海皆春色", "万水千山尽得辉"},
-	{"春回大地千山秀", "日暖神州万物荣"}, {"爆竹声声辞旧岁", "梅花点点迎新春"},
-	{"春雨丝丝润万物", "红梅点点绣千山"}, {"绿柳舒眉辞旧岁", "红桃笑脸迎新春"},
-	{"家和万事兴", "人勤百业旺"}, {"瑞雪兆丰年", "红梅报新春"},
-	{"国泰民安福满门", "人寿年丰春满园"}, {"春到人间万物苏", "福临门第千家乐"},
-}
-
-// bannerPrior is the generic <ban> row, made once.
-type bannerPrior struct {
-	once sync.Once
-	row  []float32 // [V] mean log-softmax; nil if it could not be made
-}
-
-// rowRecorder keeps a copy of the first row it sees.
-type rowRecorder struct{ row *[]float32 }
-
-func (r rowRecorder) Process(_ []int32, logits []float32) error {
-	if *r.row == nil {
-		*r.row = slices.Clone(logits)
-	}
-	return nil
-}
-
-// bannerPriorRow returns the generic <ban> row (nil when PMI is off or the
-// rows could not be had: the plain ranking is used then).
-func (g *Generator) bannerPriorRow(ctx context.Context) []float32 {
-	if !g.o.bannerPMI {
-		return nil
-	}
-	g.prior.once.Do(func() {
-		sp := g.t.sp
-		var sum []float64
-		n := 0
-		for _, ref := range bannerReferences {
-			u, l := []rune(ref[0]), []rune(ref[1])
-			up, ok1 := g.t.idsOf(u)
-			lo, ok2 := g.t.idsOf(l)
-			lt, ok3 := sp.LengthToken(len(u))
-			if !ok1 || !ok2 || !ok3 {
-				continue
-			}
-			pt := model.PromptTokens{BOS: sp.BOS, EOS: sp.EOS, Keyword: sp.Keyword, Acrostic: sp.Acrostic,
-				Lower: sp.Lower, Up: sp.Up, Sep: sp.Sep, Banner: sp.Banner}
-			prompt, err := pt.Prompt(string(ModeLower), nil, lt, up)
-			if err != nil {
-				continue
-			}
-			prompt = append(append(prompt, lo...), sp.Banner)
-			var row []float32
-			_, err = g.e.Generate(context.WithoutCancel(ctx), &engine.Request{Prompt: prompt, Params: sampler.Params{MaxTokens: 1, N: 1},
-				NewProcessor: func(int) sampler.LogitsProcessor { return rowRecorder{&row} }})
-			if err != nil || row == nil {
-				continue
-			}
-			lse := sampler.LogSumExp(row)
-			if sum == nil {
-				sum = make([]float64, len(row))
-			}
-			for i, v := range row {
-				sum[i] += float64(v) - lse
-			}
-			n++
-		}
-		if n == 0 {
-			return
-		}
-		g.prior.row = make([]float32, len(sum))
-		for i, v := range sum {
-			g.prior.row[i] = float32(v / float64(n))
-		}
-	})
-	return g.prior.row
 }
 
 // forcedBanner is the processor of forced sample slot+1.
@@ -260,7 +164,6 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 			pools[ci] = topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerPool)
 		}
 	}
-	prior := g.bannerPriorRow(ctx)
 	stage.end()
 	stage = startStage(tr, g.e, StageBannerScoring)
 	defer stage.end()
@@ -269,7 +172,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 	ok := make([]bool, len(chosen))    // likewise
 	var wg sync.WaitGroup
 	for ci, cd := range chosen {
-		req, assign, own := g.bannerRequest(p, prompt, cd, pools[ci], prior)
+		req, assign, own := g.bannerRequest(p, prompt, cd, pools[ci])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -321,7 +224,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 // (own = 1, when nothing is retrieved: a free 横批 is often a made-up
 // variant of an idiom) or the k candidates of pool that assign forces,
 // one per sample.
-func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool []*bannerCand, prior []float32) (req *engine.Request, assign *bannerAssign, own int) {
+func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool []*bannerCand) (req *engine.Request, assign *bannerAssign, own int) {
 	sp := g.t.sp
 	full := slices.Clone(prompt)
 	if p.mode != ModeLower {
@@ -331,7 +234,7 @@ func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool [
 	full = append(full, cd.lowerIDs...)
 	full = append(full, sp.Banner)
 	k := min(g.o.bannerTopK, len(pool))
-	assign = &bannerAssign{pool: pool, k: k, prior: prior}
+	assign = &bannerAssign{pool: pool, k: k}
 	if k == 0 {
 		own = 1
 	}

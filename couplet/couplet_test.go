@@ -577,7 +577,7 @@ func TestAssignByFirstChar(t *testing.T) {
 		{9, []int32{1, 2, 3, 5, 0}}, // 4 is -Inf: never assigned
 	} {
 		got := []int32{}
-		for _, ids := range assignByFirstChar(pool, row, nil, c.k) {
+		for _, ids := range assignByFirstChar(pool, row, c.k) {
 			got = append(got, ids[0])
 		}
 		if !slices.Equal(got, c.want) {

@@ -25,7 +25,6 @@ type Generator struct {
 	banners []bannerCand
 	sources []string // banner lists actually read
 	o       options
-	prior   bannerPrior // with o.bannerPMI: the generic <ban> row
 }
 
 type options struct {
@@ -39,7 +38,6 @@ type options struct {
 	weights      Weights
 	selectTemp   float64
 	temperature  float32 // of requests that leave Temperature unset
-	bannerPMI    bool
 }
 
 // Option configures a Generator.

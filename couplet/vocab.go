@@ -119,17 +119,3 @@ func (t *tables) text(ids []int32) string {
 	}
 	return string(rs)
 }
-
-// idsOf maps the characters of s to their ids; false if one is not a
-// known character.
-func (t *tables) idsOf(s []rune) ([]int32, bool) {
-	out := make([]int32, len(s))
-	for i, r := range s {
-		id, ok := t.charID(r)
-		if !ok {
-			return nil, false
-		}
-		out[i] = id
-	}
-	return out, true
-}

@@ -177,7 +177,6 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 		couplet.WithTemperature(float32(c.DefaultTemperature)),
 		couplet.WithBannerTopK(c.BannerCandidates),
 		couplet.WithJudge(critic.Judge{Year: c.festivalYear()}),
-		couplet.WithBannerPMI(c.Experimental.Has(featBannerPMI)),
 	}
 }
 
@@ -495,16 +494,11 @@ const (
 	// copies of the weights (per-row scales): faster decode, logits that
 	// differ from bf16 (forward.CPUOptions.Int8; docs/DECISIONS.md).
 	featCPUInt8 = "cpu-int8"
-	// featBannerPMI ranks the 横批 pool by how much the couplet raises each
-	// candidate's first character over a generic couplet
-	// (couplet.WithBannerPMI).
-	featBannerPMI = "banner-pmi"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featBannerPMI: "横批 pool ranked by first-character PMI against a generic couplet",
+	featCPUInt8: "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
 }
 
 // knownFeatures lists the feature names for help and errors.
