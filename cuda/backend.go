@@ -616,7 +616,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
 			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16),
 			mm(b.gu, a(b.h), wgu, T, 2*ffn, dm, false),
-			b.siluMul(T, in16),
+			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, u(b.act), u(b.gu), i32(T), i32(ffn), in16),
 			mm(b.x, a(b.act), down, T, dm, ffn, true),
 		)
 	}
@@ -631,21 +631,6 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	}
 	return errs
 }
-
-// siluMul enqueues act = SiLU(gate) · up over T rows of gu (as bf16 into
-// in16 when it is not 0): a grid row per token, 256 threads of
-// siluVec elements each across the row (kernels/llama.cu, silu_mul).
-func (b *Backend) siluMul(T int, in16 uint64) error {
-	ffn := b.cfg.IntermediateSize
-	per := 256
-	if ffn%siluVec == 0 {
-		per *= siluVec
-	}
-	return b.launch("silu_mul", (ffn+per-1)/per, min(T, 65535), 256, uint64(b.act), uint64(b.gu), i32(T), i32(ffn), in16)
-}
-
-// siluVec is the kernel's SILU_VEC: elements per thread when ffn allows.
-const siluVec = 4
 
 // rmsnormRowsPerBlock: the rmsnorm kernel normalises a row per warp, 8
 // warps to a block of 256 threads.

@@ -314,31 +314,28 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
 
 // silu_mul: act[t, i] = silu(gu[t, i]) * gu[t, ffn + i].
 // gu [T, 2*ffn] (gate then up, one fused GEMM); act [T, ffn] (or act16
-// [T, ffn] bf16 when non-null). grid = (ceil(ffn / (SILU_VEC*blockDim.x)),
-// min(T, 65535)): a row per grid row (rows stride by gridDim.y), so no
-// index division per element (it made the kernel instruction-bound);
-// with ffn % 4 == 0 each thread takes 4 consecutive elements by 16-byte
-// loads (rows of gu then stay 16-byte aligned), else one.
-#define SILU_VEC 4
+// [T, ffn] bf16 when non-null). Grid-stride.
+// Indices are 32-bit when T * ffn fits (always, at the engine's batch
+// sizes): a 64-bit division per element is slow on the GPU.
 extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __restrict__ gu,
                                     int T, int ffn, unsigned short* __restrict__ act16) {
-    bool vec = (ffn & (SILU_VEC - 1)) == 0;
-    int i = (blockIdx.x * blockDim.x + threadIdx.x) * (vec ? SILU_VEC : 1);
-    if (i >= ffn) return;
-    for (int t = blockIdx.y; t < T; t += gridDim.y) {
-        const float* g = gu + (i64)t * 2 * ffn;
-        const float* u = g + ffn;
-        i64 o = (i64)t * ffn + i;
-        if (vec) {
-            float4 gv = *reinterpret_cast<const float4*>(g + i);
-            float4 uv = *reinterpret_cast<const float4*>(u + i);
-            store_act(act, act16, o, gv.x / (1.0f + expf(-gv.x)) * uv.x);
-            store_act(act, act16, o + 1, gv.y / (1.0f + expf(-gv.y)) * uv.y);
-            store_act(act, act16, o + 2, gv.z / (1.0f + expf(-gv.z)) * uv.z);
-            store_act(act, act16, o + 3, gv.w / (1.0f + expf(-gv.w)) * uv.w);
-        } else {
-            store_act(act, act16, o, g[i] / (1.0f + expf(-g[i])) * u[i]);
+    i64 n = (i64)T * ffn;
+    if (n <= 0x7fffffffLL) { // e + the grid stride stays below 2^32
+        unsigned un = (unsigned)n, uf = (unsigned)ffn;
+        for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < un; e += gridDim.x * blockDim.x) {
+            unsigned t = e / uf, i = e - t * uf;
+            const float* row = gu + (i64)t * 2 * ffn;
+            float g = row[i], u = row[uf + i];
+            store_act(act, act16, e, g / (1.0f + expf(-g)) * u);
         }
+        return;
+    }
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (i64)gridDim.x * blockDim.x) {
+        i64 t = e / ffn;
+        int i = (int)(e - t * ffn);
+        float g = gu[t * 2 * ffn + i];
+        float u = gu[t * 2 * ffn + ffn + i];
+        store_act(act, act16, e, g / (1.0f + expf(-g)) * u);
     }
 }
 
