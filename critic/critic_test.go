@@ -135,7 +135,7 @@ func TestUnsuitable(t *testing.T) {
 		{"久病缠身", []string{"病"}},
 		// Marked odd by both readers of cpu-bf16x3-ab.tsv.
 		{"欢乐年年迎富贵\t平安夜夜度新春", []string{"平安夜"}}, // read as Christmas Eve
-		{"春晖一抹红梅笑\t秋色满园紫燕飞", []string{"秋色"}},
+		{"春晖一抹红梅笑\t秋色满园紫燕飞", []string{"秋"}},
 		{"迎春接福年年好\t反腐倡廉步步高", []string{"反腐", "倡廉"}},
 		{"春华秋实", nil},
 		// Marked odd by both readers of cpu-temperature-ab.tsv.
@@ -153,6 +153,11 @@ func TestUnsuitable(t *testing.T) {
 		{"窗花自在心中瘦\t月色清于指上凉", []string{"瘦", "凉"}},
 		{"人生苦短幸福路\t世事艰辛勤奋行", []string{"苦短"}},
 		{"心归宁静纳清凉", nil},
+		// Autumn: 77 of 96 marks odd in the recorded readings; 千秋, 春秋,
+		// 秋实, 秋收 and 秋千 are not autumn scenery.
+		{"丹桂飘香秋月冷\t碧山凝黛夕阳红", []string{"秋"}},
+		{"团年老树红枫艳\t遍地鲜花瑞雪香", []string{"枫"}},
+		{"千秋伟业春秋笔\t秋实秋收荡秋千", nil},
 	}
 	for _, c := range cases {
 		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
