@@ -236,9 +236,21 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	}
 	var cands []*candidate
 	seen := map[string]bool{}
+	// clean counts the candidates without an unsuitable word (every one
+	// without a judge). While fewer than N are clean, up to cleanRounds
+	// more rounds are drawn (sampled requests only: greedy ones repeat
+	// themselves): the ranking puts an unsuitable word below every clean
+	// couplet, so one clean candidate is worth a round of rows.
+	clean := 0
+	wantClean := func(attempt int) bool {
+		return g.o.judge != nil && clean < p.n && attempt <= cleanRounds && p.topK != 1
+	}
 	stage := startStage(req.Trace, g.e, StageCandidates)
-	for attempt := 0; attempt < g.o.maxAttempts && len(cands) < p.n; attempt++ {
-		m := (p.n - len(cands)) * g.o.oversample
+	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {
+		m := (p.n - min(len(cands), clean)) * g.o.oversample
+		if g.o.judge == nil {
+			m = (p.n - len(cands)) * g.o.oversample
+		}
 		if p.topK == 1 && p.mode != ModeKeyword {
 			// Greedy samples of one prompt are identical (keyword mode
 			// still differs by keyword placement): oversampling is waste.
@@ -262,6 +274,9 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			}
 			seen[key] = true
 			cands = append(cands, cd)
+			if g.o.judge == nil || len(g.o.judge.Unsuitable(cd.c.Upper))+len(g.o.judge.Unsuitable(cd.c.Lower)) == 0 {
+				clean++
+			}
 		}
 	}
 	stage.end()
@@ -306,6 +321,11 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	}
 	return out, nil
 }
+
+// cleanRounds bounds the rounds drawn only because no candidate was
+// clean of unsuitable words (docs/DECISIONS.md, "A round more when
+// nothing is clean").
+const cleanRounds = 1
 
 // seedFor gives attempt a its own seed (golden-ratio stride).
 func seedFor(seed uint64, attempt int) uint64 {

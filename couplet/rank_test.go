@@ -96,3 +96,43 @@ func TestWithTemperature(t *testing.T) {
 		}
 	}
 }
+
+// allJudge is a Judge that finds every text unsuitable (bad) or none.
+type allJudge struct{ bad bool }
+
+func (allJudge) Parallelism(upper, lower string) float64 { return 0.5 }
+func (allJudge) Festive(string) float64                  { return 0 }
+func (j allJudge) Unsuitable(string) []string {
+	if j.bad {
+		return []string{"x"}
+	}
+	return nil
+}
+
+// TestCleanRound: when no candidate of the first round is clean of
+// unsuitable words, one more round is drawn (and no more), and the
+// couplet is still returned; a clean first round draws none.
+func TestCleanRound(t *testing.T) {
+	for _, c := range []struct {
+		bad        bool
+		temp       float64
+		wantRounds int
+	}{
+		{false, 0.8, 1},
+		{true, 0.8, 1 + cleanRounds},
+		{true, 0, 1}, // greedy: a new round repeats itself
+	} {
+		fe := &fakeEngine{vocab: testModel.Tok.Size()}
+		g := newFakeGen(t, fe, WithJudge(allJudge{c.bad}))
+		req := Request{Text: "吉祥", N: 1, Seed: 5}
+		req.SetTemperature(c.temp)
+		cs, err := g.Generate(context.Background(), req)
+		if err != nil || len(cs) != 1 {
+			t.Fatalf("%+v: %v, %v", c, cs, err)
+		}
+		// One engine request per round, then one for the 横批.
+		if got := fe.genCalls - 1; got != c.wantRounds {
+			t.Errorf("%+v: %d rounds, want %d", c, got, c.wantRounds)
+		}
+	}
+}
