@@ -235,22 +235,21 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		return g.generateRaw(ctx, p, prompt)
 	}
 	var cands []*candidate
+	var feats []Features // [len(cands)] each candidate's ranking signals
 	seen := map[string]bool{}
-	// clean counts the candidates without an unsuitable word (every one
-	// without a judge). While fewer than N are clean, up to cleanRounds
-	// more rounds are drawn (sampled requests only: greedy ones repeat
-	// themselves): the ranking puts an unsuitable word below every clean
-	// couplet, so one clean candidate is worth a round of rows.
+	// clean counts the candidates without an unsuitable word (Features.Bad
+	// 0, as every one is without a judge). While fewer than N are clean,
+	// up to cleanRounds more rounds are drawn (sampled requests only:
+	// greedy ones repeat themselves): the ranking puts an unsuitable word
+	// below every clean couplet, so one clean candidate is worth a round
+	// of rows.
 	clean := 0
 	wantClean := func(attempt int) bool {
 		return g.o.judge != nil && clean < p.n && attempt <= cleanRounds && p.topK != 1
 	}
 	stage := startStage(req.Trace, g.e, StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {
-		m := (p.n - min(len(cands), clean)) * g.o.oversample
-		if g.o.judge == nil {
-			m = (p.n - len(cands)) * g.o.oversample
-		}
+		m := (p.n - clean) * g.o.oversample
 		if p.topK == 1 && p.mode != ModeKeyword {
 			// Greedy samples of one prompt are identical (keyword mode
 			// still differs by keyword placement): oversampling is waste.
@@ -274,7 +273,8 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			}
 			seen[key] = true
 			cands = append(cands, cd)
-			if g.o.judge == nil || len(g.o.judge.Unsuitable(cd.c.Upper))+len(g.o.judge.Unsuitable(cd.c.Lower)) == 0 {
+			feats = append(feats, g.features(p, cd))
+			if feats[len(feats)-1].Bad == 0 {
 				clean++
 			}
 		}
@@ -284,10 +284,6 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		return nil, ErrNoCouplet
 	}
 	stage = startStage(req.Trace, g.e, StageRank)
-	feats := make([]Features, len(cands)) // [len(cands)]
-	for i, cd := range cands {
-		feats[i] = g.features(p, cd)
-	}
 	if g.o.weights.Reverse != 0 || (req.Trace != nil && req.Trace.Explain) {
 		if err := g.reverseScores(ctx, p, cands, feats); err != nil {
 			return nil, err
