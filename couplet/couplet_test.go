@@ -654,3 +654,32 @@ func TestIsPunct(t *testing.T) {
 		}
 	}
 }
+
+// TestStyleEngine: with WithStyleEngine the blessing-word modes run every
+// engine request (candidates and 横批) on the style engine and lower mode
+// on New's engine; the other engine sees no request.
+func TestStyleEngine(t *testing.T) {
+	for _, tc := range []struct {
+		req       Request
+		wantStyle bool
+	}{
+		{Request{Text: "平安", Seed: 1}, true},
+		{Request{Mode: ModeAcrostic, Text: "春福", Seed: 2}, true},
+		{Request{Mode: ModeLower, Text: "春回大地", Seed: 3}, false},
+	} {
+		base := &fakeEngine{vocab: testModel.Tok.Size()}
+		style := &fakeEngine{vocab: testModel.Tok.Size()}
+		g := newFakeGen(t, base, WithStyleEngine(style))
+		if _, err := g.Generate(context.Background(), tc.req); err != nil {
+			t.Fatalf("%s %q: %v", tc.req.Mode, tc.req.Text, err)
+		}
+		used, idle := base, style
+		if tc.wantStyle {
+			used, idle = style, base
+		}
+		if used.genCalls == 0 || idle.genCalls+idle.scoreCalls != 0 {
+			t.Errorf("%s %q: wanted engine %d generate calls, other engine %d generate + %d score calls",
+				tc.req.Mode, tc.req.Text, used.genCalls, idle.genCalls, idle.scoreCalls)
+		}
+	}
+}

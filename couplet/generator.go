@@ -37,7 +37,8 @@ type options struct {
 	judge        Judge
 	weights      Weights
 	selectTemp   float64
-	temperature  float32 // of requests that leave Temperature unset
+	temperature  float32       // of requests that leave Temperature unset
+	style        engine.Engine // keyword and acrostic requests (nil = New's engine)
 }
 
 // Option configures a Generator.
@@ -63,6 +64,13 @@ func WithTemperature(t float32) Option {
 		}
 	}
 }
+
+// WithStyleEngine runs the blessing-word modes (keyword and acrostic) on
+// e, and lower mode on New's engine: e serves a model tuned to write
+// spring-festival couplets, New's engine the model whose lower mode the
+// evaluation's floors measure. e's model must share New's tokenizer and
+// prompt contract (model.Compatible).
+func WithStyleEngine(e engine.Engine) Option { return func(o *options) { o.style = e } }
 
 // WithMaxAttempts bounds the resampling rounds when samples dead-end
 // (default 4).
@@ -164,6 +172,14 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	return g, nil
 }
 
+// engine is the engine that serves p's mode.
+func (g *Generator) engine(p *plan) engine.Engine {
+	if g.o.style != nil && p.mode != ModeLower {
+		return g.o.style
+	}
+	return g.e
+}
+
 // BannerSources lists the retrieval lists that were read, and NumBanners
 // the number of usable candidates, for logs.
 func (g *Generator) BannerSources() []string { return append([]string(nil), g.sources...) }
@@ -247,7 +263,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	wantClean := func(attempt int) bool {
 		return g.o.judge != nil && clean < p.n && attempt <= cleanRounds && p.topK != 1
 	}
-	stage := startStage(req.Trace, g.e, StageCandidates)
+	stage := startStage(req.Trace, g.engine(p), StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {
 		m := (p.n - clean) * g.o.oversample
 		if p.topK == 1 && p.mode != ModeKeyword {
@@ -256,7 +272,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			m = p.n - len(cands)
 		}
 		m = min(m, 32)
-		res, err := g.e.Generate(ctx, g.engineRequest(p, prompt, attempt, m, true))
+		res, err := g.engine(p).Generate(ctx, g.engineRequest(p, prompt, attempt, m, true))
 		if err != nil {
 			return nil, err
 		}
@@ -283,7 +299,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	if len(cands) == 0 {
 		return nil, ErrNoCouplet
 	}
-	stage = startStage(req.Trace, g.e, StageRank)
+	stage = startStage(req.Trace, g.engine(p), StageRank)
 	if g.o.weights.Reverse != 0 || (req.Trace != nil && req.Trace.Explain) {
 		if err := g.reverseScores(ctx, p, cands, feats); err != nil {
 			return nil, err
@@ -458,7 +474,7 @@ func meanLP(lp []float32) float64 {
 // generateRaw is the unconstrained path: N plain samples, parsed as they
 // come (possibly malformed), the model's own banner, no ranking.
 func (g *Generator) generateRaw(ctx context.Context, p *plan, prompt []int32) ([]Couplet, error) {
-	res, err := g.e.Generate(ctx, g.engineRequest(p, prompt, 0, p.n, false))
+	res, err := g.engine(p).Generate(ctx, g.engineRequest(p, prompt, 0, p.n, false))
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,9 @@ package model
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
+	"slices"
 	"sync"
 
 	"chunlian/weights"
@@ -64,6 +67,32 @@ func Default() (*Model, error) {
 var loadDefault = sync.OnceValues(loadDefaultUncached)
 
 func loadDefaultUncached() (*Model, error) { return LoadFS(weights.FS, weights.DefaultDir) }
+
+// DefaultSpring loads the embedded spring model (weights.SpringDir): the
+// default model fine-tuned on spring-festival couplets, for the
+// blessing-word modes. It shares Default's tokenizer and prompt contract.
+// Loaded once per process, like Default.
+func DefaultSpring() (*Model, error) {
+	return loadSpring()
+}
+
+var loadSpring = sync.OnceValues(func() (*Model, error) { return LoadFS(weights.SpringFS, weights.SpringDir) })
+
+// Compatible reports why o cannot serve requests built for m (nil if it
+// can): both must share the tokenizer's ids and the chunlian.json prompt
+// contract, so that one prompt and one set of logits processors fit both.
+func (m *Model) Compatible(o *Model) error {
+	if !slices.Equal(m.Tok.tokens, o.Tok.tokens) || !slices.Equal(m.Tok.special, o.Tok.special) {
+		return fmt.Errorf("model %s: its tokenizer differs from model %s's", o.Name, m.Name)
+	}
+	if !reflect.DeepEqual(m.Meta, o.Meta) {
+		return fmt.Errorf("model %s: its chunlian.json differs from model %s's", o.Name, m.Name)
+	}
+	if m.Config.VocabSize != o.Config.VocabSize {
+		return fmt.Errorf("model %s: vocab_size %d, model %s has %d", o.Name, o.Config.VocabSize, m.Name, m.Config.VocabSize)
+	}
+	return nil
+}
 
 // ErrNoDefault is returned by Default when the binary embeds no model. The
 // current build embeds one, so it is only kept for callers that test for it.

@@ -338,3 +338,24 @@ func TestSyntheticVocabTones(t *testing.T) {
 		t.Errorf("synthetic vocabulary has %d 平 and %d 仄 characters; want ≥ 100 of each", ping, ze)
 	}
 }
+
+// TestCompatible: models that share tokenizer and chunlian.json are
+// compatible whatever their weights; a different token or prompt layout
+// is named.
+func TestCompatible(t *testing.T) {
+	a, b := NewRandom(TestConfig(), 1), NewRandom(TestConfig(), 2)
+	if err := a.Compatible(b); err != nil {
+		t.Fatalf("same vocabulary, other weights: %v", err)
+	}
+	c := NewRandom(TestConfig(), 3)
+	c.Tok.tokens = append([]string(nil), c.Tok.tokens...)
+	c.Tok.tokens[len(c.Tok.tokens)-1] = "X"
+	if err := a.Compatible(c); err == nil || !strings.Contains(err.Error(), "tokenizer") {
+		t.Errorf("a changed token: %v, want a tokenizer error", err)
+	}
+	d := NewRandom(TestConfig(), 4)
+	d.Meta.Layouts = map[string]string{"keyword": "<bos> <kw> {keyword}"}
+	if err := a.Compatible(d); err == nil || !strings.Contains(err.Error(), "chunlian.json") {
+		t.Errorf("a changed layout: %v, want a chunlian.json error", err)
+	}
+}

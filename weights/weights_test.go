@@ -1,8 +1,15 @@
 package weights_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"flag"
+	"io"
 	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -109,5 +116,124 @@ func TestBannerCandidates(t *testing.T) {
 	}
 	if len(seen) < 100 {
 		t.Errorf("only %d candidates", len(seen))
+	}
+}
+
+// springFrom, when set, makes TestWriteSpringDelta store that model
+// directory's weights as the spring model:
+//
+//	go test ./weights -run TestWriteSpringDelta -spring-from DIR
+var springFrom = flag.String("spring-from", "", "model directory whose model.safetensors TestWriteSpringDelta stores as chunlian-spring/model.safetensors.xor")
+
+// TestWriteSpringDelta writes the spring model's delta (only with
+// -spring-from) and checks that it decodes back to the file it came from.
+func TestWriteSpringDelta(t *testing.T) {
+	if *springFrom == "" {
+		t.Skip("writes chunlian-spring/model.safetensors.xor only with -spring-from DIR")
+	}
+	spring, err := os.ReadFile(filepath.Join(*springFrom, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := os.ReadFile(filepath.Join(weights.DefaultDir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	delta, err := weights.EncodeSpring(base, spring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := weights.DecodeSpring(base, delta); err != nil || !bytes.Equal(back, spring) {
+		t.Fatalf("the delta does not decode back (err %v)", err)
+	}
+	if err := os.WriteFile(filepath.Join(weights.SpringDir, "model.safetensors.xor"), delta, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d bytes of weights stored in %d", len(spring), len(delta))
+}
+
+// TestSpringCodec: DecodeSpring inverts EncodeSpring on random files, and
+// refuses deltas of the wrong length, odd sizes and corrupt data.
+func TestSpringCodec(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 2, 8, 1000, 1 << 16} {
+		base, spring := make([]byte, n), make([]byte, n)
+		for i := range base {
+			base[i] = byte(r.Uint32())
+			spring[i] = base[i]
+			if r.IntN(3) == 0 {
+				spring[i] ^= byte(r.Uint32())
+			}
+		}
+		delta, err := weights.EncodeSpring(base, spring)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := weights.DecodeSpring(base, delta)
+		if err != nil || !bytes.Equal(back, spring) {
+			t.Fatalf("%d bytes: round trip failed (err %v)", n, err)
+		}
+		if n >= 8 {
+			if _, err := weights.DecodeSpring(base[:n-2], delta); err == nil {
+				t.Errorf("%d bytes: a shorter base decoded", n)
+			}
+			if _, err := weights.DecodeSpring(append(slices.Clone(base), 0, 0), delta); err == nil {
+				t.Errorf("%d bytes: a longer base decoded", n)
+			}
+			bad := slices.Clone(delta)
+			bad[len(bad)-1] ^= 1 // the Adler-32 trailer
+			if _, err := weights.DecodeSpring(base, bad); err == nil {
+				t.Errorf("%d bytes: a corrupt delta decoded", n)
+			}
+		}
+	}
+	if _, err := weights.EncodeSpring(make([]byte, 4), make([]byte, 6)); err == nil {
+		t.Error("files of different sizes encoded")
+	}
+	if _, err := weights.DecodeSpring(make([]byte, 3), nil); err == nil {
+		t.Error("an odd-sized base decoded")
+	}
+}
+
+// TestSpringModel: SpringFS serves the spring model's own weights and the
+// default model's other files, so the two share a tokenizer and prompt
+// contract (model.Compatible) but not their weights.
+func TestSpringModel(t *testing.T) {
+	for _, name := range []string{"config.json", "tokenizer.json", "chunlian.json", "banner_candidates.txt"} {
+		a, err := fs.ReadFile(weights.SpringFS, weights.SpringDir+"/"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := fs.ReadFile(weights.FS, weights.DefaultDir+"/"+name)
+		if string(a) != string(b) {
+			t.Errorf("%s: the spring model's differs from the default model's", name)
+		}
+	}
+	sw, err := fs.ReadFile(weights.SpringFS, weights.SpringDir+"/model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dw, _ := fs.ReadFile(weights.FS, weights.DefaultDir+"/model.safetensors")
+	if len(sw) != len(dw) || bytes.Equal(sw, dw) {
+		t.Errorf("spring weights: %d bytes (default %d), equal to the default's: %v", len(sw), len(dw), bytes.Equal(sw, dw))
+	}
+	f, err := weights.SpringFS.Open(weights.SpringDir + "/model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened, err := io.ReadAll(f)
+	if st, serr := f.Stat(); err != nil || serr != nil || st.Size() != int64(len(sw)) || !bytes.Equal(opened, sw) {
+		t.Errorf("Open: %d bytes (err %v), want ReadFile's %d", len(opened), err, len(sw))
+	}
+	base, err := model.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spring, err := model.DefaultSpring()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := base.Compatible(spring); err != nil {
+		t.Error(err)
 	}
 }

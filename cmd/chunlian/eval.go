@@ -92,7 +92,7 @@ func evalRun(sc stackConfig, o quality.EvalOptions, defaultTemp, randomModel boo
 	if defaultTemp {
 		o.Temperature = st.Config.DefaultTemperature
 	}
-	noRetr, err := couplet.New(st.Model, st.Engine, append(st.Config.generatorOptions(), couplet.WithBannerSources(), couplet.WithBannerTopK(0))...)
+	noRetr, err := st.newGenerator(couplet.WithBannerSources(), couplet.WithBannerTopK(0))
 	if err != nil {
 		return err
 	}

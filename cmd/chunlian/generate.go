@@ -157,5 +157,5 @@ func openStack(sc stackConfig, random bool) (*stack, error) {
 	if err := sc.Validate(); err != nil {
 		return nil, err
 	}
-	return buildStackFor(sc, model.NewRandom(model.TestConfig(), 1))
+	return buildStackFor(sc, model.NewRandom(model.TestConfig(), 1), nil)
 }

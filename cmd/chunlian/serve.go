@@ -305,7 +305,11 @@ func loadAndAttach(ctx context.Context, srv *server.Server, cfg stackConfig, log
 	srv.Attach(server.Backend{Generator: st.Gen, Stats: st.Engine.Stats, ModelName: name, EngineName: cfg.Engine,
 		MaxModelLen: st.Model.Config.MaxPositions,
 		GPU:         gpuHook(st)}) // gpuHook: stack_cuda.go
-	log.Info("model loaded", "model", name, "engine", cfg.Engine, "backend", cfg.Backend,
+	spring := "off"
+	if st.Spring != nil {
+		spring = st.Spring.Name
+	}
+	log.Info("model loaded", "model", name, "spring_model", spring, "engine", cfg.Engine, "backend", cfg.Backend,
 		"engines", len(st.Backends), "kv_blocks", st.kvBlocks(), "block_size", st.Backend.BlockSize(), "s", time.Since(t0).Seconds())
 	if cb, ok := st.Backend.(*forward.CPU); ok {
 		log.Info("cpu kernels", "kernels", cb.Kernels()) // why a machine is slow, in one line

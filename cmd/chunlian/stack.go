@@ -31,6 +31,7 @@ import (
 // is not valid; use defaultStackConfig (the register methods start from it).
 type stackConfig struct {
 	ModelDir            string     // "" = the embedded default model
+	SpringModel         string     // the blessing modes' model: "" = the embedded spring model when ModelDir is "" (else ModelDir's), "off" = ModelDir's, or a directory
 	Engine              string     // paged | naive
 	Backend             string     // auto | cpu | cuda
 	KVCacheBytes        byteSize   // 0 = the backend's default
@@ -38,7 +39,7 @@ type stackConfig struct {
 	MaxNumSeqs          int        // sequences per engine step
 	MaxNumBatchedTokens int        // tokens per engine step
 	MaxQueue            int        // waiting requests before ErrQueueFull (per engine)
-	Engines             int        // engine loops sharing the device, each with its own backend and KV cache; 0 = the backend's default
+	Engines             int        // engine loops per model sharing the device, each with its own backend and KV cache share; 0 = the backend's default
 	Threads             int        // CPU kernel threads; 0 = GOMAXPROCS
 	CPUGEMM             string     // auto | openblas | simd | go: the CPU float32 GEMM path
 	CPUPrecision        string     // auto | bf16 | fp32: the CPU GEMMs' inputs (cpuBF16Dot)
@@ -138,6 +139,7 @@ func defaultStackConfig() stackConfig {
 func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	*c = defaultStackConfig()
 	fs.StringVar(&c.ModelDir, "model", c.ModelDir, "model directory (Hugging Face layout + chunlian.json); empty = embedded default model")
+	fs.StringVar(&c.SpringModel, "spring-model", c.SpringModel, "model directory for the blessing-word modes (keyword, acrostic), sharing --model's tokenizer; lower mode always runs on --model; empty = the embedded spring model when --model is empty, else --model's; off = --model's for every mode")
 	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU kernel threads; 0 = all cores")
 	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU float32 GEMM path: auto (fastest available), openblas, simd or go (an unavailable one falls back to the next slower)")
@@ -164,7 +166,7 @@ func (c *stackConfig) registerEngine(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, fmt.Sprintf("max tokens per engine step; 0 = the backend's default: %d on the CPU, %d with CUDA", e.MaxNumBatchedTokens, cudaDefaultMaxNumBatchedTokens))
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "max waiting requests per engine; beyond it requests are rejected (HTTP 503)")
 	fs.Float64Var(&c.DefaultTemperature, "default-temperature", c.DefaultTemperature, fmt.Sprintf("sampling temperature of requests that set none (0 < t ≤ %g)", couplet.Limits.MaxTemperature))
-	fs.IntVar(&c.Engines, "engines", c.Engines, fmt.Sprintf("engine loops sharing the device, each with its own backend (a GPU stream) and a share of the KV cache; requests go to the least busy; 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultEngines, cudaDefaultEngines))
+	fs.IntVar(&c.Engines, "engines", c.Engines, fmt.Sprintf("engine loops per model sharing the device, each with its own backend (a GPU stream) and an equal share of the KV cache; a request goes to the least busy loop of its mode's model; 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultEngines, cudaDefaultEngines))
 	fs.BoolVar(&c.PrefixCaching, "prefix-caching", c.PrefixCaching, "automatic prefix caching (paged engine)")
 	c.CUDA.register(fs)
 }
@@ -246,11 +248,14 @@ func (c *stackConfig) Validate() error {
 	if c.Threads < 0 {
 		bad("--threads %d: must be ≥ 0 (0 = all cores)", c.Threads)
 	}
-	if c.ModelDir != "" {
-		if st, err := os.Stat(c.ModelDir); err != nil {
-			bad("--model %q: %v", c.ModelDir, err)
+	for _, d := range []struct{ flag, dir string }{{"--model", c.ModelDir}, {"--spring-model", c.SpringModel}} {
+		if d.dir == "" || (d.flag == "--spring-model" && d.dir == "off") {
+			continue
+		}
+		if st, err := os.Stat(d.dir); err != nil {
+			bad("%s %q: %v", d.flag, d.dir, err)
 		} else if !st.IsDir() {
-			bad("--model %q: not a directory", c.ModelDir)
+			bad("%s %q: not a directory", d.flag, d.dir)
 		}
 	}
 	return errors.Join(errs...)
@@ -259,12 +264,17 @@ func (c *stackConfig) Validate() error {
 // stack is a built inference stack. Close releases it in reverse order.
 type stack struct {
 	Config   stackConfig
-	Model    *model.Model
+	Model    *model.Model      // lower mode's, and every mode's without Spring
+	Spring   *model.Model      // the blessing modes' (--spring-model); nil = Model serves them
 	Backend  forward.Backend   // Backends[0]
-	Backends []forward.Backend // one per engine loop (--engines)
+	Backends []forward.Backend // one per engine loop: --engines for Model, as many again for Spring
 	Kind     string            // the resolved --backend: cpu or cuda
-	Engine   engine.Engine     // possibly wrapped by Config.wrapEngine
-	Gen      *couplet.Generator
+	// Engine is every engine loop, for Stats and Close. Generate only
+	// through Gen: with Spring, a request must go to its mode's loops.
+	Engine engine.Engine
+	lower  engine.Engine // Model's loops, possibly wrapped by Config.wrapEngine
+	style  engine.Engine // Spring's loops, likewise; nil without Spring
+	Gen    *couplet.Generator
 }
 
 // buildStack validates cfg and builds model, backend, engine and generator.
@@ -285,7 +295,22 @@ func buildStack(cfg stackConfig) (*stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading model: %w", err)
 	}
-	return buildStackFor(cfg, m)
+	var spring *model.Model
+	switch {
+	case cfg.SpringModel == "" && cfg.ModelDir == "":
+		spring, err = model.DefaultSpring()
+	case cfg.SpringModel != "" && cfg.SpringModel != "off":
+		spring, err = model.Load(cfg.SpringModel)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading the spring model: %w", err)
+	}
+	if spring != nil {
+		if err := m.Compatible(spring); err != nil {
+			return nil, fmt.Errorf("--spring-model: %w", err)
+		}
+	}
+	return buildStackFor(cfg, m, spring)
 }
 
 // configureKernels applies the process-wide CPU kernel settings (thread
@@ -297,56 +322,85 @@ func configureKernels(cfg stackConfig) {
 	}
 }
 
-// buildStackFor builds the stack on an already loaded model (tests use a
-// random model).
-func buildStackFor(cfg stackConfig, m *model.Model) (*stack, error) {
+// buildStackFor builds the stack on already loaded models (tests use
+// random ones): m, and spring for the blessing modes unless it is nil
+// (the caller checked m.Compatible(spring)). Each model gets --engines
+// loops; all loops share --kv-cache-memory.
+func buildStackFor(cfg stackConfig, m, spring *model.Model) (*stack, error) {
 	configureKernels(cfg)
 	backend := cfg.resolveBackend()
 	cfg.resolveLimits(backend)
-	s := &stack{Config: cfg, Model: m}
+	s := &stack{Config: cfg, Model: m, Spring: spring}
 	s.Kind = backend
 	n := enginesFor(backend, cfg.Engines)
 	s.Config.Engines = n
-	engines := make([]engine.Engine, 0, n)
-	fail := func(err error) (*stack, error) { // s.Engine is not set yet
-		for _, e := range engines {
-			e.Close()
+	models := []*model.Model{m}
+	if spring != nil {
+		models = append(models, spring)
+	}
+	groups := make([][]engine.Engine, len(models)) // [model][loop]
+	fail := func(err error) (*stack, error) {      // s.Engine is not set yet
+		for _, g := range groups {
+			for _, e := range g {
+				e.Close()
+			}
 		}
 		s.Close()
 		return nil, err
 	}
-	for i := range n {
-		b, err := newBackend(backend, cfg, m, i, n)
-		if err != nil {
-			return fail(err)
+	for mi, mm := range models {
+		for j := range n {
+			b, err := newBackend(backend, cfg, mm, mi*n+j, len(models)*n)
+			if err != nil {
+				return fail(err)
+			}
+			e, err := newEngine(cfg, b)
+			if err != nil {
+				b.Close()
+				return fail(err)
+			}
+			s.Backends = append(s.Backends, b)
+			groups[mi] = append(groups[mi], e)
 		}
-		e, err := newEngine(cfg, b)
-		if err != nil {
-			b.Close()
-			return fail(err)
-		}
-		s.Backends = append(s.Backends, b)
-		engines = append(engines, e)
 	}
 	s.Backend = s.Backends[0]
 	s.Config.BlockSize = s.Backend.BlockSize() // the backend resolves 0
 	s.Config.SamplesPerCouplet = samplesFor(backend, cfg.SamplesPerCouplet)
 	cfg.SamplesPerCouplet = s.Config.SamplesPerCouplet
-	eng := engines[0]
-	if n > 1 {
-		eng = engine.NewShards(engines...)
+	group := func(es []engine.Engine) engine.Engine {
+		e := es[0]
+		if len(es) > 1 {
+			e = engine.NewShards(es...)
+		}
+		if cfg.wrapEngine != nil {
+			e = cfg.wrapEngine(e)
+		}
+		return e
 	}
-	if cfg.wrapEngine != nil {
-		eng = cfg.wrapEngine(eng)
+	s.lower = group(groups[0])
+	s.Engine = s.lower
+	if spring != nil {
+		s.style = group(groups[1])
+		s.Engine = engine.NewShards(s.lower, s.style)
 	}
-	s.Engine = eng
 	var err error
-	s.Gen, err = couplet.New(m, eng, cfg.generatorOptions()...)
+	s.Gen, err = s.newGenerator()
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("couplet generator: %w", err)
 	}
 	return s, nil
+}
+
+// newGenerator builds a couplet generator on the stack's engines: the
+// configured options, then extra; with a spring model the blessing modes
+// run on its loops.
+func (s *stack) newGenerator(extra ...couplet.Option) (*couplet.Generator, error) {
+	opts := s.Config.generatorOptions()
+	if s.style != nil {
+		opts = append(opts, couplet.WithStyleEngine(s.style))
+	}
+	return couplet.New(s.Model, s.lower, append(opts, extra...)...)
 }
 
 // cpuBF16Dot resolves --cpu-precision into forward.CPUOptions.BF16Dot:

@@ -154,7 +154,7 @@ func TestCPUInt8Flag(t *testing.T) {
 		{[]string{"--backend", "cpu", "--experimental=cpu-int8"}, true},
 	} {
 		c := parseStack(t, append(tc.args, "--kv-cache-memory", "1MiB", "--threads", "1")...)
-		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,7 +190,7 @@ func TestCPUPrecisionFlag(t *testing.T) {
 		{[]string{"--backend", "cpu", "--cpu-precision", "bf16"}, cpu.HasFastBF16()},
 	} {
 		c := parseStack(t, append(tc.args, "--kv-cache-memory", "1MiB", "--threads", "1")...)
-		st, err := buildStackFor(c, m)
+		st, err := buildStackFor(c, m, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +213,7 @@ func TestBuildStackRandomModel(t *testing.T) {
 	for _, eng := range []string{"paged", "naive"} {
 		t.Run(eng, func(t *testing.T) {
 			c := parseStack(t, "--engine", eng, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")
-			st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+			st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -236,14 +236,14 @@ func TestBuildStackRandomModel(t *testing.T) {
 // sharded engine that serves concurrent couplets.
 func TestBuildStackTwoEngines(t *testing.T) {
 	one := parseStack(t, "--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1")
-	st1, err := buildStackFor(one, model.NewRandom(model.TestConfig(), 3))
+	st1, err := buildStackFor(one, model.NewRandom(model.TestConfig(), 3), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	blocks := st1.kvBlocks()
 	st1.Close()
 	c := parseStack(t, "--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1", "--engines", "2")
-	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestBlockSize(t *testing.T) {
 		{[]string{"--block-size", "16"}, 16},
 	} {
 		c := parseStack(t, append(tc.args, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")...)
-		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -334,7 +334,7 @@ func TestResolveLimits(t *testing.T) {
 	}
 	c := defaultStackConfig()
 	c.Backend = "cpu"
-	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 1))
+	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 1), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,14 +385,14 @@ func TestBackendCUDAWithoutGPU(t *testing.T) {
 	}
 	m := model.NewRandom(model.TestConfig(), 3)
 	c := parseStack(t, "--backend", "cuda", "--kv-cache-memory", "1MiB")
-	if st, err := buildStackFor(c, m); err == nil {
+	if st, err := buildStackFor(c, m, nil); err == nil {
 		st.Close()
 		t.Fatal("--backend cuda built a stack without a GPU")
 	} else if !strings.Contains(err.Error(), "not found") {
 		t.Errorf("error does not say what is missing: %v", err)
 	}
 	c = parseStack(t, "--backend", "auto", "--kv-cache-memory", "1MiB", "--threads", "1")
-	st, err := buildStackFor(c, m)
+	st, err := buildStackFor(c, m, nil)
 	if err != nil {
 		t.Fatalf("--backend auto without a GPU: %v", err)
 	}
@@ -467,7 +467,7 @@ func TestDefaultTemperature(t *testing.T) {
 		{[]string{"--default-temperature", "0.9"}, 0.9},
 	} {
 		c := parseStack(t, append(tc.args, "--backend", "cpu", "--kv-cache-memory", "1MiB", "--threads", "1")...)
-		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3))
+		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -475,5 +475,36 @@ func TestDefaultTemperature(t *testing.T) {
 			t.Errorf("%v: default temperature %g, want %g", tc.args, st.Config.DefaultTemperature, tc.want)
 		}
 		st.Close()
+	}
+}
+
+// A spring model gets loops of its own: keyword requests run there, lower
+// mode on --model's, and the stack's Engine sums both for its stats.
+func TestBuildStackSpring(t *testing.T) {
+	c := parseStack(t, "--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1")
+	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), model.NewRandom(model.TestConfig(), 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if len(st.Backends) != 2 || st.lower == nil || st.style == nil {
+		t.Fatalf("%d backends, lower %v, style %v: want one loop per model", len(st.Backends), st.lower, st.style)
+	}
+	steps := func() (lower, style int64) { return st.lower.Stats().Steps, st.style.Stats().Steps }
+	if _, err := st.Gen.Generate(context.Background(), couplet.Request{Text: "平安", Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if l, s := steps(); l != 0 || s == 0 {
+		t.Errorf("keyword request: %d steps on --model's loop, %d on the spring model's; want 0 and > 0", l, s)
+	}
+	_, s0 := steps()
+	if _, err := st.Gen.Generate(context.Background(), couplet.Request{Mode: couplet.ModeLower, Text: "春回大地", Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if l, s := steps(); l == 0 || s != s0 {
+		t.Errorf("lower request: %d steps on --model's loop, spring model's %d → %d; want > 0 and unchanged", l, s0, s)
+	}
+	if l, s := steps(); st.Engine.Stats().Steps != l+s || st.Engine.Stats().KVBlocksTotal != st.kvBlocks() {
+		t.Errorf("stack stats %+v: want %d steps and %d KV blocks", st.Engine.Stats(), l+s, st.kvBlocks())
 	}
 }
