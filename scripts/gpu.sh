@@ -9,15 +9,18 @@
 #
 # BASE=<commit> for build also builds that commit's chunlian as
 # chunlian-base; check then benches it right before HEAD's at every level
-# (a same-call before/after). CUDATEST=0 skips the CUDA tests, REPLICAS=0
+# (a same-call before/after). SPRING_AB=1 for check benches HEAD's binary
+# with --spring-model off right before the spring model instead. CUDATEST=0 skips the CUDA tests, REPLICAS=0
 # the replica scaling; LEVELS (default 1,1000) sets the bench's user
 # counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
 # serve flags to the shipped defaults.
 #
-# build compiles the committed tree (git archive HEAD) with an empty embedded
-# model file: the device tool moves at most 64 MiB, and the tracked weights
+# build compiles the committed tree (git archive HEAD) with empty embedded
+# weight files: the device tool moves at most 64 MiB, and the tracked weights
 # already travel, so the binaries load them with --model weights/chunlian-base
-# (CHUNLIAN_MODEL). check writes summary.txt and the raw reports to $OUT.
+# (CHUNLIAN_MODEL) and --spring-model /tmp/spring-model (CHUNLIAN_SPRING_MODEL),
+# which check decodes from weights/chunlian-spring first (numpy, as
+# weights.DecodeSpring). check writes summary.txt and the raw reports to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -26,6 +29,7 @@ build)
 	trap 'rm -rf "$T" "$TB"' EXIT
 	git archive HEAD | tar -xf - -C "$T"
 	: > "$T/weights/chunlian-base/model.safetensors"
+	: > "$T/weights/chunlian-spring/model.safetensors.xor"
 	mkdir -p .carry/gpu
 	HC=$(git rev-parse --short HEAD)
 	(cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/gpu/cuda.test" ./cuda/ &&
@@ -35,10 +39,12 @@ build)
 		BC=$(git rev-parse --short "$BASE")
 		git archive "$BASE" | tar -xf - -C "$TB"
 		: > "$TB/weights/chunlian-base/model.safetensors"
+		[ ! -d "$TB/weights/chunlian-spring" ] || : > "$TB/weights/chunlian-spring/model.safetensors.xor"
 		(cd "$TB" && CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$BC" -o "$OLDPWD/.carry/gpu/chunlian-base" ./cmd/chunlian)
-		gzip -f .carry/gpu/chunlian-base
+		xz -9 -f .carry/gpu/chunlian-base
 	fi
-	gzip -f .carry/gpu/chunlian .carry/gpu/cuda.test
+	rm -f .carry/gpu/*.gz
+	xz -9 -f .carry/gpu/chunlian .carry/gpu/cuda.test
 	{ git rev-parse HEAD; git log -1 --format=%s; [ -z "${BASE:-}" ] || echo "base: $(git rev-parse "$BASE")"; date -u; } > .carry/gpu/BUILD.txt
 	ls -la .carry/gpu
 	;;
@@ -47,16 +53,34 @@ check)
 	: "${OUT:?OUT must name the folder that comes back}"
 	B=/tmp/gpu-bin
 	mkdir -p $B
-	gunzip -c .carry/gpu/chunlian.gz > $B/chunlian
-	gunzip -c .carry/gpu/cuda.test.gz > $B/cuda.test
+	unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; }
+	unxz .carry/gpu/chunlian.xz $B/chunlian
+	[ ! -f .carry/gpu/cuda.test.xz ] || unxz .carry/gpu/cuda.test.xz $B/cuda.test
 	BINS=chunlian
-	if [ -f .carry/gpu/chunlian-base.gz ]; then
-		gunzip -c .carry/gpu/chunlian-base.gz > $B/chunlian-base
+	if [ -f .carry/gpu/chunlian-base.xz ]; then
+		unxz .carry/gpu/chunlian-base.xz $B/chunlian-base
 		BINS="chunlian-base chunlian"
+	elif [ "${SPRING_AB:-0}" = 1 ]; then
+		ln -sf chunlian $B/chunlian-nospring
+		BINS="chunlian-nospring chunlian"
 	fi
 	chmod +x $B/*
 	export CHUNLIAN_CUDA_LIB_DIR=${CHUNLIAN_CUDA_LIB_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
 	export CHUNLIAN_MODEL=weights/chunlian-base
+	if [ -f weights/chunlian-spring/model.safetensors.xor ]; then
+		SM=/tmp/spring-model
+		mkdir -p $SM
+		cp weights/chunlian-base/*.json weights/chunlian-base/*.txt $SM/
+		python3 -c '
+import sys, zlib, numpy as np
+base = np.fromfile(sys.argv[1], np.uint8)
+planes = np.frombuffer(zlib.decompress(open(sys.argv[2], "rb").read()), np.uint8)
+assert planes.size == base.size, "spring delta and base differ in size"
+out, h = np.empty_like(base), base.size // 2
+out[1::2], out[0::2] = base[1::2] ^ planes[:h], base[0::2] ^ planes[h:]
+out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlian-spring/model.safetensors.xor $SM/model.safetensors
+		export CHUNLIAN_SPRING_MODEL=$SM
+	fi
 	S=$OUT/summary.txt
 	{ cat .carry/gpu/BUILD.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > $S
 	T0=$(date +%s)
@@ -70,7 +94,9 @@ check)
 	SF="--backend cuda --log-level warn ${SERVER_FLAGS:-}"
 	for k in ${SAMPLES:-0 1}; do
 		for bin in $BINS; do
-			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
+			SMF=
+			[ $bin != chunlian-nospring ] || SMF="--spring-model off"
+			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF $SMF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
 				--duration 6s --warmup 2s --quiet --json $OUT/gpu-$bin-k$k.json --out $OUT/gpu-$bin-k$k.md > /dev/null 2>&1
 			echo "$bin bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
 			grep -E "^\| engine \|" $OUT/gpu-$bin-k$k.md >> $S
