@@ -145,7 +145,7 @@ func TestUnsuitable(t *testing.T) {
 		// Marked odd by both readers of cpu-bf16x3-ab.tsv's second section.
 		{"春在元宵花簇锦\t岁逢端午梦生香", []string{"端午"}},
 		{"千年古寺钟声远\t四面青山暮色深", []string{"古寺", "暮色"}},
-		{"百年老树一枝秀\t十载寒窗两鬓霜", []string{"两鬓", "鬓霜"}},
+		{"百年老树一枝秀\t十载寒窗两鬓霜", []string{"两鬓", "鬓霜", "寒"}},
 		{"四时花好皆春色\t一夜雪寒尽白头", []string{"白头"}},
 		{"一树桃花开笑脸\t几枝柳叶展颦眉", []string{"颦"}},
 		{"千年一脉终成梦\t两岸双亲已变心", []string{"变心"}},
@@ -155,9 +155,18 @@ func TestUnsuitable(t *testing.T) {
 		{"心归宁静纳清凉", nil},
 		// Autumn: 77 of 96 marks odd in the recorded readings; 千秋, 春秋,
 		// 秋实, 秋收 and 秋千 are not autumn scenery.
-		{"丹桂飘香秋月冷\t碧山凝黛夕阳红", []string{"秋"}},
+		{"丹桂飘香秋月冷\t碧山凝黛夕阳红", []string{"秋", "冷"}},
 		{"团年老树红枫艳\t遍地鲜花瑞雪香", []string{"枫"}},
 		{"千秋伟业春秋笔\t秋实秋收荡秋千", nil},
+		// Off-season and prosaic: read odd in 81-100 % of marks in the
+		// recorded readings; the farming seasons, 寒梅 and 难忘 are not.
+		{"春来陌上月明色\t夏至池中蛙鼓声", []string{"夏"}},
+		{"春耕夏种千畴绿\t秋收冬藏万亩金", nil},
+		{"华夏腾飞\t寒梅傲雪迎春到", nil},
+		{"窗花有意春风绿\t墨色无声夜雨寒", []string{"寒"}},
+		{"富贵何妨宜淡了\t聪明难得且闲之", []string{"何", "难"}},
+		{"今宵月色同谁醉\t此刻花香共我痴", []string{"谁", "我"}},
+		{"难忘今宵", nil},
 	}
 	for _, c := range cases {
 		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
