@@ -548,11 +548,16 @@ const (
 	// copies of the weights (per-row scales): faster decode, logits that
 	// differ from bf16 (forward.CPUOptions.Int8; docs/DECISIONS.md).
 	featCPUInt8 = "cpu-int8"
+	// featCUDAEager runs every CUDA step eagerly, without CUDA graphs
+	// (cuda.Options.EagerOnly): slower, but a kernel profiler can then
+	// attribute the served kernel mix, which graph capture hides from it.
+	featCUDAEager = "cuda-eager"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8: "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
 }
 
 // knownFeatures lists the feature names for help and errors.

@@ -57,6 +57,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		MemoryFraction: cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
 		MaxBlocks:      cfg.CUDA.MaxBlocks,
 		Precision:      cfg.CUDA.Precision,
+		EagerOnly:      cfg.Experimental.Has(featCUDAEager),
 		HandoffSpin:    cfg.CUDA.HandoffSpin,
 		NVRTCTarget:    cfg.CUDA.NVRTCTarget,
 		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),

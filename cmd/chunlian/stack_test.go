@@ -508,3 +508,30 @@ func TestBuildStackSpring(t *testing.T) {
 		t.Errorf("stack stats %+v: want %d steps and %d KV blocks", st.Engine.Stats(), l+s, st.kvBlocks())
 	}
 }
+
+// --experimental cuda-eager reaches the CUDA backend: its steps run
+// without graphs, and without the feature they replay graphs.
+func TestCUDAEagerFeature(t *testing.T) {
+	if ok, _ := cuda.Available(""); !ok {
+		t.Skip("no CUDA GPU here")
+	}
+	for _, eager := range []bool{false, true} {
+		args := []string{"--backend", "cuda", "--kv-cache-memory", "64MiB", "--engines", "1"}
+		if eager {
+			args = append(args, "--experimental", "cuda-eager")
+		}
+		st, err := buildStackFor(parseStack(t, args...), model.NewRandom(model.TestConfig(), 3), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Gen.Generate(context.Background(), couplet.Request{Text: "平安", Seed: 1}); err != nil {
+			st.Close()
+			t.Fatal(err)
+		}
+		gs := st.Backend.(*cuda.Backend).GraphStats()
+		st.Close()
+		if eager && gs.Launches != 0 || !eager && gs.Launches == 0 {
+			t.Errorf("cuda-eager %v: %d graph launches", eager, gs.Launches)
+		}
+	}
+}
