@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -358,6 +360,25 @@ func TestHealthAndReadiness(t *testing.T) {
 	}
 	if code, _, _ := get(t, ts+"/ready"); code != 503 {
 		t.Errorf("/ready after failed warm-up: %d", code)
+	}
+	// Lower mode may run on other engines: a failure there keeps the
+	// server not ready too, and it is warmed with the keyword couplet's 上联.
+	var modes []string
+	srv.Attach(Backend{Generator: fakeGen{func(_ context.Context, req couplet.Request) ([]couplet.Couplet, error) {
+		modes = append(modes, string(req.Mode)+":"+req.Text)
+		if req.Mode == couplet.ModeLower {
+			return nil, errors.New("lower mode broken")
+		}
+		return []couplet.Couplet{fakeCouplet}, nil
+	}}})
+	if err := srv.Warmup(context.Background()); err == nil || !strings.Contains(err.Error(), "lower mode broken") {
+		t.Errorf("warm-up with lower mode failing: %v", err)
+	}
+	if want := []string{"keyword:平安", "lower:" + fakeCouplet.Upper}; !slices.Equal(modes, want) {
+		t.Errorf("warm-up requests %q, want %q", modes, want)
+	}
+	if code, _, _ := get(t, ts+"/ready"); code != 503 {
+		t.Errorf("/ready after failed lower-mode warm-up: %d", code)
 	}
 	srv.Attach(Backend{Generator: fakeGen{func(context.Context, couplet.Request) ([]couplet.Couplet, error) {
 		return []couplet.Couplet{fakeCouplet}, nil

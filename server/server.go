@@ -237,9 +237,11 @@ func (s *Server) Attach(b Backend) {
 // Ready reports whether /ready says 200.
 func (s *Server) Ready() bool { return s.state.Load() == stateReady }
 
-// Warmup runs one generation (平安, keyword mode, fixed seed) so that the
-// first user does not pay for lazy initialisation, then marks the server
-// ready. It fails if no backend is attached or the generation fails.
+// Warmup runs one generation in keyword mode (平安, fixed seed) and one in
+// lower mode (its 上联), which may run on another model's engines, so that
+// the first user of either does not pay for lazy initialisation, then
+// marks the server ready. It fails if no backend is attached or a
+// generation fails.
 func (s *Server) Warmup(ctx context.Context) error {
 	b := s.backend.Load()
 	if b == nil || b.Generator == nil {
@@ -252,6 +254,9 @@ func (s *Server) Warmup(ctx context.Context) error {
 	}
 	if len(cs) == 0 {
 		return errors.New("server: warm-up generation returned no couplet")
+	}
+	if _, err := b.Generator.Generate(ctx, couplet.Request{Mode: couplet.ModeLower, Text: cs[0].Upper, N: 1, Seed: 1}); err != nil {
+		return fmt.Errorf("server: lower-mode warm-up generation: %w", err)
 	}
 	s.log.Info("warm-up done", "couplet", cs[0].Upper+" / "+cs[0].Lower+" / "+cs[0].Banner,
 		"ms", float64(time.Since(t0).Microseconds())/1000)
