@@ -180,8 +180,8 @@ func TestComputeSignals(t *testing.T) {
 	if s.N != 4 || s.Banners != 4 {
 		t.Fatalf("%+v", s)
 	}
-	if s.Unsuitable != 0.25 {
-		t.Errorf("unsuitable share %v, want 1/4 (离别, 愁)", s.Unsuitable)
+	if s.Unsuitable != 0.5 {
+		t.Errorf("unsuitable share %v, want 2/4 (谁 of the rhetorical question; 离别, 愁)", s.Unsuitable)
 	}
 	if s.BannerReal != 0.5 || s.BannerUnsuitable != 0.5 { // 富贵在天, 一路平安
 		t.Errorf("banner real %v unsuitable %v, want 1/2 and 1/2", s.BannerReal, s.BannerUnsuitable)
@@ -198,7 +198,7 @@ func TestComputeSignals(t *testing.T) {
 	}
 	var b strings.Builder
 	WriteSignals(&b, []Signals{s, h})
-	if !strings.Contains(b.String(), "| with an unsuitable word | 25.0 % | 0.0 % |") {
+	if !strings.Contains(b.String(), "| with an unsuitable word | 50.0 % | 0.0 % |") {
 		t.Errorf("report:\n%s", b.String())
 	}
 }
