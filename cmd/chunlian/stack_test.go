@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -117,6 +118,7 @@ func TestStackConfigValidate(t *testing.T) {
 		{args: []string{"--banner-candidates", "-1"}, want: "--banner-candidates"},
 		{env: [2]string{"CHUNLIAN_SAMPLES_PER_COUPLET", "two"}, want: "CHUNLIAN_SAMPLES_PER_COUPLET"},
 		{args: []string{"--model", "/nonexistent/model/dir"}, want: "--model"},
+		{args: []string{"--spring-model", "/nonexistent/model/dir"}, want: "--spring-model"},
 		{env: [2]string{"CHUNLIAN_MAX_QUEUE", "lots"}, want: "CHUNLIAN_MAX_QUEUE"},
 		{env: [2]string{"CHUNLIAN_KV_CACHE_MEMORY", "big"}, want: "CHUNLIAN_KV_CACHE_MEMORY"},
 		{env: [2]string{"CHUNLIAN_PREFIX_CACHING", "maybe"}, want: "CHUNLIAN_PREFIX_CACHING"},
@@ -533,5 +535,49 @@ func TestCUDAEagerFeature(t *testing.T) {
 		if eager && gs.Launches != 0 || !eager && gs.Launches == 0 {
 			t.Errorf("cuda-eager %v: %d graph launches", eager, gs.Launches)
 		}
+	}
+}
+
+// buildStack loads --spring-model DIR beside --model DIR, and refuses one
+// whose tokenizer differs, naming the flag.
+func TestSpringModelDir(t *testing.T) {
+	base, spring, other := t.TempDir(), t.TempDir(), t.TempDir()
+	for dir, seed := range map[string]int64{base: 1, spring: 2, other: 3} {
+		if err := model.WriteDir(model.NewRandom(model.TestConfig(), seed), dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tok := filepath.Join(other, "tokenizer.json")
+	b, err := os.ReadFile(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tok, []byte(strings.Replace(string(b), `"春"`, `"X"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1", "--model", base}
+	st, err := buildStack(parseStack(t, append(args, "--spring-model", spring)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Spring == nil || st.style == nil || len(st.Backends) != 2 {
+		t.Errorf("--spring-model DIR: spring %v, %d backends", st.Spring, len(st.Backends))
+	}
+	st.Close()
+	for _, sm := range []string{"", "off"} {
+		st, err := buildStack(parseStack(t, append(args, "--spring-model", sm)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Spring != nil || len(st.Backends) != 1 {
+			t.Errorf("--model DIR --spring-model %q: spring %v, %d backends; want --model's alone", sm, st.Spring, len(st.Backends))
+		}
+		st.Close()
+	}
+	if st, err := buildStack(parseStack(t, append(args, "--spring-model", other)...)); err == nil {
+		st.Close()
+		t.Error("a spring model with another tokenizer was accepted")
+	} else if !strings.Contains(err.Error(), "--spring-model") || !strings.Contains(err.Error(), "tokenizer") {
+		t.Errorf("error %v, want one naming --spring-model and the tokenizer", err)
 	}
 }
