@@ -125,6 +125,8 @@ func EncodeSpring(base, spring []byte) ([]byte, error) {
 
 // DecodeSpring inverts EncodeSpring: the spring model's file from base's
 // and the stored delta. The delta must expand to exactly len(base) bytes.
+// It streams the delta's planes through a small buffer straight into the
+// result, so decoding holds one file's worth of memory besides its inputs.
 func DecodeSpring(base, delta []byte) ([]byte, error) {
 	if len(base)%2 != 0 {
 		return nil, fmt.Errorf("weights: base model file of odd size %d", len(base))
@@ -133,21 +135,27 @@ func DecodeSpring(base, delta []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("weights: spring delta: %w", err)
 	}
-	planes := make([]byte, len(base))
-	if _, err := io.ReadFull(zr, planes); err != nil {
-		return nil, fmt.Errorf("weights: spring delta shorter than the %d-byte base: %w", len(base), err)
-	}
-	if n, _ := zr.Read(make([]byte, 1)); n != 0 {
-		return nil, fmt.Errorf("weights: spring delta longer than the %d-byte base", len(base))
-	}
-	if err := zr.Close(); err != nil { // the Adler-32 check
-		return nil, fmt.Errorf("weights: spring delta: %w", err)
-	}
 	h := len(base) / 2
 	out := make([]byte, len(base))
-	for i := range h {
-		out[2*i+1] = base[2*i+1] ^ planes[i]
-		out[2*i] = base[2*i] ^ planes[h+i]
+	buf := make([]byte, 64<<10)
+	for _, parity := range []int{1, 0} { // the odd bytes' plane, then the even bytes'
+		for i := 0; i < h; {
+			n, err := io.ReadFull(zr, buf[:min(len(buf), h-i)])
+			if err != nil {
+				return nil, fmt.Errorf("weights: spring delta shorter than the %d-byte base: %w", len(base), err)
+			}
+			for j, x := range buf[:n] {
+				k := 2*(i+j) + parity
+				out[k] = base[k] ^ x
+			}
+			i += n
+		}
+	}
+	if n, _ := zr.Read(buf[:1]); n != 0 {
+		return nil, fmt.Errorf("weights: spring delta longer than the %d-byte base", len(base))
+	}
+	if err := zr.Close(); err != nil { // the Adler-32 check's result, from that last read
+		return nil, fmt.Errorf("weights: spring delta: %w", err)
 	}
 	return out, nil
 }
