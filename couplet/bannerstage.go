@@ -157,7 +157,8 @@ func (f forcedBanner) Forced(gen []int32, logits []float32) (int32, bool) {
 // returned as they are, except that a refused 横批 request falls back to
 // the most relevant retrieved 横批 (fallbackBanner).
 func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, chosen []*candidate, tr *Trace) ([]*candidate, error) {
-	stage := startStage(tr, g.engine(p), StageBannerRetrieval)
+	eng := g.engine(p)
+	stage := startStage(tr, eng, StageBannerRetrieval)
 	pools := make([][]*bannerCand, len(chosen)) // [len(chosen)][≤bannerPool]
 	if g.o.bannerTopK > 0 {
 		for ci, cd := range chosen {
@@ -165,7 +166,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 		}
 	}
 	stage.end()
-	stage = startStage(tr, g.engine(p), StageBannerScoring)
+	stage = startStage(tr, eng, StageBannerScoring)
 	defer stage.end()
 
 	errs := make([]error, len(chosen)) // [len(chosen)], slot i written by goroutine i only
@@ -176,7 +177,7 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := g.engine(p).Generate(ctx, req)
+			res, err := eng.Generate(ctx, req)
 			if err != nil {
 				// The lines are already paid for: on an engine refusal
 				// (queue full, closed) fall back to the most relevant

@@ -263,7 +263,8 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	wantClean := func(attempt int) bool {
 		return g.o.judge != nil && clean < p.n && attempt <= cleanRounds && p.topK != 1
 	}
-	stage := startStage(req.Trace, g.engine(p), StageCandidates)
+	eng := g.engine(p)
+	stage := startStage(req.Trace, eng, StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {
 		m := (p.n - clean) * g.o.oversample
 		if p.topK == 1 && p.mode != ModeKeyword {
@@ -272,7 +273,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			m = p.n - len(cands)
 		}
 		m = min(m, 32)
-		res, err := g.engine(p).Generate(ctx, g.engineRequest(p, prompt, attempt, m, true))
+		res, err := eng.Generate(ctx, g.engineRequest(p, prompt, attempt, m, true))
 		if err != nil {
 			return nil, err
 		}
@@ -299,7 +300,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	if len(cands) == 0 {
 		return nil, ErrNoCouplet
 	}
-	stage = startStage(req.Trace, g.engine(p), StageRank)
+	stage = startStage(req.Trace, eng, StageRank)
 	if g.o.weights.Reverse != 0 || (req.Trace != nil && req.Trace.Explain) {
 		if err := g.reverseScores(ctx, p, cands, feats); err != nil {
 			return nil, err

@@ -10,8 +10,9 @@
 # BASE=<commit> for build also builds that commit's chunlian as
 # chunlian-base; check then benches it right before HEAD's at every level
 # (a same-call before/after). SPRING_AB=1 for check benches HEAD's binary
-# with --spring-model off right before the spring model instead. CUDATEST=0 skips the CUDA tests, REPLICAS=0
-# the replica scaling; LEVELS (default 1,1000) sets the bench's user
+# with --spring-model off right before the spring model instead.
+# CUDATEST=0 skips the CUDA tests, REPLICAS=0 the replica scaling; LEVELS
+# (default 1,1000) sets the bench's user
 # counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
 # serve flags to the shipped defaults.
 #
