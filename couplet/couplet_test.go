@@ -363,6 +363,20 @@ func TestProcessorRules(t *testing.T) {
 		t.Errorf("keyword head-first: K1 not forced at the start")
 	}
 
+	// A keyword whose K2 is 仄 could end the 上联, but does not: the last
+	// start leaves a slot after it, and K1 is not allowed at the end.
+	pz := plan(Request{Text: "富贵", Length: 7})
+	cz := newConstraint(tb, pz)
+	if cz.deadline != 4 || cz.kwStart[5] {
+		t.Errorf("富贵 in a 7-character 上联: deadline %d, start at the end %v; want 4, false", cz.deadline, cz.kwStart[5])
+	}
+	if a, _ = allowed(cz, ids("天地人和")); !only(a, id("富")) {
+		t.Errorf("富贵: K1 not forced at slot 4")
+	}
+	if a, _ = allowed(cz, ids("天地人和春")); a[id("富")] {
+		t.Errorf("富贵: K1 allowed at slot 5")
+	}
+
 	// Punctuation template: position 4 of a length-8 line is "，".
 	p8 := plan(Request{Text: "平安", Length: 8})
 	c8 := newConstraint(tb, p8)

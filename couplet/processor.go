@@ -44,7 +44,7 @@ import (
 //     上联 where the model chooses; once the model emits K1 at a valid start,
 //     K2 is forced next; if the model has not placed it by the last valid
 //     start, K1 is forced there. A start whose K2 would land on the last slot
-//     is valid only if K2 is 仄. A headFirst constraint instead forces the
+//     is valid only if no other start is and K2 is 仄. A headFirst constraint instead forces the
 //     keyword at the start of the 上联 (deadline 0); Generate gives it to
 //     every other sample, so ranking chooses between the model's own
 //     placement and the head placement.
@@ -64,15 +64,22 @@ func newConstraint(t *tables, p *plan, headFirst ...bool) *constraint {
 	if p.mode == ModeKeyword {
 		c.kwStart = make([]bool, p.lineLen)
 		k2 := p.heads[1]
-		for j := 0; j+1 < p.lineLen; j++ {
-			if p.template[j] != -1 || p.template[j+1] != -1 {
-				continue
+		// The keyword does not end the 上联 (docs/DECISIONS.md, "The
+		// keyword does not end the 上联"), unless no other start exists.
+		for _, atEnd := range []bool{false, true} {
+			for j := 0; j+1 < p.lineLen; j++ {
+				if p.template[j] != -1 || p.template[j+1] != -1 {
+					continue
+				}
+				if j+1 == c.last && (!atEnd || t.tone[k2] != ToneZe) {
+					continue
+				}
+				c.kwStart[j] = true
+				c.deadline = j
 			}
-			if j+1 == c.last && t.tone[k2] != ToneZe {
-				continue
+			if c.deadline >= 0 {
+				break
 			}
-			c.kwStart[j] = true
-			c.deadline = j
 		}
 		if len(headFirst) > 0 && headFirst[0] && c.kwStart[0] {
 			c.deadline = 0
