@@ -44,10 +44,10 @@ import (
 //     上联 where the model chooses; once the model emits K1 at a valid start,
 //     K2 is forced next; if the model has not placed it by the last valid
 //     start, K1 is forced there. A start whose K2 would land on the last slot
-//     is valid only if no other start is and K2 is 仄. A headFirst constraint instead forces the
-//     keyword at the start of the 上联 (deadline 0); Generate gives it to
-//     every other sample, so ranking chooses between the model's own
-//     placement and the head placement.
+//     is valid only if no other start is and K2 is 仄. A headFirst
+//     constraint instead forces the keyword at the start of the 上联
+//     (deadline 0); Generate gives it to every other sample, so ranking
+//     chooses between the model's own placement and the head placement.
 type constraint struct {
 	t *tables
 	p *plan
