@@ -377,6 +377,19 @@ func TestProcessorRules(t *testing.T) {
 		t.Errorf("富贵: K1 allowed at slot 5")
 	}
 
+	// An embedded phrase: the 上联 opens with its first half and does not
+	// run on into the second, which opens the 下联.
+	pe := plan(Request{Text: "万事如意", Length: 7})
+	ce := newConstraint(tb, pe)
+	if a, _ = allowed(ce, ids("万")); !only(a, id("事")) {
+		t.Errorf("万事如意: 事 not forced after 万")
+	}
+	for _, pre := range []string{"万事", "万事顺心"} {
+		if a, _ = allowed(ce, ids(pre)); a[id("如")] || !a[id("顺")] {
+			t.Errorf("万事如意 after %s: 如 allowed %v, 顺 allowed %v; want false, true", pre, a[id("如")], a[id("顺")])
+		}
+	}
+
 	// Punctuation template: position 4 of a length-8 line is "，".
 	p8 := plan(Request{Text: "平安", Length: 8})
 	c8 := newConstraint(tb, p8)

@@ -402,6 +402,12 @@ func (c *constraint) upperRule(gen []int32, j int, excl []int32) (rule, []int32)
 		// 下联's last slot, which must be 平.
 		excl = append(excl, p.heads[0])
 	}
+	if p.embedded && j >= 2 {
+		// The 下联 opens with the phrase's second half: the 上联 does not
+		// run on into it (万事如意… / 如意…; docs/DECISIONS.md, "Four-
+		// character phrases").
+		excl = append(excl, p.heads[1])
+	}
 	return r, excl
 }
 
