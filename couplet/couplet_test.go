@@ -377,16 +377,17 @@ func TestProcessorRules(t *testing.T) {
 		t.Errorf("富贵: K1 allowed at slot 5")
 	}
 
-	// An embedded phrase: the 上联 opens with its first half and does not
-	// run on into the second, which opens the 下联.
+	// A four-character phrase opens the 上联 in every sample, free or
+	// head-first; the 下联 is free.
 	pe := plan(Request{Text: "万事如意", Length: 7})
-	ce := newConstraint(tb, pe)
-	if a, _ = allowed(ce, ids("万")); !only(a, id("事")) {
-		t.Errorf("万事如意: 事 not forced after 万")
-	}
-	for _, pre := range []string{"万事", "万事顺心"} {
-		if a, _ = allowed(ce, ids(pre)); a[id("如")] || !a[id("顺")] {
-			t.Errorf("万事如意 after %s: 如 allowed %v, 顺 allowed %v; want false, true", pre, a[id("如")], a[id("顺")])
+	for _, ce := range []*constraint{newConstraint(tb, pe), newConstraint(tb, pe, true)} {
+		for k, r := range []rune("万事如意") {
+			if a, _ = allowed(ce, ids("万事如意")[:k]); !only(a, id(string(r))) {
+				t.Errorf("万事如意: %c not forced at slot %d", r, k)
+			}
+		}
+		if a, _ = allowed(ce, ids("万事如意")); !a[id("顺")] || a[id("事")] || a[id("意")] {
+			t.Errorf("万事如意, slot 4: 顺 %v, 事 %v, 意 %v allowed; want true, false, false", a[id("顺")], a[id("事")], a[id("意")])
 		}
 	}
 

@@ -445,9 +445,6 @@ func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate
 	if p.mode == ModeAcrostic && (cd.upperIDs[0] != p.heads[0] || cd.lowerIDs[0] != p.heads[1]) {
 		return nil
 	}
-	if p.embedded && (cd.upperIDs[1] != p.seconds[0] || cd.lowerIDs[1] != p.seconds[1]) {
-		return nil
-	}
 	cd.lineLP = meanLP(lp)
 	return cd
 }

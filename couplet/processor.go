@@ -48,6 +48,8 @@ import (
 //     constraint instead forces the keyword at the start of the 上联
 //     (deadline 0); Generate gives it to every other sample, so ranking
 //     chooses between the model's own placement and the head placement.
+//     A four-character phrase is its first half placed at the head of
+//     every sample, with the last two characters forced after it.
 type constraint struct {
 	t *tables
 	p *plan
@@ -81,7 +83,7 @@ func newConstraint(t *tables, p *plan, headFirst ...bool) *constraint {
 				break
 			}
 		}
-		if len(headFirst) > 0 && headFirst[0] && c.kwStart[0] {
+		if (p.phrase || len(headFirst) > 0 && headFirst[0]) && c.kwStart[0] {
 			c.deadline = 0
 		}
 	}
@@ -348,8 +350,8 @@ func (c *constraint) upperForced(gen []int32, j int) (int32, bool) {
 	if p.mode == ModeAcrostic && j == 0 {
 		return p.heads[0], true
 	}
-	if p.embedded && j == 1 {
-		return p.seconds[0], true
+	if p.phrase && (j == 2 || j == 3) {
+		return p.tail[j-2], true
 	}
 	if p.mode == ModeKeyword && !c.placed(gen, j) {
 		if j > 0 && c.kwStart[j-1] && gen[j-1] == p.heads[0] {
@@ -370,9 +372,6 @@ func (c *constraint) lowerForced(upper, lower []int32, j int) (int32, bool) {
 	}
 	if p.mode == ModeAcrostic && j == 0 {
 		return p.heads[1], true
-	}
-	if p.embedded && j == 1 {
-		return p.seconds[1], true
 	}
 	for k := 0; k < j; k++ {
 		if p.template[k] == -1 && upper[k] == upper[j] {
@@ -397,16 +396,15 @@ func (c *constraint) upperRule(gen []int32, j int, excl []int32) (rule, []int32)
 		if !c.placed(gen, j) && !c.kwStart[j] {
 			excl = append(excl, p.heads[0])
 		}
+		if p.phrase {
+			// After a phrase the 上联 does not repeat its characters
+			// (年年有余年年富, 大吉大利大吉利).
+			excl = append(excl, p.heads[0], p.heads[1], p.tail[0], p.tail[1])
+		}
 	case j == c.last && p.mode == ModeAcrostic && t.tone[p.heads[1]] != TonePing:
 		// A last character equal to heads[0] mirrors heads[1] onto the
 		// 下联's last slot, which must be 平.
 		excl = append(excl, p.heads[0])
-	}
-	if p.embedded && j >= 2 {
-		// The 下联 opens with the phrase's second half: the 上联 does not
-		// run on into it (万事如意… / 如意…; docs/DECISIONS.md, "Four-
-		// character phrases").
-		excl = append(excl, p.heads[1])
 	}
 	return r, excl
 }

@@ -120,40 +120,9 @@ func ContainsKeyword(c Couplet, keyword string) bool {
 	return strings.Contains(c.Upper, keyword) || strings.Contains(c.Lower, keyword) || strings.Contains(c.Banner, keyword)
 }
 
-// splitPhrase decides how a four-character keyword is written: embedded
-// (the 上联 opens with w[0:2], the 下联 with w[2:4]) when the line rules
-// allow it, else as the two-character keyword half (the undoubled half of
-// 年年有余); half is nil when neither works.
-func splitPhrase(w []rune) (embedded bool, half []rune) {
-	if len(w) != 4 {
-		return false, nil
-	}
-	if w[0] != w[2] && w[1] != w[3] && (w[0] == w[1]) == (w[2] == w[3]) && w[1] != w[2] && w[0] != w[3] {
-		return true, nil
-	}
-	half = w[2:4]
-	if w[2] == w[3] {
-		half = w[0:2]
-	}
-	if half[0] == half[1] {
-		return false, nil
-	}
-	return false, half
-}
-
 // KeywordPresent reports whether c carries the keyword the way Generate
-// writes it: a one- or two-character keyword anywhere (ContainsKeyword), a
-// four-character phrase opening the two lines (or, where splitPhrase says
-// so, its two-character half anywhere).
+// writes it: anywhere in the couplet (ContainsKeyword; a four-character
+// phrase opens the 上联).
 func KeywordPresent(c Couplet, keyword string) bool {
-	w := []rune(keyword)
-	if len(w) != 4 {
-		return ContainsKeyword(c, keyword)
-	}
-	embedded, half := splitPhrase(w)
-	if half != nil {
-		return ContainsKeyword(c, string(half))
-	}
-	u, l := []rune(c.Upper), []rune(c.Lower)
-	return embedded && len(u) >= 2 && len(l) >= 2 && u[0] == w[0] && u[1] == w[1] && l[0] == w[2] && l[1] == w[3]
+	return ContainsKeyword(c, keyword)
 }

@@ -84,10 +84,10 @@ type plan struct {
 	seed     uint64
 	unconstr bool
 	onToken  func(TokenEvent)
-	// embedded: a four-character keyword planned as ModeAcrostic whose
-	// lines open with heads[i], seconds[i] (prepareEmbedded).
-	embedded bool
-	seconds  [2]int32
+	// phrase: a four-character keyword that opens the 上联: heads are its
+	// first two characters, tail its last two (preparePhrase).
+	phrase bool
+	tail   [2]int32
 }
 
 // prepare validates req against the vocabulary and fills in defaults
@@ -148,9 +148,7 @@ func (t *tables) prepare(req Request, temp float32) (*plan, error) {
 	}
 	switch {
 	case len(text) == 4 && p.mode == ModeKeyword:
-		if err := t.prepareEmbedded(p, text); err != nil {
-			return nil, err
-		}
+		t.preparePhrase(p, text)
 	case len(text) != 2:
 		return nil, inputErr(CodeBadKeyword, "请输入两个汉字（例如：平安），收到 %q", "please enter exactly two Chinese characters (e.g. 平安), got %q", string(text))
 	default:
@@ -183,6 +181,9 @@ func (t *tables) prepare(req Request, temp float32) (*plan, error) {
 		}
 	}
 	p.lineLen = len(p.template)
+	if p.phrase && p.lineLen < 5 {
+		return nil, inputErr(CodeBadLength, "四字吉祥词需要每联至少 5 个字", "a four-character phrase needs lines of at least 5 characters")
+	}
 	return p, nil
 }
 
@@ -219,31 +220,18 @@ func (t *tables) prepareLower(p *plan, u []rune) error {
 	return nil
 }
 
-// prepareEmbedded plans a four-character blessing phrase (万事如意) as an
-// embedded-word couplet (嵌字联): the 上联 opens with its first two
-// characters and the 下联 with its last two, written on the acrostic prompt
-// (heads = the 1st and 3rd characters) with the 2nd and 4th forced after
-// them. Phrases the line rules cannot carry (a doubled first half against
-// an undoubled second, or a shared character at the same position) fall
-// back to their undoubled half as a two-character keyword.
-func (t *tables) prepareEmbedded(p *plan, w []rune) error {
-	embedded, half := splitPhrase(w)
-	switch {
-	case half != nil:
-		p.heads[0], _ = t.charID(half[0])
-		p.heads[1], _ = t.charID(half[1])
-		p.headText = string(half)
-		return nil
-	case !embedded:
-		return inputErr(CodeBadKeyword, "“%s”无法用作嵌字，请换一个四字词或输入两个汉字", "%q cannot be embedded in the lines; try another four-character phrase or two characters", string(w))
-	}
+// preparePhrase plans a four-character blessing phrase (万事如意) as a
+// keyword that opens the 上联 whole (万事如意步步高 / …): the keyword
+// prompt names its first half, and the constraint forces all four
+// characters at the head of every sample. Blind readers preferred this to
+// an embedded-word couplet (万事… / 如意…; docs/DECISIONS.md, "Four-
+// character phrases").
+func (t *tables) preparePhrase(p *plan, w []rune) {
 	var ids [4]int32
 	for i, r := range w {
 		ids[i], _ = t.charID(r)
 	}
-	p.mode = ModeAcrostic
-	p.embedded = true
-	p.heads = [2]int32{ids[0], ids[2]}
-	p.seconds = [2]int32{ids[1], ids[3]}
-	return nil
+	p.phrase = true
+	p.heads = [2]int32{ids[0], ids[1]}
+	p.tail = [2]int32{ids[2], ids[3]}
 }
