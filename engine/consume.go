@@ -71,7 +71,8 @@ func (e *Paged) completeRequest(r *request) {
 	}
 	now := time.Now()
 	if r.err == nil {
-		res := &Result{PromptLogProbs: r.plp, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached}
+		res := &Result{PromptLogProbs: r.plp, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached,
+			Completions: make([]Completion, 0, r.n)}
 		for i := 0; i < r.n; i++ {
 			if i < len(r.seqs) {
 				s := r.seqs[i]

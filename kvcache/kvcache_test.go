@@ -421,3 +421,56 @@ func TestHashPrefixes(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockIndex drives the pool's hash index through random registrations
+// and removals against a Go map: small tables so that runs wrap around the
+// end and deletions shift entries back, and hashes that share home slots.
+func TestBlockIndex(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	for _, n := range []int{1, 5, 8, 100} {
+		x := newBlockIndex(n)
+		ref := map[uint64]int32{}
+		keys := []uint64{}
+		for step := range 20000 {
+			if len(ref) < n && r.IntN(2) == 0 {
+				var h uint64
+				if len(keys) > 0 && r.IntN(3) == 0 {
+					h = keys[r.IntN(len(keys))] ^ uint64(r.IntN(4)) // near misses
+				} else {
+					h = r.Uint64() >> uint(r.IntN(60)) // small and large values
+				}
+				if _, ok := ref[h]; ok {
+					continue
+				}
+				id := int32(r.IntN(1 << 20))
+				x.put(h, id)
+				ref[h] = id
+				keys = append(keys, h)
+			} else if len(keys) > 0 {
+				i := r.IntN(len(keys))
+				h := keys[i]
+				keys[i] = keys[len(keys)-1]
+				keys = keys[:len(keys)-1]
+				x.del(h)
+				x.del(h) // absent: no-op
+				delete(ref, h)
+			}
+			if x.n != len(ref) {
+				t.Fatalf("n=%d step %d: index counts %d, want %d", n, step, x.n, len(ref))
+			}
+			if step%97 == 0 {
+				if err := x.check(); err != nil {
+					t.Fatalf("n=%d step %d: %v", n, step, err)
+				}
+				for h, id := range ref {
+					if got, ok := x.get(h); !ok || got != id {
+						t.Fatalf("n=%d step %d: get(%x) = %d,%v; want %d", n, step, h, got, ok, id)
+					}
+				}
+				if _, ok := x.get(r.Uint64()); ok && len(ref) == 0 {
+					t.Fatalf("n=%d: empty index found a key", n)
+				}
+			}
+		}
+	}
+}

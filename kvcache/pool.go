@@ -15,7 +15,7 @@ const none = -1
 type block struct {
 	ref    int32  // number of block tables holding this block
 	hash   uint64 // prefix-chain hash, valid when cached
-	cached bool   // registered in BlockPool.cached under hash
+	cached bool   // registered in BlockPool.index under hash
 	// plen is the number of leading tokens a cached block holds when it is
 	// registered as a partial block (RegisterPartial), 0 for a full block.
 	plen uint8
@@ -29,7 +29,7 @@ type block struct {
 // Invariants (checked by CheckInvariants):
 //   - a block is on the free list ⇔ its ref is 0;
 //   - numFree equals the length of the free list;
-//   - cached[h] == id ⇔ blocks[id].cached && blocks[id].hash == h;
+//   - index.get(h) == id ⇔ blocks[id].cached && blocks[id].hash == h;
 //   - a partial registration (plen > 0) is only made on a block nobody
 //     will write into below plen (see Manager.Free and SnapshotTail).
 //
@@ -40,12 +40,12 @@ type BlockPool struct {
 	blocks     []block
 	head, tail int32
 	numFree    int
-	cached     map[uint64]int32
+	index      blockIndex
 }
 
 // NewBlockPool returns a pool of n free blocks.
 func NewBlockPool(n int) *BlockPool {
-	p := &BlockPool{blocks: make([]block, n), head: none, tail: none, cached: make(map[uint64]int32)}
+	p := &BlockPool{blocks: make([]block, n), head: none, tail: none, index: newBlockIndex(n)}
 	for i := range p.blocks {
 		p.pushTail(int32(i))
 	}
@@ -58,7 +58,7 @@ func (p *BlockPool) NumBlocks() int { return len(p.blocks) }
 func (p *BlockPool) NumFree() int   { return p.numFree }
 
 // NumCached is the number of blocks findable by hash (referenced or free).
-func (p *BlockPool) NumCached() int { return len(p.cached) }
+func (p *BlockPool) NumCached() int { return p.index.n }
 
 // RefCount returns the number of holders of block id.
 func (p *BlockPool) RefCount(id int32) int { return int(p.blocks[id].ref) }
@@ -101,7 +101,7 @@ func (p *BlockPool) Get() (id int32, ok bool) {
 	p.unlink(id)
 	b := &p.blocks[id]
 	if b.cached {
-		delete(p.cached, b.hash)
+		p.index.del(b.hash)
 		b.cached, b.plen = false, 0
 	}
 	b.ref = 1
@@ -133,7 +133,7 @@ func (p *BlockPool) Release(id int32) {
 
 // Lookup finds the cached block holding the full block whose chain hash is h.
 func (p *BlockPool) Lookup(h uint64) (int32, bool) {
-	id, ok := p.cached[h]
+	id, ok := p.index.get(h)
 	if ok && p.blocks[id].plen != 0 {
 		return 0, false // a partial block under a colliding hash
 	}
@@ -143,7 +143,7 @@ func (p *BlockPool) Lookup(h uint64) (int32, bool) {
 // LookupPartial finds the cached partial block holding exactly n leading
 // tokens whose chain hash (HashBlock over those n tokens) is h.
 func (p *BlockPool) LookupPartial(h uint64, n int) (int32, bool) {
-	id, ok := p.cached[h]
+	id, ok := p.index.get(h)
 	if !ok || int(p.blocks[id].plen) != n {
 		return 0, false
 	}
@@ -159,11 +159,11 @@ func (p *BlockPool) Register(id int32, h uint64) bool {
 	if b.cached {
 		return b.hash == h
 	}
-	if _, dup := p.cached[h]; dup {
+	if _, dup := p.index.get(h); dup {
 		return false
 	}
 	b.hash, b.cached, b.plen = h, true, 0
-	p.cached[h] = id
+	p.index.put(h, id)
 	return true
 }
 
@@ -180,11 +180,11 @@ func (p *BlockPool) RegisterPartial(id int32, h uint64, n int) bool {
 	if b.cached {
 		return b.hash == h && int(b.plen) == n
 	}
-	if _, dup := p.cached[h]; dup {
+	if _, dup := p.index.get(h); dup {
 		return false
 	}
 	b.hash, b.cached, b.plen = h, true, uint8(n)
-	p.cached[h] = id
+	p.index.put(h, id)
 	return true
 }
 
@@ -224,14 +224,126 @@ func (p *BlockPool) CheckInvariants(refs []int) error {
 			return fmt.Errorf("block %d: ref %d but held by %d block tables", id, b.ref, refs[id])
 		}
 		if b.cached {
-			if got, ok := p.cached[b.hash]; !ok || got != int32(id) {
-				return fmt.Errorf("block %d cached under %x but map says %d,%v", id, b.hash, got, ok)
+			if got, ok := p.index.get(b.hash); !ok || got != int32(id) {
+				return fmt.Errorf("block %d cached under %x but the index says %d,%v", id, b.hash, got, ok)
 			}
 		}
 	}
-	for h, id := range p.cached {
-		if b := &p.blocks[id]; !b.cached || b.hash != h {
-			return fmt.Errorf("map entry %x → %d not matched by the block", h, id)
+	n = 0
+	for _, e := range p.index.slots {
+		if e.id == none {
+			continue
+		}
+		n++
+		if b := &p.blocks[e.id]; !b.cached || b.hash != e.h {
+			return fmt.Errorf("index entry %x → %d not matched by the block", e.h, e.id)
+		}
+	}
+	if n != p.index.n {
+		return fmt.Errorf("index counts %d entries, holds %d", p.index.n, n)
+	}
+	return p.index.check()
+}
+
+// blockIndex maps a chain hash to the block registered under it, in place
+// of a Go map: the pool's registrations are a large, churning set (every
+// computed block, until Get evicts it), and each map operation there cost a
+// cache miss or two on the engine goroutine (docs/DECISIONS.md, "The
+// prefix cache's hash index"). Open addressing with linear probing over a
+// power-of-two table of at least twice the pool's size (each block is
+// registered under at most one hash, so the table never fills past half);
+// deletion shifts the following run back, so no tombstones build up. The
+// home slot is the top bits of h times a Fibonacci constant, since FNV's
+// low bits alone are not uniform enough.
+type blockIndex struct {
+	slots []indexSlot
+	shift uint // 64 - log2(len(slots))
+	n     int  // entries
+}
+
+type indexSlot struct {
+	h  uint64
+	id int32 // none: empty
+}
+
+func newBlockIndex(numBlocks int) blockIndex {
+	size, bits := 16, uint(4)
+	for size < 2*numBlocks {
+		size, bits = size*2, bits+1
+	}
+	x := blockIndex{slots: make([]indexSlot, size), shift: 64 - bits}
+	for i := range x.slots {
+		x.slots[i].id = none
+	}
+	return x
+}
+
+func (x *blockIndex) home(h uint64) int { return int((h * 0x9E3779B97F4A7C15) >> x.shift) }
+
+// get returns the block registered under h.
+func (x *blockIndex) get(h uint64) (int32, bool) {
+	mask := len(x.slots) - 1
+	for i := x.home(h); ; i = (i + 1) & mask {
+		e := &x.slots[i]
+		if e.id == none {
+			return 0, false
+		}
+		if e.h == h {
+			return e.id, true
+		}
+	}
+}
+
+// put registers id under h, which must be absent.
+func (x *blockIndex) put(h uint64, id int32) {
+	mask := len(x.slots) - 1
+	i := x.home(h)
+	for x.slots[i].id != none {
+		i = (i + 1) & mask
+	}
+	x.slots[i] = indexSlot{h, id}
+	x.n++
+}
+
+// del removes h if present, moving back every later entry of its run
+// that may move (Knuth's algorithm R for linear probing).
+func (x *blockIndex) del(h uint64) {
+	mask := len(x.slots) - 1
+	i := x.home(h)
+	for {
+		if x.slots[i].id == none {
+			return
+		}
+		if x.slots[i].h == h {
+			break
+		}
+		i = (i + 1) & mask
+	}
+	x.n--
+	for j := (i + 1) & mask; x.slots[j].id != none; j = (j + 1) & mask {
+		// The entry at j may fill the hole at i unless its home lies
+		// cyclically in (i, j].
+		k := x.home(x.slots[j].h)
+		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
+			x.slots[i] = x.slots[j]
+			i = j
+		}
+	}
+	x.slots[i] = indexSlot{id: none}
+}
+
+// check verifies that every entry is reachable from its home slot (no
+// empty slot between them).
+func (x *blockIndex) check() error {
+	mask := len(x.slots) - 1
+	for i, e := range x.slots {
+		if e.id == none {
+			continue
+		}
+		for k := x.home(e.h); k != i; k = (k + 1) & mask {
+			if x.slots[k].id == none {
+				return fmt.Errorf("index entry %x at slot %d unreachable: slot %d is empty", e.h, i, k)
+			}
 		}
 	}
 	return nil
