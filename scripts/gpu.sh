@@ -35,17 +35,23 @@ build)
 	HC=$(git rev-parse --short HEAD)
 	(cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/gpu/cuda.test" ./cuda/ &&
 		CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$HC" -o "$OLDPWD/.carry/gpu/chunlian" ./cmd/chunlian)
-	rm -f .carry/gpu/chunlian-base.gz
+	rm -f .carry/gpu/*.gz .carry/gpu/chunlian-base* .carry/gpu/chunlian-pair.* .carry/gpu/chunlian.xz
 	if [ -n "${BASE:-}" ]; then
 		BC=$(git rev-parse --short "$BASE")
 		git archive "$BASE" | tar -xf - -C "$TB"
 		: > "$TB/weights/chunlian-base/model.safetensors"
 		[ ! -d "$TB/weights/chunlian-spring" ] || : > "$TB/weights/chunlian-spring/model.safetensors.xor"
 		(cd "$TB" && CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$BC" -o "$OLDPWD/.carry/gpu/chunlian-base" ./cmd/chunlian)
-		xz -9 -f .carry/gpu/chunlian-base
+		# Both servers in one xz stream: the second binary mostly repeats
+		# the first within xz's 64 MiB window, so the pair costs little
+		# more than one binary (two .xz files no longer fit the carry).
+		stat -c %s .carry/gpu/chunlian-base > .carry/gpu/chunlian-pair.size
+		cat .carry/gpu/chunlian-base .carry/gpu/chunlian | xz -9 -T1 > .carry/gpu/chunlian-pair.xz
+		rm .carry/gpu/chunlian-base .carry/gpu/chunlian
+		xz -9 -f .carry/gpu/cuda.test
+	else
+		xz -9 -f .carry/gpu/chunlian .carry/gpu/cuda.test
 	fi
-	rm -f .carry/gpu/*.gz
-	xz -9 -f .carry/gpu/chunlian .carry/gpu/cuda.test
 	{ git rev-parse HEAD; git log -1 --format=%s; [ -z "${BASE:-}" ] || echo "base: $(git rev-parse "$BASE")"; date -u; } > .carry/gpu/BUILD.txt
 	ls -la .carry/gpu
 	;;
@@ -55,13 +61,19 @@ check)
 	B=/tmp/gpu-bin
 	mkdir -p $B
 	unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; }
-	unxz .carry/gpu/chunlian.xz $B/chunlian
 	[ ! -f .carry/gpu/cuda.test.xz ] || unxz .carry/gpu/cuda.test.xz $B/cuda.test
 	BINS=chunlian
-	if [ -f .carry/gpu/chunlian-base.xz ]; then
-		unxz .carry/gpu/chunlian-base.xz $B/chunlian-base
+	if [ -f .carry/gpu/chunlian-pair.xz ]; then
+		unxz .carry/gpu/chunlian-pair.xz /tmp/chunlian-pair
+		N=$(cat .carry/gpu/chunlian-pair.size)
+		head -c "$N" /tmp/chunlian-pair > $B/chunlian-base
+		tail -c +$((N + 1)) /tmp/chunlian-pair > $B/chunlian
+		rm /tmp/chunlian-pair
 		BINS="chunlian-base chunlian"
-	elif [ "${SPRING_AB:-0}" = 1 ]; then
+	else
+		unxz .carry/gpu/chunlian.xz $B/chunlian
+	fi
+	if [ "$BINS" = chunlian ] && [ "${SPRING_AB:-0}" = 1 ]; then
 		ln -sf chunlian $B/chunlian-nospring
 		BINS="chunlian-nospring chunlian"
 	fi
