@@ -185,10 +185,11 @@ func YearAnimals(y int) (arriving, leaving rune) {
 }
 
 // WrongYear returns the year claims of text that do not fit the Spring
-// Festival of the Gregorian year y, as the animal and its verb (兔迎, 羊辞)
-// or the animal and 年 (蛇年), or 金 and the animal (金猴); nil when there
-// is none. A claim fits when the leaving animal is bid farewell (马辞), the
-// arriving one welcomed (羊迎), or either one named with 年 or 金.
+// Festival of the Gregorian year y, as the animal and its verb (兔迎, 羊辞),
+// the animal and 年 or 岁 (蛇年, 猴岁), or 金 and the animal (金猴); nil
+// when there is none. A claim fits when the leaving animal is bid farewell
+// (马辞), the arriving one welcomed (羊迎), or either one named with 年, 岁
+// or 金.
 func WrongYear(text string, y int) []string {
 	arriving, leaving := YearAnimals(y)
 	r := []rune(text)
@@ -208,7 +209,7 @@ func WrongYear(text string, y int) []string {
 			wrong = a != leaving
 		case containsRune(arriveVerbs, v):
 			wrong = a != arriving
-		case v == '年':
+		case v == '年' || v == '岁':
 			wrong = a != leaving && a != arriving
 		case i > 0 && r[i-1] == '金':
 			if a != leaving && a != arriving {
