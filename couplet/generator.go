@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 
 	"slices"
 	"sort"
@@ -25,11 +26,15 @@ type Generator struct {
 	banners []bannerCand
 	sources []string // banner lists actually read
 	o       options
+	// inflight counts the Generate calls under way (WithIdleSamples).
+	inflight atomic.Int64
 }
 
 type options struct {
 	maxAttempts  int
 	oversample   int
+	idleSamples  int // WithIdleSamples: samples while idle (0 = off)
+	idleBelow    int // … while at most this many calls are under way
 	bannerTopK   int
 	bannerPool   int
 	bannerSrcs   []BannerSource
@@ -80,6 +85,21 @@ func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n
 // constrained mode, for ranking and diversity (default DefaultSamples;
 // total capped at 32).
 func WithOversample(k int) Option { return func(o *options) { o.oversample = k } }
+
+// DefaultIdleBelow is the in-flight bound of WithIdleSamples front ends
+// use: a handful of users, far below where the extra rows would cost a
+// GPU throughput.
+const DefaultIdleBelow = 16
+
+// WithIdleSamples draws k samples per candidate instead of the oversample
+// while at most below Generate calls (this one included) are under way,
+// for requests without a seed (a seeded request stays reproducible
+// whatever the load). More samples read better; an idle device computes
+// them at nearly the cost of fewer (docs/DECISIONS.md, "Samples per
+// couplet"). k ≤ the oversample turns it off.
+func WithIdleSamples(k, below int) Option {
+	return func(o *options) { o.idleSamples, o.idleBelow = k, below }
+}
 
 // WithBannerTopK sets how many retrieved 横批 are scored per couplet besides
 // the model's own (default DefaultBannerTopK; 0 = model banner only). They
@@ -243,6 +263,11 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	if err != nil {
 		return nil, err
 	}
+	oversample := g.o.oversample
+	if n := g.inflight.Add(1); g.o.idleSamples > oversample && p.seed == 0 && n <= int64(g.o.idleBelow) {
+		oversample = g.o.idleSamples
+	}
+	defer g.inflight.Add(-1)
 	if p.seed == 0 {
 		p.seed = rand.Uint64() | 1
 	}
@@ -266,7 +291,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	eng := g.engine(p)
 	stage := startStage(req.Trace, eng, StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {
-		m := (p.n - clean) * g.o.oversample
+		m := (p.n - clean) * oversample
 		if p.topK == 1 && p.mode != ModeKeyword {
 			// Greedy samples of one prompt are identical (keyword mode
 			// still differs by keyword placement): oversampling is waste.

@@ -3,10 +3,13 @@ package couplet
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"chunlian/critic"
+	"chunlian/engine"
 	"chunlian/model"
 )
 
@@ -191,5 +194,43 @@ func TestSelectionTemperature(t *testing.T) {
 	}
 	if w := count(DefaultSelectionTemperature, 0.02); w > 300 || w < 200 {
 		t.Errorf("default τ, gap 0.02: the better candidate won %d of 400, want a near-even split", w)
+	}
+}
+
+// samplesEngine records the sample count of each candidate request (the
+// first request of a Generate call, with a processor per sample).
+type samplesEngine struct {
+	engine.Engine
+	mu sync.Mutex
+	n  []int
+}
+
+func (s *samplesEngine) Generate(ctx context.Context, r *engine.Request) (*engine.Result, error) {
+	if r.NewProcessor != nil && r.Params.MaxTokens > 4 {
+		s.mu.Lock()
+		s.n = append(s.n, r.Params.N)
+		s.mu.Unlock()
+	}
+	return s.Engine.Generate(ctx, r)
+}
+
+// TestIdleSamples: an unseeded request draws the idle sample count while
+// few calls are under way; a seeded one, or one past the bound, the
+// oversample.
+func TestIdleSamples(t *testing.T) {
+	se := &samplesEngine{Engine: &fakeEngine{vocab: testModel.Tok.Size()}}
+	g := newFakeGen(t, se, WithOversample(3), WithIdleSamples(6, 1))
+	for _, req := range []Request{{Text: "平安"}, {Text: "平安", Seed: 5}} {
+		if _, err := g.Generate(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.inflight.Add(1) // another call under way: past the bound
+	if _, err := g.Generate(context.Background(), Request{Text: "平安"}); err != nil {
+		t.Fatal(err)
+	}
+	g.inflight.Add(-1)
+	if want := []int{6, 3, 3}; !slices.Equal(se.n[:3], want) {
+		t.Errorf("samples per candidate request %v, want %v (idle unseeded, seeded, busy)", se.n, want)
 	}
 }

@@ -45,6 +45,7 @@ type stackConfig struct {
 	CPUPrecision        string     // auto | bf16 | fp32: the CPU GEMMs' inputs (cpuBF16Dot)
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
+	IdleSamples         int        // the same while the server is nearly idle (unseeded requests); 0 = the backend's default
 	DefaultTemperature  float64    // sampling temperature of requests that set none
 	BannerCandidates    int        // retrieved 横批 candidates scored by the model per couplet
 	BannersFile         string     // an operator's 横批 list instead of the embedded one
@@ -66,6 +67,16 @@ type stackConfig struct {
 const (
 	cpuDefaultSamples  = 5
 	cudaDefaultSamples = couplet.DefaultSamples
+)
+
+// Ranked samples per couplet while at most couplet.DefaultIdleBelow
+// couplets are in flight, when --idle-samples is 0: with CUDA 16, which
+// read better than 8 and costs an idle GPU little latency; on the CPU the
+// same as --samples-per-couplet (off), since there every sample costs its
+// rows (docs/DECISIONS.md, "Samples per couplet").
+const (
+	cpuDefaultIdleSamples  = 0
+	cudaDefaultIdleSamples = 16
 )
 
 // Engine loops per device when --engines is 0, by backend: one on the
@@ -144,6 +155,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU kernel threads; 0 = all cores")
 	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU float32 GEMM path: auto (fastest available), openblas, simd or go (an unavailable one falls back to the next slower)")
 	fs.StringVar(&c.CPUPrecision, "cpu-precision", c.CPUPrecision, "CPU backend: inputs of the GEMMs on the bf16 weights: auto (bf16 where the CPU has AVX512_BF16, float32 elsewhere), bf16 (rounded everywhere; faster only with AVX512_BF16) or fp32; float32 accumulation in each, and the LM head's leading logits from float32 inputs")
+	fs.IntVar(&c.IdleSamples, "idle-samples", c.IdleSamples, fmt.Sprintf("ranked samples per couplet for requests without a seed while at most %d couplets are in flight; 0 = the backend's default: off on the CPU, %d with CUDA; a value not above --samples-per-couplet turns it off", couplet.DefaultIdleBelow, cudaDefaultIdleSamples))
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, fmt.Sprintf("constrained samples drawn and ranked for each returned couplet (quality vs throughput); 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultSamples, cudaDefaultSamples))
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
 	fs.StringVar(&c.BannersFile, "banners-file", c.BannersFile, "a 横批 list of your own (one four-character phrase per line, # comments) used instead of the embedded curated list; empty = the embedded list")
@@ -176,6 +188,7 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 	return []couplet.Option{
 		couplet.WithBannerSources(bannerSources(c.BannersFile)...), // generate.go
 		couplet.WithOversample(c.SamplesPerCouplet),
+		couplet.WithIdleSamples(c.IdleSamples, couplet.DefaultIdleBelow),
 		couplet.WithTemperature(float32(c.DefaultTemperature)),
 		couplet.WithBannerTopK(c.BannerCandidates),
 		couplet.WithJudge(critic.Judge{Year: c.festivalYear()}),
@@ -235,6 +248,9 @@ func (c *stackConfig) Validate() error {
 	}
 	if c.FestivalYear != 0 && (c.FestivalYear < 1900 || c.FestivalYear > 2200) {
 		bad("--festival-year %d: want 1900..2200, or 0 for the coming festival", c.FestivalYear)
+	}
+	if c.IdleSamples < 0 || c.IdleSamples > 32 {
+		bad("--idle-samples %d: want 1..32, or 0 for the backend's default", c.IdleSamples)
 	}
 	if c.SamplesPerCouplet < 0 || c.SamplesPerCouplet > 32 {
 		bad("--samples-per-couplet %d: want 1..32, or 0 for the backend's default", c.SamplesPerCouplet)
@@ -366,7 +382,8 @@ func buildStackFor(cfg stackConfig, m, spring *model.Model) (*stack, error) {
 	s.Backend = s.Backends[0]
 	s.Config.BlockSize = s.Backend.BlockSize() // the backend resolves 0
 	s.Config.SamplesPerCouplet = samplesFor(backend, cfg.SamplesPerCouplet)
-	cfg.SamplesPerCouplet = s.Config.SamplesPerCouplet
+	s.Config.IdleSamples = byBackend(backend, cfg.IdleSamples, cpuDefaultIdleSamples, cudaDefaultIdleSamples)
+	cfg.SamplesPerCouplet, cfg.IdleSamples = s.Config.SamplesPerCouplet, s.Config.IdleSamples
 	group := func(es []engine.Engine) engine.Engine {
 		e := es[0]
 		if len(es) > 1 {
