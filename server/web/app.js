@@ -177,8 +177,12 @@
   });
   btnAnother.addEventListener("click", () => {
     if (!last || busy) return;
-    // Same request, a fresh random seed: a different couplet.
-    run(Object.assign({}, last, { seed: Math.floor(Math.random() * 2 ** 31) + 1 }));
+    // Same request without a seed: the server draws a fresh one (and an
+    // idle GPU server more samples, which it does only for unseeded
+    // requests).
+    const body = Object.assign({}, last);
+    delete body.seed;
+    run(body);
   });
 
   // PNG export: draw the couplet on a canvas ourselves (no libraries).
