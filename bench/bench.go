@@ -64,6 +64,10 @@ type Options struct {
 	MaxTokens int           `json:"max_tokens"` // OpenAI only; 0 = server default
 	Stream    bool          `json:"stream"`
 	Timeout   time.Duration `json:"timeout_ns"` // per request
+	// Unseeded leaves the sampling seed out of every request (the server
+	// draws one), as a page's or an SDK's requests usually do; the
+	// prompts and arrivals still follow Seed.
+	Unseeded bool `json:"unseeded,omitempty"`
 }
 
 // Level is one load level.

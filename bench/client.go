@@ -51,6 +51,7 @@ type client struct {
 	stream    bool
 	n         int // samples per request ("n")
 	maxTokens int // OpenAI max_tokens; 0 = leave to the server
+	unseeded  bool
 	hc        *http.Client
 }
 
@@ -72,6 +73,7 @@ func newClient(t Target, o Options, maxConns int) *client {
 		stream:    o.Stream,
 		n:         o.N,
 		maxTokens: o.MaxTokens,
+		unseeded:  o.Unseeded,
 		// The per-request timeout is applied through the context, so a
 		// streaming read is bounded as well.
 		hc: &http.Client{Transport: tr},
@@ -97,10 +99,16 @@ func (c *client) body(p Prompt) ([]byte, string) {
 			// OpenAI only sends usage in a stream when asked; chunlian sends it anyway.
 			req["stream_options"] = map[string]any{"include_usage": true}
 		}
+		if c.unseeded {
+			delete(req, "seed")
+		}
 		b, _ := json.Marshal(req)
 		return b, "/v1/completions"
 	}
 	req := map[string]any{"prompt": p.Text, "mode": p.Mode, "n": c.n, "seed": p.Seed, "stream": c.stream}
+	if c.unseeded {
+		delete(req, "seed")
+	}
 	b, _ := json.Marshal(req)
 	return b, "/generate"
 }

@@ -467,3 +467,22 @@ func BenchmarkClient(b *testing.B) {
 		})
 	}
 }
+
+// TestUnseededBody: --unseeded leaves the sampling seed out of both APIs'
+// requests; by default every request carries its prompt's seed.
+func TestUnseededBody(t *testing.T) {
+	p := Prompt{Text: "平安", Mode: "keyword", Seed: 42}
+	for _, api := range []string{APIGenerate, APIOpenAI} {
+		for _, unseeded := range []bool{false, true} {
+			c := newClient(Target{URL: "http://127.0.0.1:1", API: api}, Options{N: 1, Unseeded: unseeded}, 1)
+			b, _ := c.body(p)
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			if _, has := m["seed"]; has == unseeded {
+				t.Errorf("%s, unseeded %v: body %s", api, unseeded, b)
+			}
+		}
+	}
+}

@@ -59,6 +59,7 @@ func defineBench(fs *pflag.FlagSet, stdout io.Writer) func() error {
 		requests    = fs.Int("requests", 0, "counted requests per level instead of a fixed duration")
 		modes       = fs.String("modes", "keyword", "request modes to mix: keyword,acrostic,lower")
 		seed        = fs.Uint64("seed", 1, "seed for prompts, sampling seeds and arrivals")
+		unseeded    = fs.Bool("unseeded", false, "send no sampling seed (the server draws one, as for a page's requests); prompts and arrivals still follow --seed")
 		n           = fs.Int("n", 1, "couplets per request")
 		maxTokens   = fs.Int("max-tokens", 0, "max_tokens for --api openai (0: server default)")
 		stream      = fs.Bool("stream", false, "stream responses to measure TTFT and time per output token")
@@ -74,7 +75,7 @@ func defineBench(fs *pflag.FlagSet, stdout io.Writer) func() error {
 		set := map[string]bool{}
 		fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 		return benchRun(benchFlags{urls, api, model, spawn, serverFlags, readyTO, serverLogs, conc, rates, duration, warmup,
-			requests, modes, seed, n, maxTokens, stream, timeout, allowRemote, maxRun, jsonPath, outPath, plotDir, quiet}, set, commandLine(fs), stdout)
+			requests, modes, seed, unseeded, n, maxTokens, stream, timeout, allowRemote, maxRun, jsonPath, outPath, plotDir, quiet}, set, commandLine(fs), stdout)
 	}
 }
 
@@ -87,6 +88,7 @@ type benchFlags struct {
 	requests                             *int
 	modes                                *string
 	seed                                 *uint64
+	unseeded                             *bool
 	n, maxTokens                         *int
 	stream                               *bool
 	timeout                              *time.Duration
@@ -146,7 +148,7 @@ func benchConfig(f benchFlags, set map[string]bool, cmdline string) (bench.Confi
 	if *requests > 0 && !set["duration"] {
 		cfg.Duration = bench.MaxLevelDuration // only a cap when counting requests
 	}
-	cfg.Seed, cfg.N, cfg.MaxTokens, cfg.Stream, cfg.Timeout = *seed, *n, *maxTokens, *stream, *timeout
+	cfg.Seed, cfg.N, cfg.MaxTokens, cfg.Stream, cfg.Timeout, cfg.Unseeded = *seed, *n, *maxTokens, *stream, *timeout, *f.unseeded
 	cfg.AllowRemote, cfg.MaxRun, cfg.API = *allowRemote, *maxRun, *api
 	cfg.ReadyTimeout, cfg.ServerLogDir = *readyTO, *serverLogs
 	cfg.ServerFlags = strings.Fields(*serverFlags)
