@@ -85,7 +85,10 @@ func (c *client) close() { c.hc.CloseIdleConnections() }
 // body builds the JSON request body for p.
 func (c *client) body(p Prompt) ([]byte, string) {
 	if c.api == APIOpenAI {
-		req := map[string]any{"prompt": p.Text, "stream": c.stream, "seed": p.Seed}
+		req := map[string]any{"prompt": p.Text, "stream": c.stream}
+		if !c.unseeded {
+			req["seed"] = p.Seed
+		}
 		if c.model != "" {
 			req["model"] = c.model
 		}
@@ -99,15 +102,12 @@ func (c *client) body(p Prompt) ([]byte, string) {
 			// OpenAI only sends usage in a stream when asked; chunlian sends it anyway.
 			req["stream_options"] = map[string]any{"include_usage": true}
 		}
-		if c.unseeded {
-			delete(req, "seed")
-		}
 		b, _ := json.Marshal(req)
 		return b, "/v1/completions"
 	}
-	req := map[string]any{"prompt": p.Text, "mode": p.Mode, "n": c.n, "seed": p.Seed, "stream": c.stream}
-	if c.unseeded {
-		delete(req, "seed")
+	req := map[string]any{"prompt": p.Text, "mode": p.Mode, "n": c.n, "stream": c.stream}
+	if !c.unseeded {
+		req["seed"] = p.Seed
 	}
 	b, _ := json.Marshal(req)
 	return b, "/generate"

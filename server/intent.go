@@ -100,10 +100,11 @@ func chatIntent(text, mode string) (couplet.Mode, string, *apiError) {
 
 // notTopics are words that can stand where a couplet's blessing word does
 // (写一副好的春联, 来一副七字对联) but only describe it.
+// Words ending in 字 (七字) and the instruction's own characters are
+// refused by blessingWord itself.
 var notTopics = map[string]bool{
 	"春联": true, "对联": true, "好": true, "好看": true, "漂亮": true, "精彩": true, "优美": true,
-	"经典": true, "传统": true, "普通": true, "简单": true, "新": true, "长": true, "短": true,
-	"五字": true, "七字": true, "九字": true, "一副": true, "副": true, "个": true,
+	"经典": true, "传统": true, "普通": true, "简单": true, "新": true, "长": true, "短": true, "个": true,
 }
 
 // blessingWord reports whether w can be the keyword of a chat request:
