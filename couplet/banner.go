@@ -5,6 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 
 	"strings"
 )
@@ -138,6 +139,51 @@ func (s *runeSet) has(r rune) bool {
 		}
 	}
 	return false
+}
+
+// sharedTier keeps the candidates of pool that share the most characters
+// with text (relevance order kept); all of pool when none shares any. A
+// candidate that text contains whole (a copy, which pickBanner ranks last)
+// does not set the tier unless every candidate is one. Blind readers found
+// a 横批 fits far more often when it shares as many of the couplet's
+// characters as any listed one does (docs/DECISIONS.md, "横批 candidates"),
+// so the model chooses only within that tier.
+func sharedTier(pool []*bannerCand, text string) []*bannerCand {
+	var ctx runeSet
+	for _, r := range text {
+		if IsHan(r) {
+			ctx.add(r)
+		}
+	}
+	shared := func(c *bannerCand) int { // distinct characters: 大吉大利 shares 大 once
+		n := 0
+		for i, r := range c.runes {
+			if ctx.has(r) && !slices.Contains(c.runes[:i], r) {
+				n++
+			}
+		}
+		return n
+	}
+	copies := 0
+	for _, c := range pool {
+		if strings.Contains(text, c.text) {
+			copies++
+		}
+	}
+	counts := func(c *bannerCand) bool { return copies == len(pool) || !strings.Contains(text, c.text) }
+	best := 0
+	for _, c := range pool {
+		if counts(c) {
+			best = max(best, shared(c))
+		}
+	}
+	out := pool[:0:0]
+	for _, c := range pool {
+		if counts(c) && shared(c) == best {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // topBanners returns up to k candidates most relevant to the text, best

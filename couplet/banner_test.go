@@ -319,3 +319,42 @@ func TestPickBanner(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedTier: the pool narrows to the candidates sharing the most
+// distinct characters with the text, in pool order; copies of the text do
+// not set the tier unless all are copies; nothing shared keeps the pool.
+func TestSharedTier(t *testing.T) {
+	mk := func(s string) *bannerCand {
+		c := &bannerCand{text: s}
+		copy(c.runes[:], []rune(s))
+		return c
+	}
+	texts := func(p []*bannerCand) []string {
+		var out []string
+		for _, c := range p {
+			out = append(out, c.text)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		text string
+		pool []string
+		want []string
+	}{
+		{"门前柳色年年绿院内桃花岁岁红", []string{"满园春色", "柳绿花红", "喜迎新春", "桃红柳绿"}, []string{"柳绿花红", "桃红柳绿"}},
+		// 大吉大利 shares 大 once, not twice.
+		{"大海潮音风起韵长天月色夜来香", []string{"大吉大利", "春色满园", "风调雨顺"}, []string{"大吉大利", "春色满园", "风调雨顺"}},
+		// 春满人间 copies the 上联: 春暖人间 sets the tier.
+		{"春满人间世界好喜盈天下百业兴", []string{"春满人间", "天地同春", "春暖人间"}, []string{"春暖人间"}},
+		{"春满人间世界好", []string{"春满人间"}, []string{"春满人间"}},
+		{"山中有酒千秋醉", []string{"万象更新", "龙凤呈祥"}, []string{"万象更新", "龙凤呈祥"}},
+	} {
+		pool := make([]*bannerCand, len(c.pool))
+		for i, s := range c.pool {
+			pool[i] = mk(s)
+		}
+		if got := texts(sharedTier(pool, c.text)); !slices.Equal(got, c.want) {
+			t.Errorf("sharedTier(%v, %s) = %v, want %v", c.pool, c.text, got, c.want)
+		}
+	}
+}

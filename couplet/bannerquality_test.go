@@ -54,6 +54,7 @@ type bqConfig struct {
 	k         int
 	nTok      int
 	pool      int
+	tier      bool // the pool narrowed by sharedTier first, as chooseBanners does
 }
 
 func (c bqConfig) choose(s *bqScored) int {
@@ -63,6 +64,17 @@ func (c bqConfig) choose(s *bqScored) int {
 		idx := make([]int, 0, c.pool)
 		for i := 1; i <= c.pool && i < len(s.texts); i++ {
 			idx = append(idx, i)
+		}
+		if c.tier {
+			cands := make([]*bannerCand, len(idx))
+			for j, i := range idx {
+				cands[j] = &bannerCand{text: s.texts[i]}
+				copy(cands[j].runes[:], []rune(s.texts[i]))
+			}
+			tier := sharedTier(cands, s.item.ctxText)
+			idx = slices.DeleteFunc(idx, func(i int) bool {
+				return !slices.ContainsFunc(tier, func(c *bannerCand) bool { return c.text == s.texts[i] })
+			})
 		}
 		sort.SliceStable(idx, func(a, b int) bool { return s.lp[idx[a]][0] > s.lp[idx[b]][0] })
 		for _, i := range idx[:min(c.k, len(idx))] {
@@ -217,20 +229,22 @@ func BenchmarkBannerQuality(b *testing.B) {
 		{"generated keyword couplets", bqGenerated(b, g, 120)},
 	}
 	configs := []bqConfig{
-		{"model 横批 only", true, 0, 5, 0},
-		{"retrieved 8, no model", false, 8, 5, 0},
-		{"model + 2", true, 2, 5, 0},
-		{"model + 4", true, 4, 5, 0},
-		{"model + 8 lexical, with <eos> (old default)", true, 8, 5, 0},
-		{"model + 16", true, 16, 5, 0},
-		{"model + 32 (reference)", true, 32, 5, 0},
-		{"model + 4, no <eos>", true, 4, 4, 0},
-		{"model + 8, no <eos>", true, 8, 4, 0},
-		{"model + B1-best 2 of 8, no <eos>", true, 2, 4, 8},
-		{"model + B1-best 4 of 8, no <eos>", true, 4, 4, 8},
-		{"model + B1-best 2 of 32, no <eos> (default)", true, 2, 4, 32},
-		{"model + B1-best 4 of 32, no <eos>", true, 4, 4, 32},
-		{"model + B1-best 8 of 32, no <eos>", true, 8, 4, 32},
+		{"model 横批 only", true, 0, 5, 0, false},
+		{"retrieved 8, no model", false, 8, 5, 0, false},
+		{"model + 2", true, 2, 5, 0, false},
+		{"model + 4", true, 4, 5, 0, false},
+		{"model + 8 lexical, with <eos> (old default)", true, 8, 5, 0, false},
+		{"model + 16", true, 16, 5, 0, false},
+		{"model + 32 (reference)", true, 32, 5, 0, false},
+		{"model + 4, no <eos>", true, 4, 4, 0, false},
+		{"model + 8, no <eos>", true, 8, 4, 0, false},
+		{"model + B1-best 2 of 8, no <eos>", true, 2, 4, 8, false},
+		{"model + B1-best 4 of 8, no <eos>", true, 4, 4, 8, false},
+		{"model + B1-best 2 of 32, no <eos>", true, 2, 4, 32, false},
+		{"B1-best 2 of 32, no <eos> (default until 2026-12-06)", false, 2, 4, 32, false},
+		{"B1-best 2 of the 32's shared tier, no <eos> (default)", false, 2, 4, 32, true},
+		{"model + B1-best 4 of 32, no <eos>", true, 4, 4, 32, false},
+		{"model + B1-best 8 of 32, no <eos>", true, 8, 4, 32, false},
 	}
 	def := 4
 	for i := 0; i < b.N; i++ {

@@ -26,7 +26,8 @@ import (
 // and without it, so scoring it would cost one more step and k+1 more rows.
 //
 // Which k retrieved candidates: the lexical prefilter (topBanners) passes a
-// pool of bannerPool; at the first step, every sample's processor sees the
+// pool of bannerPool, narrowed to the candidates sharing the most characters
+// with the couplet (sharedTier); at the first step, every sample's processor sees the
 // same logits row (the one at <ban>), which gives log P(B1) of every pool
 // candidate up to a shared constant; the k with the highest are assigned to
 // the forced samples (bannerAssign). This costs no forward rows and, per
@@ -162,7 +163,8 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 	pools := make([][]*bannerCand, len(chosen)) // [len(chosen)][≤bannerPool]
 	if g.o.bannerTopK > 0 {
 		for ci, cd := range chosen {
-			pools[ci] = topBanners(g.banners, g.t.text(prompt)+cd.c.Upper+cd.c.Lower, g.o.bannerPool)
+			text := g.t.text(prompt) + cd.c.Upper + cd.c.Lower
+			pools[ci] = sharedTier(topBanners(g.banners, text, g.o.bannerPool), text)
 		}
 	}
 	stage.end()
