@@ -164,9 +164,18 @@ func TestUnsuitable(t *testing.T) {
 		{"春耕夏种千畴绿\t秋收冬藏万亩金", nil},
 		{"华夏腾飞\t寒梅傲雪迎春到", nil},
 		{"窗花有意春风绿\t墨色无声夜雨寒", []string{"寒"}},
-		{"富贵何妨宜淡了\t聪明难得且闲之", []string{"何", "难"}},
+		{"富贵何妨宜淡了\t聪明难得且闲之", []string{"何", "难", "且"}},
 		{"今宵月色同谁醉\t此刻花香共我痴", []string{"谁", "我"}},
 		{"难忘今宵", nil},
+		// Modal and argumentative words, courtship and the crane: read odd
+		// in 82-100 % of marks; 不休, 必胜, 非凡, 可喜, 能工 and 功夫 are not.
+		{"胜利年华休问价\t太平世界莫贪杯", []string{"休", "问"}},
+		{"有余有为当益寿\t无忧无虑可延年", []string{"可"}},
+		{"联中妙句良缘好\t松鹤同修千古道", []string{"缘", "鹤"}},
+		{"笑语欢歌乐不休\t能工巧匠展非凡", nil},
+		{"可喜可贺迎新岁\t必胜功夫在勤劳", nil},
+		// 花街柳巷, 寻花问柳: innuendo.
+		{"花开柳巷月满满\t雪映梅亭香飘飘", []string{"柳巷"}},
 	}
 	for _, c := range cases {
 		if got := Unsuitable(c.text); !slices.Equal(got, c.want) {
