@@ -187,3 +187,61 @@ BLESSINGS = (
     "锦绣 辉煌 喜庆 欢乐 祥和 康宁 如春 财源 五福 四季 家和 国泰 民安 盛世 新年 "
     "春光 花开 龙腾 梅香 燕舞"
 ).split()
+
+
+# ---- reader preferences (train.py --dpo) ----
+
+READER_SCORE = {"h": 1.0, "a": 0.5, "o": 0.0}
+
+
+def reading_pairs(folder, heldout_pct=15, cap=80, seed=7):
+    """Preference pairs from the recorded blind readings (the *.tsv of
+    quality/testdata/readings, read in name order): keyword-mode couplets
+    chunlian wrote (a two-character word inside the 上联), each scored by the
+    mean of its readers' marks (h 1, a 0.5, o 0; a couplet read in several
+    sections pools its marks). A pair is two couplets of the same word and
+    line length whose scores differ by at least 0.5, the better first; at
+    most cap pairs per word and length, drawn with random.Random(seed).
+    Words whose md5 falls under heldout_pct % form the "val" split, the rest
+    "train", so that pair accuracy is measured on words tuning never saw.
+    Returns dicts with word, n, margin, chosen and rejected ([上联, 下联]) and
+    split."""
+    import glob
+    import hashlib
+    import random
+    marks = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.tsv"))):
+        hdr = None
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.rstrip("\n")
+                if not line or line.startswith("#"):
+                    continue
+                c = line.split("\t")
+                if c[0] in ("source", "word"):
+                    hdr = {k: i for i, k in enumerate(c)}
+                    continue
+                if hdr is None:
+                    continue
+                get = lambda k: c[hdr[k]] if k in hdr and hdr[k] < len(c) else ""  # noqa: E731
+                if get("source").startswith("human"):
+                    continue
+                w, u, low = get("word"), get("upper"), get("lower")
+                if len(w) != 2 or w not in u or len(u) != len(low):
+                    continue
+                ms = [m for m in (get("reader1"), get("reader2")) if m in READER_SCORE]
+                if ms:
+                    marks.setdefault((w, u, low), []).extend(ms)
+    groups = collections.defaultdict(list)
+    for (w, u, low), ms in marks.items():
+        groups[(w, len(u))].append((sum(READER_SCORE[m] for m in ms) / len(ms), u, low))
+    rng = random.Random(seed)
+    out = []
+    for (w, n), rows in groups.items():
+        ps = [(g, b) for g in rows for b in rows if g[0] - b[0] >= 0.5]
+        rng.shuffle(ps)
+        held = int(hashlib.md5(w.encode()).hexdigest(), 16) % 100 < heldout_pct
+        for g, b in ps[:cap]:
+            out.append({"word": w, "n": n, "margin": g[0] - b[0], "chosen": [g[1], g[2]],
+                        "rejected": [b[1], b[2]], "split": "val" if held else "train"})
+    return out
