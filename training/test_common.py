@@ -99,32 +99,5 @@ class TestModelVocab(unittest.TestCase):
                 C.model_vocab(d)
 
 
-class TestReadingPairs(unittest.TestCase):
-    """Pairs join couplets of one word and length whose pooled reader scores
-    differ by at least 0.5; human rows, rows without the word in the 上联 and
-    unmarked rows are left out."""
-
-    def test_pairs(self):
-        import tempfile
-        with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "a.tsv"), "w", encoding="utf-8") as f:
-                f.write("# a section\nsource\tword\tupper\tlower\tbanner\treader1\treader2\n")
-                f.write("x\t平安\t平安岁月千般好\t和睦家庭万事兴\t岁岁平安\th\th\n")  # 1.0
-                f.write("x\t平安\t平安二字书画里\t快乐一词诗酒中\t竹报平安\to\to\n")  # 0.0
-                f.write("x\t平安\t一年四季平安到\t万户千门福气来\t四季平安\ta\ta\n")  # 0.5, read again below
-                f.write("human-a\t平安\t平安富贵年年好\t吉庆有余岁岁新\tn/a\th\th\n")
-                f.write("x\t平安\t安居乐业春常在\t福寿康宁喜自来\t安居乐业\to\to\n")  # 平安 not in the 上联
-            with open(os.path.join(d, "b.tsv"), "w", encoding="utf-8") as f:
-                f.write("source\tword\tupper\tlower\tbanner\treader1\treader2\n")
-                f.write("y\t平安\t一年四季平安到\t万户千门福气来\t四季平安\th\ta\n")  # pooled: 0.625
-            pairs = C.reading_pairs(d)
-        got = sorted((p["chosen"][0], p["rejected"][0], p["margin"]) for p in pairs)
-        self.assertEqual(got, [("一年四季平安到", "平安二字书画里", 0.625),
-                               ("平安岁月千般好", "平安二字书画里", 1.0)])
-        self.assertEqual({p["split"] for p in pairs}, {pairs[0]["split"]})  # one word, one split
-        with tempfile.TemporaryDirectory() as empty:
-            self.assertEqual(C.reading_pairs(empty), [])
-
-
 if __name__ == "__main__":
     unittest.main()

@@ -4,7 +4,6 @@ GPU and export the Hugging Face model directory the Go side loads.
 
     python3 training/train.py --data .carry/chunlian --out weights/chunlian-base --seed 1234 --minutes 7
     python3 training/train.py ... --steps N      # exact step count (the report says which N was used)
-    python3 training/train.py --dpo quality/testdata/readings --init DIR --out DIR   # readers' preferences (dpo())
 
 Input: the folder written by training/prep.py. Output dir: config.json,
 model.safetensors (bf16), tokenizer.json, tokenizer_config.json,
@@ -245,12 +244,6 @@ def parse(argv=None):
                     help="--select bleu: the calibrated validation NLL a checkpoint may have (valid.VAL_NLL_BOUND: "
                          "test runs ~0.024 nats below validation, so 3.015 keeps the test perplexity under 20)")
     ap.add_argument("--select-every", type=int, default=500, help="--select bleu: steps between BLEU checks")
-    ap.add_argument("--dpo", default="",
-                    help="instead of training: tune --init on the readers' preferences recorded in this folder "
-                         "(quality/testdata/readings; see dpo())")
-    ap.add_argument("--dpo-beta", type=float, default=0.3)
-    ap.add_argument("--dpo-lr", type=float, default=1e-5)
-    ap.add_argument("--dpo-epochs", type=int, default=1)
     ap.add_argument("--lower-targets", choices=["upper", "lower"], default="upper",
                     help="lower-mode loss from U1 (upper) or from L1 (lower; the upper line is the given prompt)")
     return ap.parse_args(argv)
@@ -471,75 +464,5 @@ def train(args):
     return info
 
 
-def dpo(args):
-    """Reader-preference tuning: Direct Preference Optimization (Rafailov et
-    al., 2023) of the model in --init on common.reading_pairs(--dpo). For a
-    pair (c better than r, same keyword prompt) the loss is
-    -log sigmoid(beta * ((log p(c) - log p0(c)) - (log p(r) - log p0(r)))),
-    with p0 the frozen --init model and each log-prob summed over the tokens
-    after <up> (上联 <sep> 下联); batches of 32 pairs of one length, AdamW
-    without weight decay, --dpo-epochs passes over the "train" split. Logs,
-    before and after, the share of "val" pairs (words never tuned on) whose
-    mean token log-prob prefers the better couplet: what the reranker sees.
-    Exports to --out like train()."""
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    v = C.model_vocab(args.init)
-    pairs = C.reading_pairs(args.dpo)
-    P = len(C.prompt_ids(v, "keyword", 7, keyword="平安"))  # <bos> <kw> K1 K2 <len> <up>
-
-    def tensors(split):
-        by = {}
-        for p in pairs:
-            if p["split"] == split:
-                c = C.full_ids(v, "keyword", *p["chosen"], keyword=p["word"])[:-1]
-                r = C.full_ids(v, "keyword", *p["rejected"], keyword=p["word"])[:-1]
-                by.setdefault(len(c), ([], []))
-                by[len(c)][0].append(c)
-                by[len(c)][1].append(r)
-        return {T: (torch.tensor(c, device=dev), torch.tensor(r, device=dev)) for T, (c, r) in by.items()}
-
-    def token_lp(m, x):  # [b, T] -> [b, T-P] log-probs of the tokens after <up>
-        lg = m(x)[:, P - 1:-1].float()
-        return F.log_softmax(lg, -1).gather(-1, x[:, P:].unsqueeze(-1)).squeeze(-1)
-
-    @torch.no_grad()
-    def accuracy(m, data):
-        right = n = 0
-        for c, r in data.values():
-            right += (token_lp(m, c).mean(-1) > token_lp(m, r).mean(-1)).sum().item()
-            n += len(c)
-        return right / max(n, 1)
-
-    train_set, val_set = tensors("train"), tensors("val")
-    ref = L.load_dir(args.init).to(dev).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    model = L.load_dir(args.init).to(dev)
-    before = accuracy(ref, val_set)
-    log(f"dpo: {sum(len(c) for c, _ in train_set.values())} train pairs, {sum(len(c) for c, _ in val_set.values())} "
-        f"val pairs; val pairs ordered by mean log-prob: {before:.3f}")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.dpo_lr, weight_decay=0.0)
-    batches = [(T, i) for T, (c, _) in train_set.items() for i in range(0, len(c), 32)]
-    for e in range(args.dpo_epochs):
-        random.Random(e).shuffle(batches)
-        for T, i in batches:
-            c, r = (t[i:i + 32] for t in train_set[T])
-            with torch.no_grad():
-                rc, rr = token_lp(ref, c).sum(-1), token_lp(ref, r).sum(-1)
-            z = args.dpo_beta * ((token_lp(model, c).sum(-1) - rc) - (token_lp(model, r).sum(-1) - rr))
-            loss = -F.logsigmoid(z).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        log(f"dpo: epoch {e + 1}: val pairs ordered by mean log-prob: {accuracy(model, val_set):.3f}")
-    cfg = model.cfg
-    args.d, args.layers, args.heads, args.ffn = (cfg["hidden_size"], cfg["num_hidden_layers"],
-                                                 cfg["num_attention_heads"], cfg["intermediate_size"])
-    export(model.float().cpu(), v, args.out, args)
-
-
 if __name__ == "__main__":
-    a = parse()
-    dpo(a) if a.dpo else train(a)
+    train(parse())
