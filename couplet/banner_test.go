@@ -358,3 +358,28 @@ func TestSharedTier(t *testing.T) {
 		}
 	}
 }
+
+// TestBannerOneCandidate: a request for one couplet whose pool holds a
+// single candidate takes it without a 横批 request; a request for two
+// still scores it (the banner term orders the couplets).
+func TestBannerOneCandidate(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		fe := &fakeEngine{vocab: testModel.Tok.Size()}
+		g, err := New(testModel, fe, WithBannerSources(), WithBanners("吉星高照"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := g.Generate(context.Background(), Request{Text: "吉祥", N: n, Seed: 3})
+		if err != nil || len(cs) == 0 {
+			t.Fatalf("n=%d: %v, %v", n, cs, err)
+		}
+		for _, c := range cs {
+			if c.Banner != "吉星高照" {
+				t.Errorf("n=%d: banner %q, want 吉星高照", n, c.Banner)
+			}
+		}
+		if want := map[int]int{1: 0, 2: len(cs)}[n]; fe.bannerCalls != want {
+			t.Errorf("n=%d: %d 横批 requests, want %d", n, fe.bannerCalls, want)
+		}
+	}
+}

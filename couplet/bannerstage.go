@@ -151,7 +151,9 @@ func (f forcedBanner) Forced(gen []int32, logits []float32) (int32, bool) {
 }
 
 // chooseBanners gives every chosen couplet its 横批 (see above) and adds
-// bannerWeight × the banner's mean log-prob to its score. Couplets are served
+// bannerWeight × the banner's mean log-prob to its score, except that a
+// request for one couplet whose pool holds one candidate takes it without a
+// request (its score then has no banner term). Couplets are served
 // concurrently, so the engine batches their requests too. It returns the
 // couplets that got a 横批 passing every rule (a couplet is dropped only if
 // its request yields no usable 横批); engine errors and ctx end are
@@ -175,6 +177,14 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 	ok := make([]bool, len(chosen))    // likewise
 	var wg sync.WaitGroup
 	for ci, cd := range chosen {
+		if len(pools[ci]) == 1 && p.n == 1 {
+			// One candidate in the tier: the choice is made, and scoring it
+			// would only add its log-prob to the score, which orders the
+			// couplets of a request with several.
+			cd.c.Banner = pools[ci][0].text
+			ok[ci] = Check(cd.c.Upper, cd.c.Lower, cd.c.Banner).Rule4()
+			continue
+		}
 		req, assign, own := g.bannerRequest(p, prompt, cd, pools[ci])
 		wg.Add(1)
 		go func() {

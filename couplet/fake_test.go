@@ -24,6 +24,7 @@ type fakeEngine struct {
 
 	mu                   sync.Mutex
 	genCalls, scoreCalls int
+	bannerCalls          int // the genCalls of 横批 requests (4 tokens)
 }
 
 func (f *fakeEngine) row(ctx []int32) []float32 {
@@ -62,6 +63,9 @@ func (f *fakeEngine) Generate(ctx context.Context, req *engine.Request) (*engine
 		f.scoreCalls++
 	} else {
 		f.genCalls++
+		if req.Params.MaxTokens == 4 {
+			f.bannerCalls++
+		}
 	}
 	f.mu.Unlock()
 	res := &engine.Result{PromptTokens: len(req.Prompt)}
