@@ -25,13 +25,13 @@ type Judge interface {
 
 // Features are the signals one candidate couplet is ranked by.
 type Features struct {
-	LogProb  float64 // mean raw log-prob of the generated line tokens
-	Tone     float64 // 平仄 alternation and opposition, [0, 1]
-	POS      float64 // Judge.Parallelism, [0, 1]
-	Festive  float64 // Judge.Festive of 上联+下联
-	Reverse  float64 // mean log P(上联 | 下联) by the lower-mode prompt
-	Bad      int     // Judge.Unsuitable words in 上联+下联
-	Repeated int     // repetitions a reader takes for slips (repeats): all but adjacent mirrored ones
+	LogProb  float64 `json:"logprob"`  // mean raw log-prob of the generated line tokens
+	Tone     float64 `json:"tone"`     // 平仄 alternation and opposition, [0, 1]
+	POS      float64 `json:"pos"`      // Judge.Parallelism, [0, 1]
+	Festive  float64 `json:"festive"`  // Judge.Festive of 上联+下联
+	Reverse  float64 `json:"reverse"`  // mean log P(上联 | 下联) by the lower-mode prompt
+	Bad      int     `json:"bad"`      // Judge.Unsuitable words in 上联+下联
+	Repeated int     `json:"repeated"` // repetitions a reader takes for slips (repeats): all but adjacent mirrored ones
 }
 
 // Weights combine Features into a candidate's score (see Weights.Score).

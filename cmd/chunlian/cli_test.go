@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net"
 	"strings"
@@ -166,6 +167,36 @@ func TestGenerateFlagsAfterText(t *testing.T) {
 	}
 	if err := runGenerate([]string{"--random-model"}, io.Discard); err == nil || !strings.Contains(err.Error(), "TEXT") {
 		t.Errorf("no TEXT: %v, want an error naming TEXT", err)
+	}
+}
+
+// --explain prints, after the couplet, every ranked candidate with its
+// features, exactly one of them chosen: the returned couplet.
+func TestGenerateExplain(t *testing.T) {
+	var out bytes.Buffer
+	if err := runGenerate([]string{"平安", "--random-model", "--json", "--explain", "--seed", "4", "--threads", "1"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var first jsonCouplet
+	if err := json.Unmarshal([]byte(lines[0]), &first); err != nil || first.Upper == "" {
+		t.Fatalf("first line %q: %v", lines[0], err)
+	}
+	chosen := 0
+	for _, l := range lines[1:] {
+		var c jsonCandidate
+		if err := json.Unmarshal([]byte(l), &c); err != nil || c.Candidate == "" || c.Features.LogProb >= 0 {
+			t.Fatalf("candidate line %q: %v", l, err)
+		}
+		if c.Chosen {
+			chosen++
+			if c.Candidate != first.Upper+" / "+first.Lower {
+				t.Errorf("chosen candidate %q, couplet %s / %s", c.Candidate, first.Upper, first.Lower)
+			}
+		}
+	}
+	if len(lines) < 2 || chosen != 1 {
+		t.Errorf("%d candidate lines, %d chosen; want some, one chosen:\n%s", len(lines)-1, chosen, out.String())
 	}
 }
 

@@ -78,7 +78,16 @@ type generateOpts struct {
 	gen         genFlags
 	stack       stackConfig
 	asJSON      bool
+	explain     bool
 	randomModel bool
+}
+
+// jsonCandidate is one --explain output line: a ranked candidate.
+type jsonCandidate struct {
+	Candidate string           `json:"candidate"` // 上联 / 下联
+	Features  couplet.Features `json:"features"`
+	Score     float64          `json:"score"`
+	Chosen    bool             `json:"chosen"`
 }
 
 // newGenerateCmd builds `chunlian generate`; couplets go to stdout.
@@ -100,6 +109,7 @@ TEXT is a two-character blessing word (modes keyword and acrostic) or a
 	fs := cmd.Flags()
 	o.gen.register(fs)
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object per couplet and line: mode, keyword, upper, lower, banner, score")
+	fs.BoolVar(&o.explain, "explain", false, "after the couplets, print every ranked candidate as one JSON object per line: candidate, features (the reverse score too), score, chosen")
 	fs.BoolVar(&o.randomModel, "random-model", false, "use the tiny random test model (for smoke tests; output is gibberish)")
 	o.stack.registerModel(fs)
 	return withEnv(cmd)
@@ -121,12 +131,16 @@ func generateRun(o generateOpts, text string, stdout io.Writer) error {
 		return err
 	}
 	defer st.Close()
+	if o.explain {
+		req.Trace = &couplet.Trace{Explain: true}
+	}
 	cs, err := st.Gen.Generate(context.Background(), req)
 	if err != nil {
 		return err
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetEscapeHTML(false)
+
 	for i, c := range cs {
 		if *asJSON {
 			j := jsonCouplet{Mode: gf.mode, Upper: c.Upper, Lower: c.Lower, Banner: c.Banner, Score: c.Score}
@@ -144,6 +158,13 @@ func generateRun(o generateOpts, text string, stdout io.Writer) error {
 		fmt.Fprintln(stdout, c.Text())
 		if len(cs) > 1 {
 			fmt.Fprintf(stdout, "(score %.3f)\n", c.Score)
+		}
+	}
+	if req.Trace != nil {
+		for _, c := range req.Trace.Candidates {
+			if err := enc.Encode(jsonCandidate{c.Upper + " / " + c.Lower, c.Features, c.Score, c.Chosen}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
