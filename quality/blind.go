@@ -10,9 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"sort"
 	"strings"
 
 	"chunlian/couplet"
@@ -323,4 +326,92 @@ func WriteScores(w io.Writer, scores []SideScore) {
 			pc(s.Acceptable, s.N, s.AcceptCI), pc(s.Odd, s.N, s.OddCI), pc(s.BannerFits, s.BannerRows, s.BannerCI))
 	}
 	fmt.Fprintln(w, "\nRates with 95 % Wilson score intervals in brackets; 横批 fits counts the rows whose 横批 was shown.")
+}
+
+// UsedWords are the words that the recorded readings under dir name:
+// every run of two or four Chinese characters in any of its files (the
+// word columns, the sections' word lists in comments, the README), so that
+// a held-out reading can avoid them. Longer runs (couplet lines) and the
+// four-character 横批 count too, harmlessly: fresh words have two.
+func UsedWords(dir string) (map[string]bool, error) {
+	used := map[string]bool{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		run := []rune{}
+		flush := func() {
+			if len(run) == 2 || len(run) == 4 {
+				used[string(run)] = true
+			}
+			run = run[:0]
+		}
+		for _, r := range string(b) {
+			if couplet.IsHan(r) {
+				run = append(run, r)
+			} else {
+				flush()
+			}
+		}
+		flush()
+		return nil
+	})
+	return used, err
+}
+
+// WordCount is a candidate word for a held-out reading and the number of
+// human couplets that hold it.
+type WordCount struct {
+	Word  string
+	Human int
+}
+
+// FreshWords returns up to n two-character words for a held-out reading,
+// the commonest first: words that at least minHuman human couplets of
+// pool with lines of length characters hold (so the sheet can pair them
+// with people's couplets), that used does not name, and that ok accepts
+// (the caller's test: a dictionary word, festive, nothing unsuitable).
+func FreshWords(pool []Couplet, length, n, minHuman int, used map[string]bool, ok func(string) bool) []WordCount {
+	count := map[string]int{}
+	for _, c := range pool {
+		if length > 0 && len([]rune(c.Upper)) != length {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, line := range []string{c.Upper, c.Lower} {
+			r := []rune(line)
+			for i := 0; i+1 < len(r); i++ {
+				if w := string(r[i : i+2]); couplet.IsHan(r[i]) && couplet.IsHan(r[i+1]) && !seen[w] {
+					seen[w] = true
+					count[w]++
+				}
+			}
+		}
+	}
+	var out []WordCount
+	for w, k := range count {
+		if k >= minHuman && !used[w] {
+			out = append(out, WordCount{w, k})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Human != out[j].Human {
+			return out[i].Human > out[j].Human
+		}
+		return out[i].Word < out[j].Word
+	})
+	var kept []WordCount
+	for _, wc := range out {
+		if len(kept) == n {
+			break
+		}
+		if ok == nil || ok(wc.Word) {
+			kept = append(kept, wc)
+		}
+	}
+	return kept
 }

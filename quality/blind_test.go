@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -200,5 +201,56 @@ func TestComputeSignals(t *testing.T) {
 	WriteSignals(&b, []Signals{s, h})
 	if !strings.Contains(b.String(), "| with an unsuitable word | 50.0 % | 0.0 % |") {
 		t.Errorf("report:\n%s", b.String())
+	}
+}
+
+// TestFreshWords: words the readings name (two- or four-character runs
+// anywhere in their files) are left out, as are words fewer than minHuman
+// couplets of the right length hold and words ok refuses; the commonest
+// come first.
+func TestFreshWords(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "sheets"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"a.tsv":        "# words: 平安 春风\nsource\tword\tupper\tlower\nx\t富贵\t富贵门庭春常在\t平安家宅福长临\n",
+		"sheets/b.tsv": "id\t上联\n1\t万事如意\n",
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used, err := UsedWords(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"平安", "春风", "富贵", "万事如意"} {
+		if !used[w] {
+			t.Errorf("UsedWords misses %s", w)
+		}
+	}
+	if used["富贵门庭春常在"] || used["门庭"] {
+		t.Errorf("UsedWords counts a couplet line or its parts: %v", used)
+	}
+	pool := []Couplet{
+		{Upper: "门庭春暖花常好", Lower: "岁月人和福自多"},
+		{Upper: "门庭喜气迎春早", Lower: "平安岁月福长多"},
+		{Upper: "岁月如歌春意闹", Lower: "门庭似锦福长高"},
+		{Upper: "门庭春暖", Lower: "岁月人和"}, // another length
+	}
+	got := FreshWords(pool, 7, 3, 2, used, func(w string) bool { return w != "福长" })
+	want := []WordCount{{"岁月", 3}, {"门庭", 3}}
+	if len(got) < 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("FreshWords = %v, want %v first", got, want)
+	}
+	for _, wc := range got {
+		if used[wc.Word] || wc.Human < 2 || wc.Word == "福长" {
+			t.Errorf("FreshWords kept %v", wc)
+		}
+	}
+	if got := FreshWords(pool, 7, 1, 2, used, nil); len(got) != 1 {
+		t.Errorf("n = 1: %v", got)
 	}
 }

@@ -35,6 +35,8 @@ type readerFlags struct {
 	signalsOut             *string
 	perWord                *int
 	wordList, sharedFolder *string
+	freshWords             *int
+	readings               *string
 }
 
 // defineReader registers the kit's flags on eval's flag set.
@@ -50,12 +52,16 @@ func defineReader(fs *pflag.FlagSet) *readerFlags {
 		perWord:      fs.Int("per-word", 100, "--signals: chunlian couplets per blessing word (distinct-2 is over these); human ones: all of the word's, at most as many"),
 		wordList:     fs.String("word-list", strings.Join(quality.BlessingWords[:15], ","), "--blind, --signals: comma-separated blessing words"),
 		sharedFolder: fs.String("shared", "../shared/data", "--blind, --signals: the shared data folder (spring/, couplets/train.tsv)"),
+		freshWords:   fs.Int("fresh-words", 0, "list N two-character blessing words for a held-out reading: dictionary words, festive, held by human spring couplets of --length, named by no recorded reading (--readings)"),
+		readings:     fs.String("readings", "quality/testdata/readings", "--fresh-words: the folder of recorded readings whose words are used"),
 	}
 }
 
 // active reports whether the call asks for the kit rather than the
 // constraint evaluation.
-func (r *readerFlags) active() bool { return *r.blind != 0 || *r.score != "" || *r.signals }
+func (r *readerFlags) active() bool {
+	return *r.blind != 0 || *r.score != "" || *r.signals || *r.freshWords != 0
+}
 
 // runReader runs `eval --blind N --sheet-out F --key-out K`,
 // `eval --score SHEET --key K` or `eval --signals`.
@@ -64,6 +70,9 @@ func (r *readerFlags) active() bool { return *r.blind != 0 || *r.score != "" || 
 func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, temp *float64, randomModel bool, stdout io.Writer) error {
 	if *r.score != "" {
 		return scoreSheetFiles(*r.score, *r.key, stdout)
+	}
+	if *r.freshWords != 0 {
+		return freshWords(*r.freshWords, *r.readings, *r.sharedFolder, length, stdout)
 	}
 	if *r.blind < 0 {
 		return errors.New("--blind needs N > 0")
@@ -300,4 +309,34 @@ func readTrainPairs(p string) (map[string]bool, error) {
 		}
 	}
 	return set, sc.Err()
+}
+
+// freshWords prints `eval --fresh-words N`: word<TAB>human couplets per
+// line. At least 3 human couplets per word, so that the sheet can pair
+// each word's two couplets with people's.
+func freshWords(n int, readings, shared string, length int, stdout io.Writer) error {
+	if n < 0 {
+		return errors.New("--fresh-words needs N > 0")
+	}
+	used, err := quality.UsedWords(readings)
+	if err != nil {
+		return fmt.Errorf("--readings: %w", err)
+	}
+	pool, err := quality.ReadHuman(filepath.Join(shared, "spring/with_banner.tsv"), filepath.Join(shared, "spring/newyear_no_banner.tsv"))
+	if err != nil {
+		return fmt.Errorf("--fresh-words needs the human spring couplets (--shared): %w", err)
+	}
+	// A dictionary word (one segment of a known class), festive, nothing
+	// unsuitable, and no year animal (金猴 and 玉兔 belong to one year).
+	ok := func(w string) bool {
+		ws := critic.SegmentDict(w)
+		return len(ws) == 1 && ws[0].Class != critic.ClassUnknown && !strings.ContainsAny(w, "鼠牛虎兔龙蛇马羊猴鸡狗猪") &&
+			critic.Festive(w) > 0 && len(critic.Unsuitable(w)) == 0
+	}
+	words := quality.FreshWords(pool, length, n, 3, used, ok)
+	for _, wc := range words {
+		fmt.Fprintf(stdout, "%s\t%d\n", wc.Word, wc.Human)
+	}
+	fmt.Fprintf(stdout, "# %d words (%d asked); %d words named in %s left out\n", len(words), n, len(used), readings)
+	return nil
 }

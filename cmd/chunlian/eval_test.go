@@ -151,8 +151,6 @@ func TestEvalBleuCompare(t *testing.T) {
 	}
 }
 
-// TestEvalReaderRoundTrip writes a blind sheet on the random test model
-// and a small fake shared folder, fills it, and scores it.
 // fakeShared writes a tiny shared data folder: one triple and one pair
 // for 平安, a training file holding the pair, a banner list.
 func fakeShared(t *testing.T, dir string) string {
@@ -166,6 +164,8 @@ func fakeShared(t *testing.T, dir string) string {
 	return shared
 }
 
+// TestEvalReaderRoundTrip writes a blind sheet on the random test model
+// and a small fake shared folder, fills it, and scores it.
 func TestEvalReaderRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	shared := fakeShared(t, dir)
@@ -255,5 +255,24 @@ func TestEvalSignals(t *testing.T) {
 	data, err := os.ReadFile(dump)
 	if err != nil || strings.Count(string(data), "\n") != 5 {
 		t.Errorf("--signals-out wrote %q (%v), want 5 lines", data, err)
+	}
+}
+
+// TestEvalFreshWords: --fresh-words lists words that three human couplets
+// hold and no reading names; a word a reading names is left out.
+func TestEvalFreshWords(t *testing.T) {
+	dir := t.TempDir()
+	shared := fakeShared(t, dir)
+	pairs := "家庭和睦春常在\t财富丰盈福自来\n幸福家庭添喜气\t财富人家纳吉祥\n家庭美满迎新岁\t财富兴隆庆有余\n"
+	os.WriteFile(filepath.Join(shared, "spring/newyear_no_banner.tsv"), []byte(pairs), 0o644)
+	readings := filepath.Join(dir, "readings")
+	os.MkdirAll(readings, 0o755)
+	os.WriteFile(filepath.Join(readings, "a.tsv"), []byte("# words: 财富\n"), 0o644)
+	var out bytes.Buffer
+	if err := runEval([]string{"--fresh-words", "5", "--shared", shared, "--readings", readings}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "家庭\t3\n") || strings.Contains(out.String(), "财富") {
+		t.Errorf("--fresh-words: want 家庭 (3 couplets) and not 财富:\n%s", out.String())
 	}
 }
