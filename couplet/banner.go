@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"slices"
-
 	"strings"
 )
 

@@ -26,10 +26,10 @@ import (
 // and without it, so scoring it would cost one more step and k+1 more rows.
 //
 // Which k retrieved candidates: the lexical prefilter (topBanners) passes a
-// pool of bannerPool, narrowed to the candidates sharing the most characters
-// with the couplet (sharedTier); at the first step, every sample's processor sees the
-// same logits row (the one at <ban>), which gives log P(B1) of every pool
-// candidate up to a shared constant; the k with the highest are assigned to
+// pool of bannerPool, narrowed to the candidates sharing the most
+// characters with the couplet (sharedTier); at the first step, every
+// sample's processor sees the same logits row (the one at <ban>), which
+// gives log P(B1) of every pool candidate up to a shared constant; the k with the highest are assigned to
 // the forced samples (bannerAssign). This costs no forward rows and, per
 // BenchmarkBannerQuality, 4 chosen out of 32 rank as well as the old 8
 // lexical candidates scored in full.
