@@ -29,10 +29,10 @@ import (
 // pool of bannerPool, narrowed to the candidates sharing the most
 // characters with the couplet (sharedTier); at the first step, every
 // sample's processor sees the same logits row (the one at <ban>), which
-// gives log P(B1) of every pool candidate up to a shared constant; the k with the highest are assigned to
-// the forced samples (bannerAssign). This costs no forward rows and, per
-// BenchmarkBannerQuality, 4 chosen out of 32 rank as well as the old 8
-// lexical candidates scored in full.
+// gives log P(B1) of every pool candidate up to a shared constant; the k
+// with the highest are assigned to the forced samples (bannerAssign). This
+// costs no forward rows and, per BenchmarkBannerQuality, 4 chosen out of 32
+// rank as well as the old 8 lexical candidates scored in full.
 
 // bannerAssign hands the pool's k most likely candidates (by B1's logit at
 // <ban>) to the forced samples. The first processor call of any sample
