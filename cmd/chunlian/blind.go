@@ -337,6 +337,6 @@ func freshWords(n int, readings, shared string, length int, stdout io.Writer) er
 	for _, wc := range words {
 		fmt.Fprintf(stdout, "%s\t%d\n", wc.Word, wc.Human)
 	}
-	fmt.Fprintf(stdout, "# %d words (%d asked); %d words named in %s left out\n", len(words), n, len(used), readings)
+	fmt.Fprintf(stdout, "# %d words (%d asked); %d runs of two or four characters in %s counted as used\n", len(words), n, len(used), readings)
 	return nil
 }
