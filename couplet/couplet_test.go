@@ -431,7 +431,7 @@ func checkResult(t *testing.T, req Request, cs []Couplet) {
 		text := []rune(Normalize(req.Text))
 		switch req.Mode {
 		case ModeKeyword, "":
-			if !KeywordPresent(c, string(text)) {
+			if !ContainsKeyword(c, string(text)) {
 				t.Errorf("keyword %s missing from %q/%q/%q", req.Text, c.Upper, c.Lower, c.Banner)
 			}
 			if n := len([]rune(c.Upper)); n != len(Layout(max(req.Length, MinLength))) && req.Length != 0 {

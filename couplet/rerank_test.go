@@ -48,14 +48,14 @@ func TestWeightsScore(t *testing.T) {
 	}
 }
 
-func TestKeywordPresent(t *testing.T) {
-	if !KeywordPresent(Couplet{Upper: "万事如意家业旺", Lower: "一帆风顺福满堂"}, "万事如意") {
+func TestContainsKeyword(t *testing.T) {
+	if !ContainsKeyword(Couplet{Upper: "万事如意家业旺", Lower: "一帆风顺福满堂"}, "万事如意") {
 		t.Error("phrase opening the 上联 not found")
 	}
-	if KeywordPresent(Couplet{Upper: "万事顺心家业旺", Lower: "如意吉祥福满堂"}, "万事如意") {
+	if ContainsKeyword(Couplet{Upper: "万事顺心家业旺", Lower: "如意吉祥福满堂"}, "万事如意") {
 		t.Error("phrase found though it is split over the lines")
 	}
-	if !KeywordPresent(Couplet{Upper: "五福临门家业旺", Lower: "三阳开泰户庭新"}, "福") {
+	if !ContainsKeyword(Couplet{Upper: "五福临门家业旺", Lower: "三阳开泰户庭新"}, "福") {
 		t.Error("one-character keyword not found")
 	}
 }

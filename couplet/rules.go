@@ -112,17 +112,11 @@ func Check(upper, lower, banner string) RuleReport {
 }
 
 // ContainsKeyword reports whether the keyword appears (as a contiguous
-// word) in the 上联, the 下联 or the 横批.
+// word) in the 上联, the 下联 or the 横批: how Generate writes every
+// keyword, a four-character phrase included (it opens the 上联).
 func ContainsKeyword(c Couplet, keyword string) bool {
 	if keyword == "" {
 		return false
 	}
 	return strings.Contains(c.Upper, keyword) || strings.Contains(c.Lower, keyword) || strings.Contains(c.Banner, keyword)
-}
-
-// KeywordPresent reports whether c carries the keyword the way Generate
-// writes it: anywhere in the couplet (ContainsKeyword; a four-character
-// phrase opens the 上联).
-func KeywordPresent(c Couplet, keyword string) bool {
-	return ContainsKeyword(c, keyword)
 }

@@ -129,7 +129,7 @@ func (s *RuleRow) add(c couplet.Couplet, keyword string, lowerMode bool, d time.
 	s.R4 += b2i(r.Rule4())
 	s.All += b2i(r.Rule1() && rule2 && r.Rule3() && r.Rule4())
 	if keyword != "" {
-		s.KW += b2i(couplet.KeywordPresent(c, keyword))
+		s.KW += b2i(couplet.ContainsKeyword(c, keyword))
 	}
 }
 

@@ -54,7 +54,7 @@ func TestEvalSamplesKeepTheirWord(t *testing.T) {
 		t.Fatalf("%d samples, want %d", len(r.Samples), len(words)-1)
 	}
 	for i, s := range r.Samples {
-		if s.Keyword != words[i+1] || !couplet.KeywordPresent(s.Couplet, s.Keyword) {
+		if s.Keyword != words[i+1] || !couplet.ContainsKeyword(s.Couplet, s.Keyword) {
 			t.Errorf("sample %d: keyword %q, couplet %s / %s; want %q in it", i, s.Keyword, s.Upper, s.Lower, words[i+1])
 		}
 	}
