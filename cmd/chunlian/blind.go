@@ -85,9 +85,9 @@ func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, temp *fl
 	}
 	shared := *r.sharedFolder
 	words := strings.Split(*r.wordList, ",")
-	pool, err := quality.ReadHuman(filepath.Join(shared, "spring/with_banner.tsv"), filepath.Join(shared, "spring/newyear_no_banner.tsv"))
+	pool, err := readHumanSpring(shared)
 	if err != nil {
-		return fmt.Errorf("the human couplets need ../shared (--shared): %w", err)
+		return err
 	}
 	st, err := openStack(sc, randomModel)
 	if err != nil {
@@ -311,6 +311,16 @@ func readTrainPairs(p string) (map[string]bool, error) {
 	return set, sc.Err()
 }
 
+// readHumanSpring reads the human spring couplets of the shared folder
+// (quality.ReadHuman over its triples and pairs).
+func readHumanSpring(shared string) ([]quality.Couplet, error) {
+	pool, err := quality.ReadHuman(filepath.Join(shared, "spring/with_banner.tsv"), filepath.Join(shared, "spring/newyear_no_banner.tsv"))
+	if err != nil {
+		return nil, fmt.Errorf("the human couplets need ../shared (--shared): %w", err)
+	}
+	return pool, nil
+}
+
 // freshWords prints `eval --fresh-words N`: word<TAB>human couplets per
 // line. At least 3 human couplets per word, so that the sheet can pair
 // each word's two couplets with people's.
@@ -322,9 +332,9 @@ func freshWords(n int, readings, shared string, length int, stdout io.Writer) er
 	if err != nil {
 		return fmt.Errorf("--readings: %w", err)
 	}
-	pool, err := quality.ReadHuman(filepath.Join(shared, "spring/with_banner.tsv"), filepath.Join(shared, "spring/newyear_no_banner.tsv"))
+	pool, err := readHumanSpring(shared)
 	if err != nil {
-		return fmt.Errorf("--fresh-words needs the human spring couplets (--shared): %w", err)
+		return err
 	}
 	// A dictionary word (one segment of a known class), festive, nothing
 	// unsuitable, and no year animal (金猴 and 玉兔 belong to one year).
