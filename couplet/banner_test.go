@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestTopBanners(t *testing.T) {
 		for range n {
 			lines = append(lines, word())
 		}
-		cands := g.t.parseBanners(stringsReader(lines), trial%2, map[string]bool{}, nil)
+		cands := g.t.parseBanners(strings.NewReader(strings.Join(lines, "\n")), trial%2, map[string]bool{}, nil)
 		text := word() + word()
 		for _, k := range []int{0, 1, 3, 8, 32, 100} {
 			got, want := topBanners(cands, text, k), topBannersRef(cands, text, k)

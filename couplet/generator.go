@@ -183,7 +183,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 			seen[b.text] = true
 		}
 		before := len(g.banners)
-		g.banners = t.parseBanners(stringsReader(o.extraBanners), 1, seen, g.banners)
+		g.banners = t.parseBanners(strings.NewReader(strings.Join(o.extraBanners, "\n")), 1, seen, g.banners)
 		if len(g.banners) > before {
 			g.sources = append(g.sources, "(inline)")
 		}
@@ -241,6 +241,7 @@ type candidate struct {
 	upperIDs, lowerIDs []int32 // [lineLen] each when well formed
 	c                  Couplet
 	lineLP             float64 // mean raw log-prob of the generated line tokens
+	lineReader         float64 // mean reader head score of the same tokens (0 without one)
 	key                float64 // selection key: c.Score + Gumbel noise (selectDiverse)
 	attempt, sample    int     // where it came from (streaming)
 }
@@ -471,6 +472,10 @@ func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate
 		return nil
 	}
 	cd.lineLP = meanLP(lp)
+	// The reader head was fitted on keyword-mode couplets only.
+	if p.mode == ModeKeyword && len(comp.Reader) == len(comp.LogProbs) {
+		cd.lineReader = meanLP(comp.Reader[:len(lp)])
+	}
 	return cd
 }
 

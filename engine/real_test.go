@@ -223,3 +223,74 @@ func jumpRules(vocab int) func(int) sampler.LogitsProcessor {
 	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
 	return func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 0} }
 }
+
+// TestReaderScoresFollowTokens: with a model that has a reader head, each
+// generated token's Completion.Reader entry is the head's score of the
+// row that produced the token (the last prompt row, then each generated
+// token's), under continuous batching, forks and jump-forward chunks; a
+// full forward of prompt and output gives the same scores.
+func TestReaderScoresFollowTokens(t *testing.T) {
+	m := *model.NewRandom(model.TestConfig(), 1)
+	d := m.Config.HiddenSize
+	m.Reader = &model.ReaderHead{Weight: make([]float32, d), Bias: -0.1}
+	rng := rand.New(rand.NewPCG(5, 5))
+	for i := range m.Reader.Weight {
+		m.Reader.Weight[i] = float32(rng.NormFloat64())
+	}
+	newCPU := func() *forward.CPU {
+		b, err := forward.NewCPU(&m, forward.CPUOptions{BlockSize: 4, KVCacheBytes: 1024 * forward.KVBytesPerToken(m.Config), BF16MaxRows: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+	prompts := randomPrompts(2, 8, m.Config.VocabSize, 20)
+	var reqs []*Request
+	for i, p := range prompts {
+		reqs = append(reqs, &Request{Prompt: p, Params: sampler.Params{MaxTokens: 12, N: 1 + i%2}})
+		if i%2 == 0 {
+			reqs[i].NewProcessor = jumpRules(m.Config.VocabSize)
+		}
+	}
+	e, err := New(newCPU(), Config{MaxNumBatchedTokens: 32, EnablePrefixCaching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := runConcurrent(t, e, reqs)
+	if e.Stats().JumpTokens == 0 {
+		t.Error("nothing was jumped")
+	}
+	ref := newCPU()
+	logits := make([]float32, 64*m.Config.VocabSize)
+	for i, r := range reqs {
+		for _, c := range got[i].Completions {
+			if len(c.Reader) != len(c.Tokens) {
+				t.Fatalf("request %d sample %d: %d reader scores for %d tokens", i, c.Index, len(c.Reader), len(c.Tokens))
+			}
+			toks := append(slices.Clone(r.Prompt), c.Tokens...)
+			b := &forward.Batch{Tokens: toks}
+			for p := range toks {
+				b.Positions = append(b.Positions, int32(p))
+				b.SlotMapping = append(b.SlotMapping, int32(p))
+			}
+			var table []int32
+			for blk := 0; blk*4 < len(toks); blk++ {
+				table = append(table, int32(blk))
+			}
+			b.Seqs = []forward.SeqSpan{{Len: len(toks), CtxLen: len(toks), BlockTable: table}}
+			for k := range c.Tokens {
+				b.LogitRows = append(b.LogitRows, len(r.Prompt)-1+k)
+			}
+			if err := ref.Forward(b, logits[:len(c.Tokens)*m.Config.VocabSize]); err != nil {
+				t.Fatal(err)
+			}
+			for k, want := range ref.ReaderScores() {
+				if dv := c.Reader[k] - want; dv > 1e-3 || dv < -1e-3 {
+					t.Errorf("request %d sample %d token %d: reader %g, full forward %g", i, c.Index, k, c.Reader[k], want)
+				}
+			}
+		}
+	}
+	checkDrained(t, e)
+}

@@ -787,3 +787,58 @@ func TestAttentionInlineAndPooled(t *testing.T) {
 // path (with -count=1: go test's cache does not see an environment
 // read before m.Run). The library itself reads no environment.
 func TestMain(m *testing.M) { testenv.Main(m, cpu.SetGEMMPath) }
+
+// TestReaderScores: with a reader head on the model, each logit row's
+// reader score is the head's score of that row's final-normed hidden
+// state (HiddenRows), which is the LM head's input: the logits follow from
+// it. Without a head ReaderScores is nil.
+func TestReaderScores(t *testing.T) {
+	m := model.NewRandom(model.TestConfig(), 41)
+	d, V := m.Config.HiddenSize, m.Config.VocabSize
+	toks := randomTokens(newRNG(41), 12, V)
+	run := func(m *model.Model) (*CPU, []float32) {
+		c, err := NewCPU(m, CPUOptions{BlockSize: 4, KVCacheBytes: 8 * 4 * KVBytesPerToken(m.Config), BF16MaxRows: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		s := &seqState{tokens: toks}
+		var b Batch
+		addStep(&b, s, len(toks), 4, newFreeList(c.NumBlocks(), newRNG(1)))
+		b.LogitRows = []int{2, 7, 11}
+		logits := make([]float32, len(b.LogitRows)*V)
+		if err := c.Forward(&b, logits); err != nil {
+			t.Fatal(err)
+		}
+		return c, logits
+	}
+	if c, _ := run(m); c.ReaderScores() != nil {
+		t.Fatal("ReaderScores without a reader head")
+	}
+	withHead := *m
+	rng := newRNG(42)
+	withHead.Reader = &model.ReaderHead{Weight: make([]float32, d), Bias: 0.25}
+	for i := range withHead.Reader.Weight {
+		withHead.Reader.Weight[i] = float32(rng.NormFloat64())
+	}
+	c, logits := run(&withHead)
+	h, rd := c.HiddenRows(), c.ReaderScores()
+	if len(h) != 3*d || len(rd) != 3 {
+		t.Fatalf("HiddenRows %d values, ReaderScores %d; want %d and 3", len(h), len(rd), 3*d)
+	}
+	ref := refForward(m, toks)
+	for i, row := range []int{2, 7, 11} {
+		hi := h[i*d : (i+1)*d]
+		if got, want := rd[i], withHead.Reader.Score(hi); got != want {
+			t.Errorf("row %d: reader score %g, want Score(hidden) %g", row, got, want)
+		}
+		for v := range V {
+			if got := cpu.Dot(hi, m.Weights.LMHead[v*d:(v+1)*d]); math.Abs(float64(got-logits[i*V+v])) > 1e-4 {
+				t.Fatalf("row %d token %d: hidden·head %g, logit %g", row, v, got, logits[i*V+v])
+			}
+		}
+		if dlt := maxAbsDiff(logits[i*V:(i+1)*V], ref[row]); dlt > 1e-4 {
+			t.Errorf("row %d: logits off the dense reference by %g", row, dlt)
+		}
+	}
+}

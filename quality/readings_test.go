@@ -235,3 +235,74 @@ func TestReadingsLeaveOneWordOut(t *testing.T) {
 	all := fitWeights(byWord, words, feats)
 	t.Logf("weights fitted on all words (LogProb, POS, Festive, Repeated, Bad): %.3f", all)
 }
+
+// TestReadMarked reads every recorded reading: the rows with two marks
+// and a word, whatever the file's columns.
+func TestReadMarked(t *testing.T) {
+	rs, err := ReadMarked("testdata/readings")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tuning := readReadings(t, "testdata/readings/tuning.tsv")
+	if len(rs) < 6000 {
+		t.Fatalf("%d marked couplets; the folder records over 6,000", len(rs))
+	}
+	found := 0
+	for _, r := range rs {
+		if len(r.Marks) != 2 || r.Word == "" || len([]rune(r.Upper)) != len([]rune(r.Lower)) {
+			t.Fatalf("malformed %+v", r)
+		}
+		if r.Word == tuning[0].word && r.Upper == tuning[0].upper && r.Lower == tuning[0].lower {
+			found++
+			if r.Marks[0] != tuning[0].verdicts[0] || r.Marks[1] != tuning[0].verdicts[1] {
+				t.Errorf("marks %v, tuning.tsv says %v", r.Marks, tuning[0].verdicts)
+			}
+		}
+	}
+	if found == 0 {
+		t.Error("tuning.tsv's first row is missing")
+	}
+}
+
+// TestFitReaderHead: on features whose target is a known linear function
+// plus noise, the fitted head's scores order held-out rows as the truth
+// does, and PairAUC rates a perfect score 1 and its reverse 0.
+func TestFitReaderHead(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	const d, n = 16, 600
+	truth := make([]float64, d)
+	for j := range truth {
+		truth[j] = rng.NormFloat64()
+	}
+	feats, y := make([][]float32, n), make([]float64, n)
+	for i := range feats {
+		feats[i] = make([]float32, d)
+		for j := range d {
+			v := 3 + 2*rng.NormFloat64() // off-centre and scaled: standardising must undo it
+			feats[i][j] = float32(v)
+			y[i] += truth[j] * v
+		}
+		y[i] += 0.5 * rng.NormFloat64()
+	}
+	head := FitReaderHead(feats[:500], y[:500], 1)
+	words, odd, score := make([]string, 100), make([]float64, 100), make([]float64, 100)
+	maxErr := 0.0
+	for i := range 100 {
+		words[i], odd[i] = "w", -y[500+i]
+		score[i] = float64(head.Score(feats[500+i]))
+		maxErr = max(maxErr, math.Abs(score[i]-y[500+i]))
+	}
+	if auc := PairAUC(words, odd, score); auc < 0.95 {
+		t.Errorf("held-out pair AUC %.3f, want ≥ 0.95", auc)
+	}
+	if maxErr > 3 {
+		t.Errorf("held-out predictions off by up to %.2f (noise σ 0.5)", maxErr)
+	}
+	neg := make([]float64, 100)
+	for i := range odd {
+		neg[i] = odd[i]
+	}
+	if PairAUC(words, odd, neg) != 0 {
+		t.Error("a score that orders every pair backwards should have AUC 0")
+	}
+}

@@ -1,8 +1,0 @@
-package couplet
-
-import (
-	"io"
-	"strings"
-)
-
-func stringsReader(lines []string) io.Reader { return strings.NewReader(strings.Join(lines, "\n")) }
