@@ -21,10 +21,6 @@ type fakeEngine struct {
 	// extra, if set, runs after the request's own processor (to make
 	// constraints impossible in tests).
 	extra sampler.LogitsProcessor
-	// reader, if set, gives each generated token a reader head score
-	// (engine.Completion.Reader) from its context, as a model with a
-	// reader head does.
-	reader func(ctx []int32) float32
 
 	mu                   sync.Mutex
 	genCalls, scoreCalls int
@@ -104,9 +100,6 @@ func (f *fakeEngine) Generate(ctx context.Context, req *engine.Request) (*engine
 			}
 			comp.Tokens = append(comp.Tokens, tok)
 			comp.LogProbs = append(comp.LogProbs, lp)
-			if f.reader != nil {
-				comp.Reader = append(comp.Reader, f.reader(ctxToks))
-			}
 			if req.OnEvent != nil {
 				req.OnEvent(engine.Event{Index: i, Token: tok})
 			}

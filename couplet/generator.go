@@ -241,7 +241,6 @@ type candidate struct {
 	upperIDs, lowerIDs []int32 // [lineLen] each when well formed
 	c                  Couplet
 	lineLP             float64 // mean raw log-prob of the generated line tokens
-	lineReader         float64 // mean reader head score of the same tokens (0 without one)
 	key                float64 // selection key: c.Score + Gumbel noise (selectDiverse)
 	attempt, sample    int     // where it came from (streaming)
 }
@@ -472,10 +471,6 @@ func (g *Generator) parseConstrained(p *plan, comp engine.Completion) *candidate
 		return nil
 	}
 	cd.lineLP = meanLP(lp)
-	// The reader head was fitted on keyword-mode couplets only.
-	if p.mode == ModeKeyword && len(comp.Reader) == len(comp.LogProbs) {
-		cd.lineReader = meanLP(comp.Reader[:len(lp)])
-	}
 	return cd
 }
 

@@ -30,14 +30,13 @@ type Features struct {
 	POS      float64 `json:"pos"`      // Judge.Parallelism, [0, 1]
 	Festive  float64 `json:"festive"`  // Judge.Festive of 上联+下联
 	Reverse  float64 `json:"reverse"`  // mean log P(上联 | 下联) by the lower-mode prompt
-	Reader   float64 `json:"reader"`   // mean reader head score of the line tokens (keyword mode; 0 without a head)
 	Bad      int     `json:"bad"`      // Judge.Unsuitable words in 上联+下联
 	Repeated int     `json:"repeated"` // repetitions a reader takes for slips (repeats): all but adjacent mirrored ones
 }
 
 // Weights combine Features into a candidate's score (see Weights.Score).
 type Weights struct {
-	LogProb, Tone, POS, Festive, Reverse, Reader, Bad, Repeated float64
+	LogProb, Tone, POS, Festive, Reverse, Bad, Repeated float64
 }
 
 // DefaultSamples is how many constrained samples Generate draws and ranks
@@ -52,15 +51,13 @@ const DefaultSamples = 8
 // fit: a couplet with an unsuitable word ranks below every clean one.
 // Tone and Reverse carried no signal the fit could use and stay 0 (Tone
 // still breaks no rule: the constraints enforce 平仄 at the line ends).
-// Reader is the reader head's weight, chosen on readings of ranked
-// candidates the head was not fitted on (docs/DECISIONS.md, "Reader head").
-var DefaultWeights = Weights{LogProb: 1, POS: 0.1, Festive: 0.1, Reader: 6, Bad: 10, Repeated: 0.45}
+var DefaultWeights = Weights{LogProb: 1, POS: 0.1, Festive: 0.1, Bad: 3, Repeated: 0.45}
 
 // Score is the weighted sum: higher is better; Bad and Repeated count
 // against a candidate.
 func (w Weights) Score(f Features) float64 {
 	return w.LogProb*f.LogProb + w.Tone*f.Tone + w.POS*f.POS + w.Festive*f.Festive +
-		w.Reverse*f.Reverse + w.Reader*f.Reader - w.Bad*float64(f.Bad) - w.Repeated*float64(f.Repeated)
+		w.Reverse*f.Reverse - w.Bad*float64(f.Bad) - w.Repeated*float64(f.Repeated)
 }
 
 // Scored is one ranked candidate as Trace.Candidates reports it.
@@ -94,7 +91,6 @@ func WithWeights(w Weights) Option { return func(o *options) { o.weights = w } }
 // features fills every signal of cd except Reverse.
 func (g *Generator) features(p *plan, cd *candidate) Features {
 	f := TextFeatures(cd.c.Upper, cd.c.Lower, cd.lineLP, g.o.judge)
-	f.Reader = cd.lineReader
 	f.Tone = parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)
 	return f
 }

@@ -2,7 +2,6 @@ package couplet
 
 import (
 	"context"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -233,50 +232,5 @@ func TestIdleSamples(t *testing.T) {
 	g.inflight.Add(-1)
 	if want := []int{6, 3, 3}; !slices.Equal(se.n[:3], want) {
 		t.Errorf("samples per candidate request %v, want %v (idle unseeded, seeded, busy)", se.n, want)
-	}
-}
-
-// TestReaderFeature: in keyword mode a candidate's Features.Reader is the
-// mean reader head score of its line tokens (上联, separator, 下联), the
-// score weighs it by Weights.Reader, and a strong reader weight makes the
-// candidate the head likes best the pick; other modes leave it 0.
-func TestReaderFeature(t *testing.T) {
-	// The fake head likes contexts whose last token is even (a pseudo-random
-	// preference that differs between candidates).
-	reader := func(ctx []int32) float32 { return float32(1 - 2*(ctx[len(ctx)-1]&1)) }
-	fe := &fakeEngine{vocab: testModel.Tok.Size(), reader: reader}
-	g := newFakeGen(t, fe, WithOversample(8), WithWeights(Weights{LogProb: 1, Reader: 100}))
-	tr := &Trace{Explain: true}
-	if _, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Seed: 9, Trace: tr}); err != nil {
-		t.Fatal(err)
-	}
-	if len(tr.Candidates) < 2 {
-		t.Fatalf("%d candidates", len(tr.Candidates))
-	}
-	best := math.Inf(-1)
-	for _, c := range tr.Candidates {
-		if r := c.Features.Reader; r < -1 || r > 1 {
-			t.Fatalf("candidate %s / %s: reader %g outside the fake head's [-1, 1]", c.Upper, c.Lower, r)
-		}
-		best = max(best, c.Features.Reader)
-		if w := (Weights{LogProb: 1, Reader: 100}).Score(c.Features); math.Abs(w-c.Score) > 1e-9 {
-			t.Errorf("score %g, want %g", c.Score, w)
-		}
-	}
-	if !tr.Candidates[0].Chosen || tr.Candidates[0].Features.Reader != best {
-		t.Errorf("chosen reader %g (chosen %v), best %g", tr.Candidates[0].Features.Reader, tr.Candidates[0].Chosen, best)
-	}
-	if tr.Candidates[0].Features.Reader == tr.Candidates[len(tr.Candidates)-1].Features.Reader {
-		t.Error("every candidate has the same reader score: the feature is not per candidate")
-	}
-	// Lower mode: the head was not fitted on it.
-	tr = &Trace{Explain: true}
-	if _, err := g.Generate(context.Background(), Request{Mode: ModeLower, Text: "春回大地千山秀", N: 1, Seed: 9, Trace: tr}); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range tr.Candidates {
-		if c.Features.Reader != 0 {
-			t.Fatalf("lower mode: reader %g", c.Features.Reader)
-		}
 	}
 }

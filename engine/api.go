@@ -59,11 +59,7 @@ type Completion struct {
 	// LogProbs[i] is log softmax of the model's raw logits (before
 	// processors, penalties and temperature) at Tokens[i].
 	LogProbs []float32
-	// Reader[i] is the model's reader head score (model.ReaderHead) of the
-	// row that produced Tokens[i]; nil when the model has no reader head
-	// or the backend does not compute it (forward.ReaderBackend).
-	Reader []float32
-	Finish FinishReason
+	Finish   FinishReason
 }
 
 // Timings of one request, measured by the engine.

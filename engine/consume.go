@@ -76,7 +76,7 @@ func (e *Paged) completeRequest(r *request) {
 		for i := 0; i < r.n; i++ {
 			if i < len(r.seqs) {
 				s := r.seqs[i]
-				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clip(s.generated()), LogProbs: slices.Clip(s.logprobs), Reader: slices.Clip(s.reader), Finish: s.finish})
+				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clip(s.generated()), LogProbs: slices.Clip(s.logprobs), Finish: s.finish})
 			} else { // MaxTokens == 0: scored only, never forked
 				res.Completions = append(res.Completions, Completion{Index: i, Tokens: []int32{}, Finish: FinishLength})
 			}
@@ -227,7 +227,7 @@ func (e *Paged) confirm(en *entry, logits []float32, lse []float64, now time.Tim
 			return
 		}
 		s.pend--
-		e.accept(s, tok, float32(float64(v)-lse[row]), row, now)
+		e.accept(s, tok, float32(float64(v)-lse[row]), now)
 	}
 }
 
@@ -283,20 +283,17 @@ func (e *Paged) applySample(t *sampleTask, now time.Time) {
 		return
 	}
 	s.tokens = append(s.tokens, t.tok)
-	if e.accept(s, t.tok, t.lp, int(t.row), now) {
+	if e.accept(s, t.tok, t.lp, now) {
 		e.jumpForward(s)
 	}
 }
 
 // accept takes s's next token tok (already in s.tokens) with its raw
-// log-prob lp, scored by the step's logit row row: it streams it and
-// applies the stop rules. It reports whether s goes on.
-func (e *Paged) accept(s *sequence, tok int32, lp float32, row int, now time.Time) bool {
+// log-prob lp: it streams it and applies the stop rules. It reports
+// whether s goes on.
+func (e *Paged) accept(s *sequence, tok int32, lp float32, now time.Time) bool {
 	r := s.r
 	s.logprobs = append(s.logprobs, lp)
-	if e.rdr != nil {
-		s.reader = append(s.reader, e.rdr[row])
-	}
 	e.genTokens++
 	if r.firstTok.IsZero() {
 		r.firstTok = now

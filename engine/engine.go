@@ -136,7 +136,6 @@ type stepBuf struct {
 	logits []float32 // [host rows, vocab]: every row, or with device draws dp.peekRows then dp.hostRows
 	lse    []float64 // [len(batch.LogitRows)] log-sum-exp of each logits row (NaN = not needed/known)
 	lse32  []float32 // the backend's, with an AsyncDrawBackend
-	rdr    []float32 // [len(batch.LogitRows)] reader head scores of the step's rows, nil when none
 	t0     time.Time // scheduling began
 }
 
@@ -159,7 +158,6 @@ type sequence struct {
 	samp        *sampler.Sampler
 	proc        sampler.LogitsProcessor
 	logprobs    []float32 // raw log-probs of tokens[len(prompt):len(tokens)-pend]
-	reader      []float32 // reader head scores of the same tokens' rows, when the backend gives them
 	// pend counts the tokens at the end of tokens that jumpForward
 	// appended and whose log-probs (and events) are still to come, from
 	// the rows of the positions before them.

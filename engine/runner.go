@@ -54,7 +54,6 @@ func (syncRunner) iterate(e *Paged) {
 		return
 	}
 	t2 := time.Now()
-	e.rdr = e.readerScores(rows)
 	e.consumeStep(e.rowLSE(rows))
 	e.phases.Schedule += t1.Sub(e.t0).Seconds()
 	e.phases.Forward += t2.Sub(t1).Seconds()
@@ -145,24 +144,9 @@ func (e *Paged) landStep() {
 		return
 	}
 	t2 := time.Now()
-	e.rdr = nil // no AsyncDrawBackend computes reader scores
 	e.consumeStep(e.widenLSE(lse32, rows))
 	e.phases.Forward += t2.Sub(t1).Seconds()
 	e.phases.Consume += time.Since(t2).Seconds()
-}
-
-// readerScores returns the step's [rows] reader head scores when the
-// backend computed them on the host path (forward.ReaderBackend), else nil.
-func (e *Paged) readerScores(rows int) []float32 {
-	if e.db != nil {
-		return nil
-	}
-	if rb, ok := e.b.(forward.ReaderBackend); ok {
-		if got := rb.ReaderScores(); len(got) == rows {
-			return got
-		}
-	}
-	return nil
 }
 
 // rowLSE returns the step's [rows] log-sum-exp slice: filled from the

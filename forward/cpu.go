@@ -132,8 +132,6 @@ type CPU struct {
 	att   []float32 // [T, nHeads·headDim] attention output before Wo
 	gate  []float32 // [T, ffn] silu(gate)·up of gu
 	rows  []float32 // [R, d] final-normed hidden states of the logit rows
-	rdr   []float32 // [R] reader head scores of rows (model.Reader set)
-	lastR int       // R of the last Forward
 	owner []int32   // [T] which span owns each token (batch validation)
 	hidx  []int32   // [V] indices of the logits refineHead recomputes
 
@@ -151,10 +149,7 @@ type CPU struct {
 	attnInline int
 }
 
-var (
-	_ Backend       = (*CPU)(nil)
-	_ ReaderBackend = (*CPU)(nil)
-)
+var _ Backend = (*CPU)(nil)
 
 // NewCPU allocates the paged KV cache for m. Attention runs on the kernel
 // pool (cpu.Parallel); Close drops the cache.
@@ -500,7 +495,6 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	}
 	// Final norm and LM head only for the rows that will be sampled.
 	R := len(b.LogitRows)
-	c.rdr, c.lastR = c.rdr[:0], R
 	if R == 0 {
 		return nil
 	}
@@ -509,11 +503,6 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 		copy(c.rows[i*d:(i+1)*d], c.x[r*d:(r+1)*d])
 	}
 	cpu.RMSNorm(c.rows, c.rows, w.FinalNorm, R, d, eps)
-	if rh := c.m.Reader; rh != nil { //                                rdr: [R]
-		for i := range R {
-			c.rdr = append(c.rdr, rh.Score(c.rows[i*d:(i+1)*d]))
-		}
-	}
 	var head16 []uint16
 	if c.bf16 != nil {
 		head16 = c.bf16.LMHead
@@ -526,19 +515,6 @@ func (c *CPU) Forward(b *Batch, logits []float32) error {
 	}
 	return nil
 }
-
-// ReaderScores implements forward.ReaderBackend.
-func (c *CPU) ReaderScores() []float32 {
-	if c.m.Reader == nil {
-		return nil
-	}
-	return c.rdr
-}
-
-// HiddenRows returns the final-normed hidden states of the last Forward's
-// LogitRows, [R, d] (what the LM head and the reader head read; a reader
-// head is fitted on them). Valid until the next Forward.
-func (c *CPU) HiddenRows() []float32 { return c.rows[:c.lastR*c.cfg.HiddenSize] }
 
 // headRefineMargin is how far below a row's largest logit refineHead
 // recomputes logits exactly. Rounding the LM head's input to bf16 moves a

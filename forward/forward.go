@@ -52,16 +52,6 @@ type Backend interface {
 	Close() error
 }
 
-// ReaderBackend is an optional Backend extension for a model with a reader
-// head (model.Model.Reader). ReaderScores returns, after a Forward, the
-// head's score of each of that Forward's LogitRows (row i's final-normed
-// hidden state scored by model.ReaderHead.Score), or nil when the model
-// has no head; the slice is valid until the next Forward. Callers must
-// check its length.
-type ReaderBackend interface {
-	ReaderScores() []float32
-}
-
 // RowLSEBackend is an optional Backend extension: a backend that computes,
 // where the logits are (on the GPU for cuda.Backend), log Σ exp of every
 // logits row spares the engine a pass over each row on the host.

@@ -24,35 +24,7 @@ type Model struct {
 	Tok     *Tokenizer
 	Meta    Meta
 	Name    string // the directory's base name, e.g. "chunlian-base"
-	// Reader is the model's reader head (reader_head.json), nil when the
-	// directory has none.
-	Reader *ReaderHead
 }
-
-// ReaderHead is a linear head on the model's final-normed hidden state
-// that predicts how blind readers judge the couplet the state reads: a
-// row's score is Weight·h + Bias, and a couplet's is the mean over the rows
-// that produce its line tokens (higher reads better; fitted to the recorded
-// readings by `chunlian eval --fit-reader`, see docs/DECISIONS.md,
-// "Reader head"). It is stored as reader_head.json in the model directory.
-type ReaderHead struct {
-	Weight []float32 `json:"weight"` // [hidden_size]
-	Bias   float32   `json:"bias"`
-	// About says what the head was fitted on (free text, for people).
-	About string `json:"about,omitempty"`
-}
-
-// Score is the head's score of one final-normed hidden state h.
-func (r *ReaderHead) Score(h []float32) float32 {
-	s := r.Bias
-	for i, w := range r.Weight {
-		s += w * h[i]
-	}
-	return s
-}
-
-// ReaderHeadFile is the reader head's file name in a model directory.
-const ReaderHeadFile = "reader_head.json"
 
 // Roles that chunlian.json must define (see Meta).
 var Roles = []string{"pad", "unk", "bos", "eos", "keyword", "acrostic", "lower", "up", "sep", "banner"}
@@ -103,15 +75,6 @@ func (m *Model) Validate() error {
 		check("embed", w.Embed, v, d)
 		check("final norm", w.FinalNorm, 1, d)
 		check("lm_head", w.LMHead, v, d)
-		if m.Reader != nil {
-			check(ReaderHeadFile+" weight", m.Reader.Weight, 1, d)
-			for _, x := range append(m.Reader.Weight[:len(m.Reader.Weight):len(m.Reader.Weight)], m.Reader.Bias) {
-				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-					errs = append(errs, fmt.Errorf("%s: weight not finite", ReaderHeadFile))
-					break
-				}
-			}
-		}
 		if len(w.Layers) != c.NumLayers {
 			errs = append(errs, fmt.Errorf("%d layers, config says %d", len(w.Layers), c.NumLayers))
 		}
@@ -246,14 +209,6 @@ func LoadFS(fsys fs.FS, dir string) (*Model, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("model.safetensors: %w", err)
-	}
-	if b, err := fs.ReadFile(fsys, path.Join(dir, ReaderHeadFile)); err == nil {
-		m.Reader = new(ReaderHead)
-		if err := json.Unmarshal(b, m.Reader); err != nil {
-			return nil, fmt.Errorf("%s: %w", ReaderHeadFile, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("model dir %s: %w", dir, err)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, err

@@ -173,12 +173,6 @@ func TestLoadUntrustedDir(t *testing.T) {
 		{"max_line_length huge", func(t testing.TB, f map[string][]byte) {
 			f["chunlian.json"] = editJSONBytes(t, f["chunlian.json"], func(v map[string]any) { v["max_line_length"] = 1 << 30 })
 		}, []string{"chunlian.json", "max_line_length"}},
-		{"reader head of the wrong size", func(t testing.TB, f map[string][]byte) {
-			f[model.ReaderHeadFile] = []byte(`{"weight":[1,2,3],"bias":0}`)
-		}, []string{model.ReaderHeadFile, "weight"}},
-		{"reader head not JSON", func(t testing.TB, f map[string][]byte) {
-			f[model.ReaderHeadFile] = []byte(`{"weight":`)
-		}, []string{model.ReaderHeadFile}},
 		{"length_token with another verb", func(t testing.TB, f map[string][]byte) {
 			f["chunlian.json"] = editJSONBytes(t, f["chunlian.json"], func(v map[string]any) { v["length_token"] = "<%s_%d>" })
 		}, []string{"chunlian.json", "length_token"}},
@@ -197,37 +191,6 @@ func TestLoadUntrustedDir(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestLoadReaderHead: a directory's reader_head.json is loaded as
-// Model.Reader, scores by Weight·h + Bias, and its absence leaves Reader nil.
-func TestLoadReaderHead(t *testing.T) {
-	files := baseDir(t)
-	m, err := loadFiles(files)
-	if err != nil || m.Reader != nil {
-		t.Fatalf("without reader_head.json: Reader %v, err %v", m.Reader, err)
-	}
-	d := m.Config.HiddenSize
-	w := make([]string, d)
-	h := make([]float32, d)
-	for i := range d {
-		w[i] = fmt.Sprint(i + 1)
-		h[i] = 1
-	}
-	files[model.ReaderHeadFile] = []byte(`{"weight":[` + strings.Join(w, ",") + `],"bias":-0.5,"about":"test"}`)
-	if m, err = loadFiles(files); err != nil {
-		t.Fatal(err)
-	}
-	if m.Reader == nil || m.Reader.About != "test" {
-		t.Fatalf("Reader = %+v", m.Reader)
-	}
-	if got, want := m.Reader.Score(h), float32(d*(d+1)/2)-0.5; got != want {
-		t.Errorf("Score(ones) = %g, want %g", got, want)
-	}
-	files[model.ReaderHeadFile] = []byte(`{"weight":[` + strings.Join(w, ",") + `],"bias":1e999}`)
-	if _, err := loadFiles(files); err == nil {
-		t.Error("a reader head with an infinite bias loaded")
 	}
 }
 

@@ -14,11 +14,10 @@
 //
 // and SpringDir, the spring model: the default model fine-tuned on
 // spring-festival couplets for the blessing-word modes (docs/DECISIONS.md,
-// "The spring model"). It shares every file with DefaultDir but its
-// weights and its reader head (reader_head.json, see model.ReaderHead);
-// its weights are stored as their difference from the default model's
-// (model.safetensors.xor, see DecodeSpring): 19 MB against 33 MB for
-// every clone. SpringFS presents it as a whole model directory.
+// "The spring model"). It shares every file but the weights with
+// DefaultDir, and its weights are stored as their difference from the
+// default model's (model.safetensors.xor, see DecodeSpring): 19 MB against
+// 33 MB for every clone. SpringFS presents it as a whole model directory.
 //
 // The files are produced by training/ (see training/README.md for the
 // recipe, the data and their licenses).
@@ -87,13 +86,9 @@ func (f springFS) ReadFile(name string) ([]byte, error) {
 	return b, nil
 }
 
-// under maps SpringDir's shared files to DefaultDir's: a file SpringDir
-// holds itself (its reader head) is its own.
+// under maps SpringDir's shared files to DefaultDir's.
 func (springFS) under(name string) string {
 	if rest, ok := strings.CutPrefix(name, SpringDir+"/"); ok {
-		if _, err := fs.Stat(FS, name); err == nil {
-			return name
-		}
 		return path.Join(DefaultDir, rest)
 	}
 	return name

@@ -236,11 +236,4 @@ func TestSpringModel(t *testing.T) {
 	if err := base.Compatible(spring); err != nil {
 		t.Error(err)
 	}
-	// The reader head is the spring model's own: the default model has none.
-	if spring.Reader == nil || len(spring.Reader.Weight) != spring.Config.HiddenSize {
-		t.Errorf("spring model's reader head: %+v", spring.Reader)
-	}
-	if base.Reader != nil {
-		t.Error("the default model has a reader head; it was fitted on the spring model's hidden states")
-	}
 }

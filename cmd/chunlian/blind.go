@@ -8,7 +8,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +22,6 @@ import (
 
 	"chunlian/couplet"
 	"chunlian/critic"
-	"chunlian/model"
 	"chunlian/quality"
 )
 
@@ -39,8 +37,6 @@ type readerFlags struct {
 	wordList, sharedFolder *string
 	freshWords             *int
 	readings               *string
-	fitReader              *string
-	readerLambda           *float64
 }
 
 // defineReader registers the kit's flags on eval's flag set.
@@ -57,16 +53,14 @@ func defineReader(fs *pflag.FlagSet) *readerFlags {
 		wordList:     fs.String("word-list", strings.Join(quality.BlessingWords[:15], ","), "--blind, --signals: comma-separated blessing words"),
 		sharedFolder: fs.String("shared", "../shared/data", "--blind, --signals: the shared data folder (spring/, couplets/train.tsv)"),
 		freshWords:   fs.Int("fresh-words", 0, "list N two-character blessing words for a held-out reading: dictionary words, festive, held by human spring couplets of --length, named by no recorded reading (--readings)"),
-		readings:     fs.String("readings", "quality/testdata/readings", "--fresh-words, --fit-reader: the folder of recorded readings"),
-		fitReader:    fs.String("fit-reader", "", "fit the blessing modes' model's reader head to the marks of --readings and write it to this file (reader_head.json)"),
-		readerLambda: fs.Float64("reader-lambda", defaultReaderLambda, "--fit-reader: ridge penalty on the standardised weights"),
+		readings:     fs.String("readings", "quality/testdata/readings", "--fresh-words: the folder of recorded readings whose words are used"),
 	}
 }
 
 // active reports whether the call asks for the kit rather than the
 // constraint evaluation.
 func (r *readerFlags) active() bool {
-	return *r.blind != 0 || *r.score != "" || *r.signals || *r.freshWords != 0 || *r.fitReader != ""
+	return *r.blind != 0 || *r.score != "" || *r.signals || *r.freshWords != 0
 }
 
 // runReader runs `eval --blind N --sheet-out F --key-out K`,
@@ -79,9 +73,6 @@ func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, temp *fl
 	}
 	if *r.freshWords != 0 {
 		return freshWords(*r.freshWords, *r.readings, *r.sharedFolder, length, stdout)
-	}
-	if *r.fitReader != "" {
-		return fitReader(sc, *r.readings, *r.fitReader, *r.readerLambda, stdout)
 	}
 	if *r.blind < 0 {
 		return errors.New("--blind needs N > 0")
@@ -357,89 +348,5 @@ func freshWords(n int, readings, shared string, length int, stdout io.Writer) er
 		fmt.Fprintf(stdout, "%s\t%d\n", wc.Word, wc.Human)
 	}
 	fmt.Fprintf(stdout, "# %d words (%d asked); %d runs of two or four characters in %s counted as used\n", len(words), n, len(used), readings)
-	return nil
-}
-
-// defaultReaderLambda is --reader-lambda's default: the penalty with the
-// best word-grouped cross-validated pair AUC (docs/DECISIONS.md, "Reader
-// head").
-const defaultReaderLambda = 1000
-
-// fitReader runs `eval --fit-reader OUT`: it reads the marked couplets of
-// readings, takes their hidden features from the blessing modes' model,
-// prints the 5-fold cross-validated pair AUC of the head (folds by word)
-// and writes the head fitted on every couplet to out.
-func fitReader(sc stackConfig, readings, out string, lambda float64, stdout io.Writer) error {
-	if !(lambda > 0) {
-		return fmt.Errorf("--reader-lambda %g: want > 0", lambda)
-	}
-	var (
-		m   *model.Model
-		err error
-	)
-	switch {
-	case sc.SpringModel != "" && sc.SpringModel != "off":
-		m, err = model.Load(sc.SpringModel)
-	case sc.ModelDir != "":
-		m, err = model.Load(sc.ModelDir)
-	default:
-		m, err = model.DefaultSpring()
-	}
-	if err != nil {
-		return err
-	}
-	rs, err := quality.ReadMarked(readings)
-	if err != nil {
-		return err
-	}
-	if len(rs) < 100 {
-		return fmt.Errorf("--fit-reader: %d marked couplets in %s; want at least 100", len(rs), readings)
-	}
-	feats, kept, err := quality.ReaderFeatures(m, rs, os.Stderr)
-	if err != nil {
-		return err
-	}
-	words, odd, y := make([]string, len(kept)), make([]float64, len(kept)), make([]float64, len(kept))
-	for i, k := range kept {
-		words[i], odd[i] = rs[k].Word, rs[k].OddShare()
-		y[i] = -odd[i]
-	}
-	// Folds by word, so that no word's couplets are both fitted and scored.
-	fold := map[string]int{}
-	for _, w := range words {
-		if _, ok := fold[w]; !ok {
-			fold[w] = len(fold) % 5
-		}
-	}
-	if len(fold) < 5 {
-		return fmt.Errorf("--fit-reader: the marked couplets hold %d words; cross-validation by word needs at least 5", len(fold))
-	}
-	cv := make([]float64, len(kept))
-	for k := range 5 {
-		var fx [][]float32
-		var fy []float64
-		for i := range kept {
-			if fold[words[i]] != k {
-				fx, fy = append(fx, feats[i]), append(fy, y[i])
-			}
-		}
-		h := quality.FitReaderHead(fx, fy, lambda)
-		for i := range kept {
-			if fold[words[i]] == k {
-				cv[i] = float64(h.Score(feats[i]))
-			}
-		}
-	}
-	head := quality.FitReaderHead(feats, y, lambda)
-	head.About = fmt.Sprintf("ridge (lambda %g) of minus the odd share of two blind readers' marks on the mean final-normed hidden state of the line rows under the keyword prompt, model %s, %d couplets of %d words from %s", lambda, m.Name, len(kept), len(fold), filepath.ToSlash(readings))
-	b, err := json.Marshal(head)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "%d marked couplets (%d skipped), %d words; cross-validated same-word pair AUC of the head %.3f (5 folds by word)\nwrote %s\n",
-		len(kept), len(rs)-len(kept), len(fold), quality.PairAUC(words, odd, cv), out)
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"chunlian/couplet"
-	"chunlian/model"
 )
 
 // TestGenerateCommand runs `chunlian generate --json` on the random test
@@ -275,47 +274,5 @@ func TestEvalFreshWords(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "家庭\t3\n") || strings.Contains(out.String(), "财富") {
 		t.Errorf("--fresh-words: want 家庭 (3 couplets) and not 财富:\n%s", out.String())
-	}
-}
-
-// TestEvalFitReader: --fit-reader writes a reader head that a model
-// directory loads, fitted on the folder's marked couplets, and says how
-// many it used; too few marked couplets is an error.
-func TestEvalFitReader(t *testing.T) {
-	if testing.Short() {
-		t.Skip("loads the embedded spring model")
-	}
-	dir := t.TempDir()
-	readings := filepath.Join(dir, "readings")
-	os.MkdirAll(readings, 0o755)
-	lines := []string{"# test reading", "word\tupper\tlower\treader1\treader2"}
-	ups := []string{"春回大地千山秀", "福满人间万户欢", "门迎百福福星照", "户纳千祥祥云开"}
-	lows := []string{"日暖神州万木春", "花开盛世百业兴", "年年如意好运来", "岁岁平安喜事多"}
-	marks := []string{"h\th", "a\to", "o\to", "h\ta"}
-	words := []string{"平安", "富贵", "吉祥", "如意", "新春", "福寿"}
-	for i := range 120 {
-		lines = append(lines, fmt.Sprintf("%s\t%s\t%s\t%s", words[i%6], ups[i%4], lows[(i/4)%4], marks[(i+i/4)%4]))
-	}
-	os.WriteFile(filepath.Join(readings, "a.tsv"), []byte(strings.Join(lines[:50], "\n")+"\n"), 0o644)
-	var out bytes.Buffer
-	head := filepath.Join(dir, "reader_head.json")
-	err := runEval([]string{"--fit-reader", head, "--readings", readings}, &out)
-	if err == nil || !strings.Contains(err.Error(), "48 marked couplets") {
-		t.Fatalf("48 couplets: err %v, want one naming the 48", err)
-	}
-	os.WriteFile(filepath.Join(readings, "a.tsv"), []byte(strings.Join(lines, "\n")+"\n"), 0o644)
-	if err := runEval([]string{"--fit-reader", head, "--readings", readings}, &out); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "120 marked couplets (0 skipped), 6 words") {
-		t.Errorf("output:\n%s", out.String())
-	}
-	b, err := os.ReadFile(head)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h model.ReaderHead
-	if err := json.Unmarshal(b, &h); err != nil || len(h.Weight) != 384 || !strings.Contains(h.About, "120 couplets") {
-		t.Errorf("reader head: %d weights, about %q, err %v", len(h.Weight), h.About, err)
 	}
 }
