@@ -199,7 +199,7 @@ func WrongYear(text string, y int) []string {
 		if b, ok := aliases[a]; ok {
 			a = b
 		}
-		if !isAnimal(a) {
+		if !IsYearAnimal(a) {
 			continue
 		}
 		v := r[i+1]
@@ -224,7 +224,8 @@ func WrongYear(text string, y int) []string {
 	return out
 }
 
-func isAnimal(c rune) bool { return containsRune(zodiac, c) }
+// IsYearAnimal reports whether c is one of the twelve year animals (鼠 … 猪).
+func IsYearAnimal(c rune) bool { return containsRune(zodiac, c) }
 
 func containsRune(s string, c rune) bool {
 	for _, x := range s {

@@ -340,7 +340,7 @@ func freshWords(n int, readings, shared string, length int, stdout io.Writer) er
 	// unsuitable, and no year animal (金猴 and 玉兔 belong to one year).
 	ok := func(w string) bool {
 		ws := critic.SegmentDict(w)
-		return len(ws) == 1 && ws[0].Class != critic.ClassUnknown && !strings.ContainsAny(w, "鼠牛虎兔龙蛇马羊猴鸡狗猪") &&
+		return len(ws) == 1 && ws[0].Class != critic.ClassUnknown && !strings.ContainsFunc(w, critic.IsYearAnimal) &&
 			critic.Festive(w) > 0 && len(critic.Unsuitable(w)) == 0
 	}
 	words := quality.FreshWords(pool, length, n, 3, used, ok)
