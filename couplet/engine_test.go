@@ -277,12 +277,12 @@ func newNullDevice(vocab, numBlocks, bs int) *nullDevice {
 	return n
 }
 
-func (n *nullDevice) NumBlocks() int                    { return n.numBlocks }
-func (n *nullDevice) BlockSize() int                    { return n.bs }
-func (n *nullDevice) VocabSize() int                    { return len(n.row) }
-func (n *nullDevice) Close() error                      { return nil }
-func (n *nullDevice) CopyBlocks(src, dst []int32) error { return nil }
-func (n *nullDevice) DrawVocab() bool                   { return true }
+func (n *nullDevice) NumBlocks() int                           { return n.numBlocks }
+func (n *nullDevice) BlockSize() int                           { return n.bs }
+func (n *nullDevice) VocabSize() int                           { return len(n.row) }
+func (n *nullDevice) Close() error                             { return nil }
+func (n *nullDevice) CopyBlocks(src, dst, slots []int32) error { return nil }
+func (n *nullDevice) DrawVocab() bool                          { return true }
 func (n *nullDevice) RegisterMask(allowed []uint64) (int32, error) {
 	n.masks = append(n.masks, slices.Clone(allowed))
 	return int32(len(n.masks) - 1), nil

@@ -268,7 +268,8 @@ func TestLaunchDrawCopyBlocks(t *testing.T) {
 			pc := drawCase{bt: prefill(0, 1), draws: draws(2), host: []int32{1, 0}}
 			fc := drawCase{bt: fork(0, 2), draws: draws(1), host: []int32{0}}
 			wantP := syncDraw(t, g, pc)
-			if err := g.CopyBlocks([]int32{1}, []int32{2}); err != nil {
+			tail := []int32{int32(n - bs)} // block 1's filled slots
+			if err := g.CopyBlocks([]int32{1}, []int32{2}, tail); err != nil {
 				t.Fatal(err)
 			}
 			wantF := syncDraw(t, g, fc)
@@ -277,7 +278,7 @@ func TestLaunchDrawCopyBlocks(t *testing.T) {
 			if err := g.LaunchDraw(0, pc.bt, pc.draws, pc.host); err != nil {
 				t.Fatal(err)
 			}
-			if err := g.CopyBlocks([]int32{5}, []int32{6}); err != nil {
+			if err := g.CopyBlocks([]int32{5}, []int32{6}, tail); err != nil {
 				t.Fatal(err)
 			}
 			if err := g.LaunchDraw(1, fc.bt, fc.draws, fc.host); err != nil {

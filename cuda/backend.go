@@ -678,14 +678,15 @@ func (b *Backend) unpin() {
 	b.pinned, b.pinAddr, b.pinBytes = nil, 0, 0
 }
 
-// CopyBlocks implements forward.Backend: block src[i] → dst[i] in every
-// layer's K and V cache. Only the pairs' validation waits: the copy is
-// handed to the worker, which enqueues it in call order (after any
-// launched step, before the next), and an error in enqueueing it comes
-// back from the next call that reports errors (deferredErr).
-func (b *Backend) CopyBlocks(src, dst []int32) error {
-	if len(src) != len(dst) {
-		return fmt.Errorf("cuda: CopyBlocks with %d sources and %d destinations", len(src), len(dst))
+// CopyBlocks implements forward.Backend: the first slots[i] slots of block
+// src[i] → dst[i] in every layer's K and V cache. Only the pairs'
+// validation waits: the copy is handed to the worker, which enqueues it in
+// call order (after any launched step, before the next), and an error in
+// enqueueing it comes back from the next call that reports errors
+// (deferredErr).
+func (b *Backend) CopyBlocks(src, dst, slots []int32) error {
+	if len(src) != len(dst) || len(src) != len(slots) {
+		return fmt.Errorf("cuda: CopyBlocks with %d sources, %d destinations and %d slot counts", len(src), len(dst), len(slots))
 	}
 	if len(src) == 0 {
 		return nil
@@ -694,15 +695,18 @@ func (b *Backend) CopyBlocks(src, dst []int32) error {
 		if src[i] < 0 || int(src[i]) >= b.numBlocks || dst[i] < 0 || int(dst[i]) >= b.numBlocks {
 			return fmt.Errorf("cuda: CopyBlocks pair %d→%d out of [0,%d)", src[i], dst[i], b.numBlocks)
 		}
+		if slots[i] < 1 || int(slots[i]) > b.opt.BlockSize {
+			return fmt.Errorf("cuda: CopyBlocks of %d slots of a %d-slot block", slots[i], b.opt.BlockSize)
+		}
 	}
 	if err := b.lockCall(); err != nil {
 		return err
 	}
 	defer b.mu.Unlock()
-	// The worker owns h from here (the caller may reuse src and dst).
+	// The worker owns h from here (the caller may reuse the slices).
 	n := len(src)
-	h := make([]int32, 0, 2*n)
-	h = append(append(h, src...), dst...)
+	h := make([]int32, 0, 3*n)
+	h = append(append(append(h, src...), dst...), slots...)
 	b.cmd <- func() {
 		if err := b.copyBlocks(h); err != nil {
 			b.deferErr(fmt.Errorf("cuda: CopyBlocks (enqueued earlier): %w", err))
@@ -711,10 +715,10 @@ func (b *Backend) CopyBlocks(src, dst []int32) error {
 	return nil
 }
 
-// copyBlocks is CopyBlocks on the worker: h is src then dst.
+// copyBlocks is CopyBlocks on the worker: h is src, dst, then slots.
 func (b *Backend) copyBlocks(h []int32) error {
-	n := len(h) / 2
-	if err := b.ensureMeta(2 * n); err != nil {
+	n := len(h) / 3
+	if err := b.ensureMeta(3 * n); err != nil {
 		return err
 	}
 	d := &b.l.drv
@@ -723,13 +727,14 @@ func (b *Backend) copyBlocks(h []int32) error {
 	// the stream after any launched step and before the next one, so a
 	// CopyBlocks between LaunchDraw and WaitDraw does not wait for the
 	// launch. (ensureMeta syncs if it has to grow b.meta.)
-	err := d.call("cuMemcpyHtoDAsync(pairs)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&h[0])), uintptr(2*n*4), b.stream)
+	err := d.call("cuMemcpyHtoDAsync(pairs)", d.cuMemcpyHtoDAsync, b.meta, uintptr(unsafe.Pointer(&h[0])), uintptr(3*n*4), b.stream)
 	runtime.KeepAlive(h)
 	if err != nil {
 		return err
 	}
+	slotElems := b.blockElems / b.opt.BlockSize
 	return b.launch("copy_blocks", n, 2*b.cfg.NumLayers, 256, uint64(b.cache), uint64(b.meta), uint64(b.meta+uintptr(n*4)),
-		uint64(b.allocBlocks), i32(b.blockElems))
+		uint64(b.meta+uintptr(2*n*4)), uint64(b.allocBlocks), i32(b.blockElems), i32(slotElems))
 }
 
 // deferErr keeps an error of work the worker did after its caller had

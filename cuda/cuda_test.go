@@ -343,9 +343,10 @@ func TestForwardMatchesCPU(t *testing.T) {
 				// on both backends, then let parent and child diverge.
 				parent := seqs[0]
 				last := parent.table[len(parent.table)-1]
+				filled := int32(parent.cached - (len(parent.table)-1)*bs) // slots of the last block holding tokens
 				nb := pool.get()
 				for _, be := range []forward.Backend{g, c} {
-					if err := be.CopyBlocks([]int32{last}, []int32{nb}); err != nil {
+					if err := be.CopyBlocks([]int32{last}, []int32{nb}, []int32{filled}); err != nil {
 						t.Fatalf("CopyBlocks: %v", err)
 					}
 				}
@@ -438,8 +439,11 @@ func TestForwardRejectsBadBatches(t *testing.T) {
 			t.Errorf("%s: malformed batch accepted", name)
 		}
 	}
-	if err := g.CopyBlocks([]int32{0}, []int32{int32(g.NumBlocks())}); err == nil {
+	if err := g.CopyBlocks([]int32{0}, []int32{int32(g.NumBlocks())}, []int32{1}); err == nil {
 		t.Error("CopyBlocks out of range accepted")
+	}
+	if err := g.CopyBlocks([]int32{0}, []int32{1}, []int32{int32(g.BlockSize() + 1)}); err == nil {
+		t.Error("CopyBlocks of more slots than a block accepted")
 	}
 }
 

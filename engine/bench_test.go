@@ -221,11 +221,11 @@ func (n *nullBackend) Forward(b *forward.Batch, logits []float32) error {
 	}
 	return nil
 }
-func (n *nullBackend) CopyBlocks(src, dst []int32) error { return nil }
-func (n *nullBackend) NumBlocks() int                    { return n.numBlocks }
-func (n *nullBackend) BlockSize() int                    { return n.bs }
-func (n *nullBackend) VocabSize() int                    { return len(n.row) }
-func (n *nullBackend) Close() error                      { return nil }
+func (n *nullBackend) CopyBlocks(src, dst, slots []int32) error { return nil }
+func (n *nullBackend) NumBlocks() int                           { return n.numBlocks }
+func (n *nullBackend) BlockSize() int                           { return n.bs }
+func (n *nullBackend) VocabSize() int                           { return len(n.row) }
+func (n *nullBackend) Close() error                             { return nil }
 
 // nullDraws is nullBackend drawing "on the device": every draw returns
 // its forced token or the row's argmax at no cost, so a benchmark on it

@@ -44,13 +44,24 @@ func (f *fakeBackend) BlockSize() int { return f.bs }
 func (f *fakeBackend) VocabSize() int { return f.vocab }
 func (f *fakeBackend) Close() error   { return nil }
 
-func (f *fakeBackend) CopyBlocks(src, dst []int32) error {
-	if len(src) != len(dst) {
-		return fmt.Errorf("fake: %d src, %d dst", len(src), len(dst))
+// CopyBlocks copies the slots the engine names and poisons the rest of each
+// destination block, so that a slot count short of the tokens a sequence
+// reads shows up as a context mismatch in Forward.
+func (f *fakeBackend) CopyBlocks(src, dst, slots []int32) error {
+	if len(src) != len(dst) || len(src) != len(slots) {
+		return fmt.Errorf("fake: %d src, %d dst, %d slot counts", len(src), len(dst), len(slots))
 	}
 	for i := range src {
-		copy(f.tok[int(dst[i])*f.bs:][:f.bs], f.tok[int(src[i])*f.bs:][:f.bs])
-		copy(f.pos[int(dst[i])*f.bs:][:f.bs], f.pos[int(src[i])*f.bs:][:f.bs])
+		n := int(slots[i])
+		if n < 1 || n > f.bs {
+			return fmt.Errorf("fake: %d slots of a %d-slot block", n, f.bs)
+		}
+		d, s := int(dst[i])*f.bs, int(src[i])*f.bs
+		copy(f.tok[d:d+n], f.tok[s:s+n])
+		copy(f.pos[d:d+n], f.pos[s:s+n])
+		for j := d + n; j < d+f.bs; j++ {
+			f.tok[j], f.pos[j] = -1, -1
+		}
 	}
 	f.mu.Lock()
 	f.copies += len(src)

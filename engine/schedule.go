@@ -50,8 +50,8 @@ func (e *Paged) scheduleStep(maxSeqs int, inFlight bool) bool {
 	}
 
 	e.buildBatch()
-	if src, dst := e.mgr.TakeCopies(); len(src) > 0 {
-		if err := e.b.CopyBlocks(src, dst); err != nil {
+	if src, dst, slots := e.mgr.TakeCopies(); len(src) > 0 {
+		if err := e.b.CopyBlocks(src, dst, slots); err != nil {
 			e.failAll(fmt.Errorf("engine: copy blocks: %w", err))
 			return false
 		}

@@ -334,25 +334,30 @@ func (c *CPU) Close() error {
 	return nil
 }
 
-// CopyBlocks copies blocks src[i] → dst[i] in every layer's K and V cache.
-func (c *CPU) CopyBlocks(src, dst []int32) error {
+// CopyBlocks copies the first slots[i] slots of block src[i] → dst[i] in
+// every layer's K and V cache (forward.Backend's contract).
+func (c *CPU) CopyBlocks(src, dst, slots []int32) error {
 	if c.closed {
 		return errors.New("forward: backend closed")
 	}
-	if len(src) != len(dst) {
-		return fmt.Errorf("forward: CopyBlocks: %d sources, %d destinations", len(src), len(dst))
+	if len(src) != len(dst) || len(src) != len(slots) {
+		return fmt.Errorf("forward: CopyBlocks: %d sources, %d destinations, %d slot counts", len(src), len(dst), len(slots))
 	}
 	for i := range src {
 		if !c.validBlock(src[i]) || !c.validBlock(dst[i]) {
 			return fmt.Errorf("forward: CopyBlocks: block %d → %d out of range [0,%d)", src[i], dst[i], c.numBlocks)
 		}
+		if slots[i] < 1 || int(slots[i]) > c.blockSize {
+			return fmt.Errorf("forward: CopyBlocks: %d slots of a %d-slot block", slots[i], c.blockSize)
+		}
 	}
-	bl := c.blockSize * c.cfg.KVDim() // floats per block per layer
+	kvd := c.cfg.KVDim()
+	bl := c.blockSize * kvd // floats per block per layer
 	for l := range c.kc {
 		for i := range src {
-			s, d := int(src[i])*bl, int(dst[i])*bl
-			copy(c.kc[l][d:d+bl], c.kc[l][s:s+bl])
-			copy(c.vc[l][d:d+bl], c.vc[l][s:s+bl])
+			s, d, n := int(src[i])*bl, int(dst[i])*bl, int(slots[i])*kvd
+			copy(c.kc[l][d:d+n], c.kc[l][s:s+n])
+			copy(c.vc[l][d:d+n], c.vc[l][s:s+n])
 		}
 	}
 	return nil

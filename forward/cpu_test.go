@@ -325,9 +325,11 @@ func allDone(seqs []*seqState) bool {
 }
 
 // TestCopyBlocks forks a sequence: its blocks are copied to fresh blocks,
-// the copy must be bit-identical in every layer, and decoding the next
-// token through the copied table must match the dense reference (and the
-// original must be untouched by writes to the copy).
+// the full blocks whole and the partial last one for its filled slots only;
+// the copied slots must be bit-identical in every layer and the rest of the
+// last destination block untouched, decoding the next token through the
+// copied table must match the dense reference, and the original must be
+// untouched by writes to the copy.
 func TestCopyBlocks(t *testing.T) {
 	cfg := model.TestConfig()
 	m := model.NewRandom(cfg, 11)
@@ -347,20 +349,37 @@ func TestCopyBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	child := &seqState{tokens: toks, done: 10}
-	for range parent.table {
+	slots := make([]int32, len(parent.table))
+	for i := range parent.table {
 		child.table = append(child.table, fl.take())
-	}
-	if err := c.CopyBlocks(parent.table, child.table); err != nil {
-		t.Fatal(err)
+		slots[i] = int32(min(bs, 10-i*bs)) // 4, 4, 2
 	}
 	kvd := cfg.KVDim()
+	const mark = float32(-7.5) // what the unfilled slots of the last copy hold before and after
+	for l := range c.kc {
+		for _, cache := range [][]float32{c.kc[l], c.vc[l]} {
+			d := int(child.table[2])*bs*kvd + 2*kvd
+			for j := d; j < d+2*kvd; j++ {
+				cache[j] = mark
+			}
+		}
+	}
+	if err := c.CopyBlocks(parent.table, child.table, slots); err != nil {
+		t.Fatal(err)
+	}
 	for l := range c.kc {
 		for i := range parent.table {
 			for _, cache := range [][]float32{c.kc[l], c.vc[l]} {
-				src := cache[int(parent.table[i])*bs*kvd : int(parent.table[i]+1)*bs*kvd]
-				dst := cache[int(child.table[i])*bs*kvd : int(child.table[i]+1)*bs*kvd]
-				if maxAbsDiff(src, dst) != 0 {
+				n := int(slots[i]) * kvd
+				src := cache[int(parent.table[i])*bs*kvd:][:n]
+				dst := cache[int(child.table[i])*bs*kvd:][:bs*kvd]
+				if maxAbsDiff(src, dst[:n]) != 0 {
 					t.Fatalf("layer %d block %d: copy differs", l, i)
+				}
+				for j, v := range dst[n:] {
+					if v != mark {
+						t.Fatalf("layer %d block %d: unfilled slot element %d = %g, want it untouched", l, i, n+j, v)
+					}
 				}
 			}
 		}
@@ -381,14 +400,17 @@ func TestCopyBlocks(t *testing.T) {
 	}
 
 	for _, bad := range []struct {
-		name     string
-		src, dst []int32
+		name            string
+		src, dst, slots []int32
 	}{
-		{"length mismatch", []int32{0, 1}, []int32{2}},
-		{"src out of range", []int32{int32(c.NumBlocks())}, []int32{0}},
-		{"dst negative", []int32{0}, []int32{-1}},
+		{"length mismatch", []int32{0, 1}, []int32{2}, []int32{1, 1}},
+		{"slot counts missing", []int32{0}, []int32{2}, nil},
+		{"src out of range", []int32{int32(c.NumBlocks())}, []int32{0}, []int32{1}},
+		{"dst negative", []int32{0}, []int32{-1}, []int32{1}},
+		{"no slots", []int32{0}, []int32{1}, []int32{0}},
+		{"more slots than a block", []int32{0}, []int32{1}, []int32{bs + 1}},
 	} {
-		if err := c.CopyBlocks(bad.src, bad.dst); err == nil {
+		if err := c.CopyBlocks(bad.src, bad.dst, bad.slots); err == nil {
 			t.Errorf("%s: CopyBlocks accepted it", bad.name)
 		}
 	}

@@ -41,9 +41,11 @@ type Backend interface {
 	// Forward runs the model over b and writes len(b.LogitRows) rows of
 	// vocab-size logits into logits (row i belongs to b.LogitRows[i]).
 	Forward(b *Batch, logits []float32) error
-	// CopyBlocks copies whole KV blocks src[i] → dst[i] in every layer
-	// (copy-on-write of a shared partial block).
-	CopyBlocks(src, dst []int32) error
+	// CopyBlocks copies the first slots[i] slots (1..BlockSize) of KV block
+	// src[i] into block dst[i] in every layer (copy-on-write of a shared
+	// partial block: only the slots holding tokens); dst's later slots are
+	// left as they were.
+	CopyBlocks(src, dst, slots []int32) error
 	// NumBlocks and BlockSize describe the paged cache the backend allocated.
 	NumBlocks() int
 	BlockSize() int

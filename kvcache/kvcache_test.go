@@ -124,9 +124,18 @@ func runRandom(t *testing.T, seed uint64, bs, numBlocks int, caching bool) (hits
 	}
 	// write simulates a forward pass over positions [from, to) of s.
 	write := func(s *simSeq, from, to int) {
-		src, dst := m.TakeCopies()
+		src, dst, slots := m.TakeCopies()
 		for i := range src {
-			copy(mem[int(dst[i])*bs:][:bs], mem[int(src[i])*bs:][:bs])
+			// Only the named slots travel; the rest of the block is
+			// poisoned, so a short count fails verify.
+			n := int(slots[i])
+			if n < 1 || n > bs {
+				fail("copy of %d slots of a %d-slot block", n, bs)
+			}
+			copy(mem[int(dst[i])*bs:][:n], mem[int(src[i])*bs:][:n])
+			for j := n; j < bs; j++ {
+				mem[int(dst[i])*bs+j] = -1
+			}
 			cowCopies++
 		}
 		for p := from; p < to; p++ {
@@ -280,7 +289,7 @@ func TestForkCopyOnWrite(t *testing.T) {
 		if !m.Allocate(seq, 1, Computed{}) {
 			t.Fatal("allocate")
 		}
-		src, dst := m.TakeCopies()
+		src, dst, slots := m.TakeCopies()
 		wantCopies := 1
 		if i == 2 {
 			wantCopies = 0
@@ -288,8 +297,8 @@ func TestForkCopyOnWrite(t *testing.T) {
 		if len(src) != wantCopies {
 			t.Fatalf("seq %d: %d copies, want %d", seq, len(src), wantCopies)
 		}
-		if wantCopies == 1 && (src[0] != partial || dst[0] != m.BlockTable(seq)[1]) {
-			t.Errorf("seq %d: copy %d→%d, table %v", seq, src[0], dst[0], m.BlockTable(seq))
+		if wantCopies == 1 && (src[0] != partial || dst[0] != m.BlockTable(seq)[1] || slots[0] != 2) {
+			t.Errorf("seq %d: copy %d→%d of %d slots, table %v; want the 2 slots of the shared partial block", seq, src[0], dst[0], slots[0], m.BlockTable(seq))
 		}
 		if m.BlockTable(seq)[0] != full {
 			t.Errorf("seq %d: full block not shared", seq)
@@ -386,11 +395,11 @@ func TestPartialBlocks(t *testing.T) {
 			if !m.Allocate(9, len(tc.prompt)-hit.Tokens(4), hit) {
 				t.Fatal("allocate")
 			}
-			src, dst := m.TakeCopies()
+			src, dst, slots := m.TakeCopies()
 			if tc.partial > 0 {
 				table := m.BlockTable(9)
-				if len(src) != 1 || src[0] != hit.PartialBlock || dst[0] != table[tc.full] || dst[0] == src[0] {
-					t.Errorf("copy %v → %v for partial block %d, table %v", src, dst, hit.PartialBlock, table)
+				if len(src) != 1 || src[0] != hit.PartialBlock || dst[0] != table[tc.full] || dst[0] == src[0] || int(slots[0]) != tc.partial {
+					t.Errorf("copy %v → %v of %v slots for partial block %d of %d tokens, table %v", src, dst, slots, hit.PartialBlock, tc.partial, table)
 				}
 			} else if len(src) != 0 {
 				t.Errorf("%d copies without a partial hit", len(src))

@@ -34,10 +34,11 @@ type Manager struct {
 	caching   bool
 	seqs      []*seqState // by SeqID; nil: not live
 	live      int         // non-nil entries of seqs
-	// copies pending copy-on-write: the backend must copy src[i] → dst[i]
-	// before the next forward pass (TakeCopies).
-	copySrc, copyDst []int32
-	fill             []int // [numBlocks] scratch of Usage: live slots per block
+	// copies pending copy-on-write: the backend must copy the first
+	// copySlots[i] slots of copySrc[i] → copyDst[i] before the next forward
+	// pass (TakeCopies).
+	copySrc, copyDst, copySlots []int32
+	fill                        []int // [numBlocks] scratch of Usage: live slots per block
 }
 
 // NewManager returns a manager over numBlocks blocks of blockSize tokens.
@@ -243,6 +244,7 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 			dst, _ := m.pool.Get()
 			m.copySrc = append(m.copySrc, src)
 			m.copyDst = append(m.copyDst, dst)
+			m.copySlots = append(m.copySlots, int32(computed.PartialLen))
 			m.pool.Release(src)
 			s.blocks = append(s.blocks, dst)
 			need--
@@ -254,6 +256,7 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 		dst, _ := m.pool.Get()
 		m.copySrc = append(m.copySrc, src)
 		m.copyDst = append(m.copyDst, dst)
+		m.copySlots = append(m.copySlots, int32(slots%m.blockSize))
 		m.pool.Release(src)
 		s.blocks[last] = dst
 		need--
@@ -266,13 +269,15 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 	return true
 }
 
-// TakeCopies returns and clears the pending copy-on-write copies. The
-// backend must run CopyBlocks(src, dst) in order before the forward pass that
-// writes into dst. The slices are reused by later calls.
-func (m *Manager) TakeCopies() (src, dst []int32) {
-	src, dst = m.copySrc, m.copyDst
-	m.copySrc, m.copyDst = m.copySrc[:0], m.copyDst[:0]
-	return src, dst
+// TakeCopies returns and clears the pending copy-on-write copies: block
+// src[i]'s first slots[i] slots (the ones holding tokens, 1..BlockSize) go
+// to dst[i]. The backend must run CopyBlocks(src, dst, slots) in order
+// before the forward pass that writes into dst. The slices are reused by
+// later calls.
+func (m *Manager) TakeCopies() (src, dst, slots []int32) {
+	src, dst, slots = m.copySrc, m.copyDst, m.copySlots
+	m.copySrc, m.copyDst, m.copySlots = m.copySrc[:0], m.copyDst[:0], m.copySlots[:0]
+	return src, dst, slots
 }
 
 // CacheBlocks records that the first numComputed tokens of seq (tokens holds
@@ -378,6 +383,7 @@ func (m *Manager) SnapshotTail(seq SeqID) {
 	}
 	m.copySrc = append(m.copySrc, id)
 	m.copyDst = append(m.copyDst, dst)
+	m.copySlots = append(m.copySlots, int32(n))
 	m.pool.RegisterPartial(dst, h, n)
 	m.pool.Release(dst)
 }

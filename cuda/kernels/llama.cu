@@ -340,15 +340,18 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
 }
 
 // copy_blocks: for every pair p and every layer-half lk (2*layer + {0:K,1:V}),
-// copies block src[p] to dst[p]. cache [2*L, numBlocks, blockElems].
-// grid = (npairs, 2*L), block = 256.
+// copies the first slots[p] slots of block src[p] to dst[p] (a block is
+// slot-major: slot s holds elements [s*slotElems, (s+1)*slotElems)).
+// cache [2*L, numBlocks, blockElems]. grid = (npairs, 2*L), block = 256.
 extern "C" __global__ void copy_blocks(float* __restrict__ cache, const int* __restrict__ src,
-                                       const int* __restrict__ dst, i64 numBlocks, int blockElems) {
+                                       const int* __restrict__ dst, const int* __restrict__ slots,
+                                       i64 numBlocks, int blockElems, int slotElems) {
     int p = blockIdx.x, lk = blockIdx.y;
     float* base = cache + (i64)lk * numBlocks * blockElems;
     const float* s = base + (i64)src[p] * blockElems;
     float* d = base + (i64)dst[p] * blockElems;
-    for (int i = threadIdx.x; i < blockElems; i += blockDim.x) d[i] = s[i];
+    int n = slots[p] * slotElems;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 
 // block_max: maximum over the whole block (same shape rules as block_sum).

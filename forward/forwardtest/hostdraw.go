@@ -55,9 +55,9 @@ func (h *hostDraws) settle() {
 	}
 }
 
-func (h *hostDraws) CopyBlocks(src, dst []int32) error {
+func (h *hostDraws) CopyBlocks(src, dst, slots []int32) error {
 	h.settle()
-	return h.Backend.CopyBlocks(src, dst)
+	return h.Backend.CopyBlocks(src, dst, slots)
 }
 
 func (h *hostDraws) Close() error {
