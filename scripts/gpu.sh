@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU machine's check, in two halves:
 #
-#   bash scripts/gpu.sh build    # here: CGO-free binaries into .carry/gpu/ (gzipped)
+#   bash scripts/gpu.sh build    # here: CGO-free binaries into .carry/gpu/ (one xz stream)
 #   bash scripts/gpu.sh check    # on the device, with carry [".carry/gpu"]:
 #                                # the CUDA tests, the default pipeline through
 #                                # HTTP (backend's default samples vs 1, same
@@ -35,23 +35,20 @@ build)
 	HC=$(git rev-parse --short HEAD)
 	(cd "$T" && CGO_ENABLED=0 go test -c -ldflags="-s -w" -o "$OLDPWD/.carry/gpu/cuda.test" ./cuda/ &&
 		CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$HC" -o "$OLDPWD/.carry/gpu/chunlian" ./cmd/chunlian)
-	rm -f .carry/gpu/*.gz .carry/gpu/chunlian-base* .carry/gpu/chunlian-pair.* .carry/gpu/chunlian.xz
+	rm -f .carry/gpu/*.gz .carry/gpu/*.xz .carry/gpu/*.size .carry/gpu/bins.txt
+	BINS="chunlian cuda.test"
 	if [ -n "${BASE:-}" ]; then
 		BC=$(git rev-parse --short "$BASE")
 		git archive "$BASE" | tar -xf - -C "$TB"
 		: > "$TB/weights/chunlian-base/model.safetensors"
 		[ ! -d "$TB/weights/chunlian-spring" ] || : > "$TB/weights/chunlian-spring/model.safetensors.xor"
 		(cd "$TB" && CGO_ENABLED=0 go build -ldflags="-s -w -X chunlian/buildinfo.commit=$BC" -o "$OLDPWD/.carry/gpu/chunlian-base" ./cmd/chunlian)
-		# Both servers in one xz stream: the second binary mostly repeats
-		# the first within xz's 64 MiB window, so the pair costs little
-		# more than one binary (two .xz files no longer fit the carry).
-		stat -c %s .carry/gpu/chunlian-base > .carry/gpu/chunlian-pair.size
-		cat .carry/gpu/chunlian-base .carry/gpu/chunlian | xz -9 -T1 > .carry/gpu/chunlian-pair.xz
-		rm .carry/gpu/chunlian-base .carry/gpu/chunlian
-		xz -9 -f .carry/gpu/cuda.test
-	else
-		xz -9 -f .carry/gpu/chunlian .carry/gpu/cuda.test
+		BINS="chunlian-base $BINS"
 	fi
+	# All binaries in one xz stream: they share most of their code within
+	# xz's 64 MiB window, and with the tracked weights (54 MiB) the carry has
+	# about 10 MiB left, which two servers and the test binary fit only so.
+	(cd .carry/gpu && for b in $BINS; do echo "$b $(stat -c %s $b)"; done > bins.txt && cat $BINS | xz -9 -T1 > bins.xz && rm $BINS)
 	{ git rev-parse HEAD; git log -1 --format=%s; [ -z "${BASE:-}" ] || echo "base: $(git rev-parse "$BASE")"; date -u; } > .carry/gpu/BUILD.txt
 	ls -la .carry/gpu
 	;;
@@ -61,18 +58,15 @@ check)
 	B=/tmp/gpu-bin
 	mkdir -p $B
 	unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; }
-	[ ! -f .carry/gpu/cuda.test.xz ] || unxz .carry/gpu/cuda.test.xz $B/cuda.test
+	unxz .carry/gpu/bins.xz /tmp/chunlian-bins
+	OFF=0
+	while read -r name size; do
+		tail -c +$((OFF + 1)) /tmp/chunlian-bins | head -c "$size" > $B/$name
+		OFF=$((OFF + size))
+	done < .carry/gpu/bins.txt
+	rm /tmp/chunlian-bins
 	BINS=chunlian
-	if [ -f .carry/gpu/chunlian-pair.xz ]; then
-		unxz .carry/gpu/chunlian-pair.xz /tmp/chunlian-pair
-		N=$(cat .carry/gpu/chunlian-pair.size)
-		head -c "$N" /tmp/chunlian-pair > $B/chunlian-base
-		tail -c +$((N + 1)) /tmp/chunlian-pair > $B/chunlian
-		rm /tmp/chunlian-pair
-		BINS="chunlian-base chunlian"
-	else
-		unxz .carry/gpu/chunlian.xz $B/chunlian
-	fi
+	[ ! -f $B/chunlian-base ] || BINS="chunlian-base chunlian"
 	if [ "$BINS" = chunlian ] && [ "${SPRING_AB:-0}" = 1 ]; then
 		ln -sf chunlian $B/chunlian-nospring
 		BINS="chunlian-nospring chunlian"
