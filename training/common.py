@@ -8,6 +8,7 @@ import collections
 import json
 import math
 import os
+import random
 
 MAX_LINE = 32
 PUNCT = set("，、；：！？·")
@@ -23,6 +24,21 @@ LENGTH_TOKEN = "<len_%d>"
 SPECIALS = [t for _, t in ROLES] + [LENGTH_TOKEN % n for n in range(1, MAX_LINE + 1)]
 PAD, UNK, BOS, EOS, KW, ACR, LOW, UP, SEP, BAN = range(10)
 NUM_SPECIAL = len(SPECIALS)  # 42
+
+
+# PAIRS_LIMIT_SEED draws limit_rows's subset, independent of any run's
+# --seed, so that prep.py and train.py (--pairs-limit) cut the same pairs.
+PAIRS_LIMIT_SEED = 5
+
+
+def limit_rows(rows, n):
+    """A fixed random subset of n of rows, in the drawn order (rows itself
+    when n is 0 or not below len(rows))."""
+    if not 0 < n < len(rows):
+        return rows
+    rows = list(rows)
+    random.Random(PAIRS_LIMIT_SEED).shuffle(rows)
+    return rows[:n]
 
 
 def len_id(n):

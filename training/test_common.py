@@ -99,5 +99,24 @@ class TestModelVocab(unittest.TestCase):
                 C.model_vocab(d)
 
 
+class TestLimitRows(unittest.TestCase):
+    """limit_rows: a fixed subset, the same for every caller; rows itself
+    when there is nothing to cut."""
+
+    def test_fixed_subset(self):
+        rows = [f"row{i}" for i in range(1000)]
+        a, b = C.limit_rows(rows, 100), C.limit_rows(list(rows), 100)
+        self.assertEqual(a, b)
+        self.assertEqual(len(set(a)), 100)
+        self.assertTrue(set(a) <= set(rows))
+        self.assertNotEqual(a, rows[:100])
+        self.assertEqual(rows, [f"row{i}" for i in range(1000)])  # input untouched
+
+    def test_nothing_to_cut(self):
+        rows = ["a", "b", "c"]
+        for n in (0, 3, 5):
+            self.assertIs(C.limit_rows(rows, n), rows)
+
+
 if __name__ == "__main__":
     unittest.main()

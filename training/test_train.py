@@ -54,6 +54,29 @@ class TestEpoch(unittest.TestCase):
                 got.append((v.text(r[4:4 + n]), v.text(r[ft:ft + n])))
         self.assertEqual(sorted(got), sorted(self.rows))
 
+    def test_extra_triples_and_pairs_limit(self):
+        """--extra-triples come --extra-repeat times per epoch, each ending in
+        its banner; --pairs-limit keeps that many distinct pairs."""
+        extra = os.path.join(self.dir, "extra.tsv")
+        with open(extra, "w", encoding="utf-8") as f:
+            f.write("春风花\t明月水\t山水花月\t春风\n天地人\t山水月\t花月春风\t\n")
+        args = train.parse(["--data", self.dir, "--mix", "1,0,0", "--spring-mix", "1,0,0", "--triple-repeat", "0",
+                            "--pseudo-per-epoch", "0", "--lower-targets", "lower", "--extra-triples", extra,
+                            "--extra-repeat", "3", "--pairs-limit", "100"])
+        v = C.Vocab(sorted(set(CHARS)))
+        data = train.Data(self.dir, v, args, np.random.default_rng(1))
+        pairs, banners = set(), []
+        for x, ft in data.epoch(np.random.default_rng(2)):
+            n = ft - 5
+            for r in x:
+                if len(r) > ft + n + 1 and r[ft + n] == C.BAN:
+                    banners.append(v.text(r[ft + n + 1:ft + n + 5]))
+                else:
+                    pairs.add((v.text(r[4:4 + n]), v.text(r[ft:ft + n])))
+        self.assertEqual(sorted(banners), ["山水花月"] * 3 + ["花月春风"] * 3)
+        self.assertEqual(len(pairs), 100)
+        self.assertTrue(pairs <= set(self.rows))
+
 
 if __name__ == "__main__":
     unittest.main()

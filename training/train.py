@@ -59,6 +59,7 @@ class Data:
         rows = read_packed(folder, "pairs_train.tsv")
         if args.smoke:
             rows = rows[:20000]
+        rows = C.limit_rows(rows, args.pairs_limit)
         self.pairs = to_groups(v, rows, False)
         self.n_pairs = len(rows)
         self.val = to_groups(v, read_rows(os.path.join(folder, "pairs_val.tsv.gz")), False)
@@ -66,8 +67,10 @@ class Data:
         prow = read_packed(folder, "pseudo_train.tsv")
         self.pseudo = to_groups(v, prow, True)
         self.n_pseudo = len(prow)
+        self.extra = to_groups(v, read_rows(args.extra_triples), True) if args.extra_triples else {}
         log(f"data: {self.n_pairs} pairs, {len(prow)} pseudo-triples, "
-            f"{sum(g.U.shape[0] for g in self.triples.values())} triples, loaded in {time.time() - t0:.1f}s")
+            f"{sum(g.U.shape[0] for g in self.triples.values())} triples, "
+            f"{sum(g.U.shape[0] for g in self.extra.values())} extra triples, loaded in {time.time() - t0:.1f}s")
 
     def epoch(self, rng):
         """One epoch as a shuffled list of (ids int32 [b, T], first_target)."""
@@ -93,6 +96,9 @@ class Data:
         spring = a.spring_mix or a.mix
         for n, g in self.triples.items():
             for _ in range(a.triple_repeat):
+                add(g, n, spring)
+        for n, g in self.extra.items():
+            for _ in range(a.extra_repeat):
                 add(g, n, spring)
         keep = a.pseudo_per_epoch / max(self.n_pseudo, 1)
         for n, g in self.pseudo.items():
@@ -218,6 +224,13 @@ def parse(argv=None):
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--triple-repeat", type=int, default=20)
     ap.add_argument("--pseudo-per-epoch", type=int, default=20000)
+    ap.add_argument("--extra-triples", default="",
+                    help="more 横批 triples (upper, lower, banner, keyword; as triples_train.tsv), trained like "
+                         "the real ones --extra-repeat times per epoch: training/data/written_triples.tsv")
+    ap.add_argument("--extra-repeat", type=int, default=5)
+    ap.add_argument("--pairs-limit", type=int, default=0,
+                    help="train on a fixed random subset of this many pairs (0 = all of them; common.limit_rows, "
+                         "the subset prep.py --pairs-limit writes)")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--smoke", action="store_true", help="tiny data subset (pipeline check)")
     ap.add_argument("--init", default="", help="start from this exported model dir instead of a fresh init")
