@@ -140,7 +140,6 @@ func generateRun(o generateOpts, text string, stdout io.Writer) error {
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetEscapeHTML(false)
-
 	for i, c := range cs {
 		if *asJSON {
 			j := jsonCouplet{Mode: gf.mode, Upper: c.Upper, Lower: c.Lower, Banner: c.Banner, Score: c.Score}
