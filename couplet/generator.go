@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync/atomic"
@@ -28,6 +29,9 @@ type Generator struct {
 	o       options
 	// inflight counts the Generate calls under way (WithIdleSamples).
 	inflight atomic.Int64
+	// recent holds each blessing word's last served couplets
+	// (WithRecentWindow); nil when the window is 0.
+	recent *recentServed
 }
 
 type options struct {
@@ -42,6 +46,7 @@ type options struct {
 	judge        Judge
 	weights      Weights
 	selectTemp   float64
+	recentWindow int           // WithRecentWindow
 	temperature  float32       // of requests that leave Temperature unset
 	style        engine.Engine // keyword and acrostic requests (nil = New's engine)
 }
@@ -159,7 +164,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 	if e == nil {
 		return nil, errors.New("couplet: nil engine")
 	}
-	o := options{maxAttempts: 4, oversample: DefaultSamples, temperature: DefaultTemperature, weights: DefaultWeights, selectTemp: DefaultSelectionTemperature, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
+	o := options{maxAttempts: 4, oversample: DefaultSamples, temperature: DefaultTemperature, weights: DefaultWeights, selectTemp: DefaultSelectionTemperature, recentWindow: DefaultRecentWindow, bannerTopK: DefaultBannerTopK, bannerPool: DefaultBannerPool, bannerSrcs: DefaultBannerSources()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -176,6 +181,9 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 		return nil, err
 	}
 	g := &Generator{t: t, e: e, o: o}
+	if o.recentWindow > 0 {
+		g.recent = newRecentServed(o.recentWindow, recentWords)
+	}
 	g.banners, g.sources = t.loadBanners(o.bannerSrcs)
 	if len(o.extraBanners) > 0 {
 		seen := map[string]bool{}
@@ -268,6 +276,12 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		oversample = g.o.idleSamples
 	}
 	defer g.inflight.Add(-1)
+	// Only unseeded sampled requests avoid repeats: a seed promises the
+	// same couplet again.
+	var recentKey string
+	if p.seed == 0 && p.topK != 1 && g.recent != nil && (p.mode == ModeKeyword || p.mode == ModeAcrostic) {
+		recentKey = fmt.Sprintf("%s|%s|%d", p.mode, p.headText, p.lineLen)
+	}
 	if p.seed == 0 {
 		p.seed = rand.Uint64() | 1
 	}
@@ -340,6 +354,9 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		cd.c.Score = g.o.weights.Score(feats[i])
 		cd.key = cd.c.Score + tau*gumbel(noise)
 	}
+	if recentKey != "" {
+		g.recent.demote(recentKey, cands)
+	}
 	chosen := selectDiverse(cands, p.n)
 	stage.end()
 	if req.Trace != nil && req.Trace.Explain {
@@ -356,6 +373,9 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	out := make([]Couplet, len(chosen))
 	for i, cd := range chosen {
 		out[i] = cd.c
+	}
+	if recentKey != "" {
+		g.recent.add(recentKey, out)
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"context"
+	"math"
 	"sync"
 	"testing"
 
@@ -133,6 +134,102 @@ func TestCleanRound(t *testing.T) {
 		// One engine request per round, then at most one for the 横批.
 		if got := fe.genCalls - fe.bannerCalls; got != c.wantRounds || fe.bannerCalls > 1 {
 			t.Errorf("%+v: %d rounds, want %d", c, got, c.wantRounds)
+		}
+	}
+}
+
+func TestRecentServed(t *testing.T) {
+	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
+	ids := func(s string) []int32 { return charIDs(t, g, s) }
+	mk := func(u, l string, score float64) *candidate {
+		c := &candidate{upperIDs: ids(u), lowerIDs: ids(l)}
+		c.c.Score, c.key = score, score
+		c.c.Upper, c.c.Lower = u, l
+		return c
+	}
+	pick := func(r *recentServed, cs ...*candidate) string {
+		for _, c := range cs {
+			c.key = c.c.Score
+		}
+		r.demote("k", cs)
+		return selectDiverse(cs, 1)[0].c.Upper
+	}
+	a := mk("春风暖日平安", "瑞雪迎新富贵", -1.0)
+	b := mk("天地人和喜庆", "山河日月吉祥", -1.0-recentMargin+0.01)
+	c := mk("花开富贵满堂", "竹报平安入户", -1.0-recentMargin-0.01)
+
+	r := newRecentServed(2, 2)
+	if got := pick(r, a, b); got != a.c.Upper {
+		t.Fatalf("nothing served yet: picked %s, want the best", got)
+	}
+	r.add("k", []Couplet{a.c})
+	if got := pick(r, a, b); got != b.c.Upper {
+		t.Errorf("best served recently, the next within the margin: picked %s, want %s", got, b.c.Upper)
+	}
+	if got := pick(r, a, c); got != a.c.Upper {
+		t.Errorf("the only fresh candidate ranks beyond the margin: picked %s, want the repeat %s", got, a.c.Upper)
+	}
+	r.add("k", []Couplet{b.c, c.c}) // window 2: a is forgotten
+	if got := pick(r, a, b); got != a.c.Upper {
+		t.Errorf("after the window passed: picked %s, want %s again", got, a.c.Upper)
+	}
+	r.add("k2", []Couplet{a.c})
+	r.add("k3", []Couplet{a.c}) // limit 2 words: k is forgotten
+	if _, ok := r.served["k"]; ok || len(r.served) != 2 || len(r.order) != 2 {
+		t.Errorf("after a third word: %d words remembered (%v), want k forgotten", len(r.served), r.order)
+	}
+}
+
+// TestRecentWindowInGenerate: unseeded requests for one word repeat a
+// recently served couplet only when no fresh candidate ranks within the
+// margin; seeded requests repeat themselves.
+func TestRecentWindowInGenerate(t *testing.T) {
+	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()}, WithOversample(4))
+	var served []string
+	avoided := 0
+	for i := 0; i < 48; i++ {
+		tr := &Trace{Explain: true}
+		out, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Trace: tr, Temperature: 0.2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := out[0].Upper + "|" + out[0].Lower
+		recent := map[string]bool{}
+		for _, s := range served[max(0, len(served)-DefaultRecentWindow):] {
+			recent[s] = true
+		}
+		best := math.Inf(-1)
+		for _, c := range tr.Candidates {
+			best = max(best, c.Score)
+		}
+		fresh := false
+		for _, c := range tr.Candidates {
+			k := c.Upper + "|" + c.Lower
+			fresh = fresh || !recent[k] && c.Score >= best-recentMargin
+			if recent[k] && !c.Chosen {
+				avoided++
+			}
+		}
+		if recent[got] && fresh {
+			t.Errorf("request %d served %s again although a fresh candidate ranked within the margin", i, got)
+		}
+		served = append(served, got)
+	}
+	if avoided == 0 {
+		t.Errorf("no recently served candidate came up again in 48 requests: the test exercised nothing")
+	}
+
+	for i := 0; i < 2; i++ {
+		a, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Seed: 42})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Seed: 42})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a[0].Upper != b[0].Upper || a[0].Lower != b[0].Lower {
+			t.Fatalf("seeded requests differ: %s / %s", a[0].Upper, b[0].Upper)
 		}
 	}
 }

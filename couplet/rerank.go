@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sync"
 
@@ -78,6 +79,101 @@ func WithJudge(j Judge) Option { return func(o *options) { o.judge = j } }
 // "Selection temperature"). Seeded by the request's seed; greedy requests
 // (top-k 1) take the argmax.
 const DefaultSelectionTemperature = 0.1
+
+// DefaultRecentWindow is how many of a blessing word's last served
+// couplets an unseeded request passes over when another candidate ranks
+// close (recentMargin): trained on written couplets, the spring model
+// gives a common word's likeliest couplet in up to half of the draws,
+// which the selection temperature alone no longer spreads
+// (docs/DECISIONS.md, "Served-recently window").
+const DefaultRecentWindow = 8
+
+// recentMargin is how far below the best candidate's score (mean log-prob
+// units) a fresh candidate may rank and still be served instead of a
+// recently served one.
+const recentMargin = 0.25
+
+// recentWords bounds the blessing words remembered; the oldest first
+// seen is forgotten first.
+const recentWords = 4096
+
+// WithRecentWindow replaces DefaultRecentWindow (0 = serve repeats as
+// ranked).
+func WithRecentWindow(n int) Option { return func(o *options) { o.recentWindow = max(n, 0) } }
+
+// recentServed remembers, per blessing word (mode, text and length), the
+// last window couplets served to unseeded requests. Safe for concurrent
+// use.
+type recentServed struct {
+	mu     sync.Mutex
+	window int
+	limit  int
+	served map[string][]string // key -> "upper|lower", oldest first, at most window
+	order  []string            // keys, oldest first seen first
+}
+
+func newRecentServed(window, limit int) *recentServed {
+	return &recentServed{window: window, limit: limit, served: map[string][]string{}}
+}
+
+// demote moves the candidates served recently for key below every other
+// (their selection key drops by recentDemotion), but only when a candidate
+// not served recently scores within recentMargin of the best one: a
+// repeat is better than a much worse couplet.
+func (r *recentServed) demote(key string, cands []*candidate) {
+	r.mu.Lock()
+	seen := make(map[string]bool, r.window)
+	for _, s := range r.served[key] {
+		seen[s] = true
+	}
+	r.mu.Unlock()
+	if len(seen) == 0 {
+		return
+	}
+	best := math.Inf(-1)
+	for _, cd := range cands {
+		best = max(best, cd.c.Score)
+	}
+	fresh := false
+	for _, cd := range cands {
+		if !seen[cd.c.Upper+"|"+cd.c.Lower] && cd.c.Score >= best-recentMargin {
+			fresh = true
+			break
+		}
+	}
+	if !fresh {
+		return
+	}
+	for _, cd := range cands {
+		if seen[cd.c.Upper+"|"+cd.c.Lower] {
+			cd.key -= recentDemotion
+		}
+	}
+}
+
+// recentDemotion exceeds any spread of selection keys.
+const recentDemotion = 1e6
+
+// add records the couplets served for key.
+func (r *recentServed) add(key string, out []Couplet) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list, ok := r.served[key]
+	if !ok {
+		r.order = append(r.order, key)
+		for len(r.order) > r.limit {
+			delete(r.served, r.order[0])
+			r.order = r.order[1:]
+		}
+	}
+	for _, c := range out {
+		list = append(list, c.Upper+"|"+c.Lower)
+	}
+	if len(list) > r.window {
+		list = append([]string(nil), list[len(list)-r.window:]...)
+	}
+	r.served[key] = list
+}
 
 // WithSelectionTemperature replaces DefaultSelectionTemperature (0 = the
 // argmax).

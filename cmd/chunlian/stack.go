@@ -46,6 +46,7 @@ type stackConfig struct {
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
 	IdleSamples         int        // the same while the server is nearly idle (unseeded requests); 0 = the backend's default
+	RecentWindow        int        // a blessing word's last served couplets an unseeded request passes over; 0 = off
 	DefaultTemperature  float64    // sampling temperature of requests that set none
 	BannerCandidates    int        // retrieved 横批 candidates scored by the model per couplet
 	BannersFile         string     // an operator's 横批 list instead of the embedded one
@@ -140,6 +141,7 @@ func defaultStackConfig() stackConfig {
 		CPUPrecision:       "auto",
 		DefaultTemperature: couplet.DefaultTemperature,
 		BannerCandidates:   couplet.DefaultBannerTopK,
+		RecentWindow:       couplet.DefaultRecentWindow,
 		CUDA:               defaultCUDAConfig(),
 	}
 }
@@ -155,6 +157,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU kernel threads; 0 = all cores")
 	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU float32 GEMM path: auto (fastest available), openblas, simd or go (an unavailable one falls back to the next slower)")
 	fs.StringVar(&c.CPUPrecision, "cpu-precision", c.CPUPrecision, "CPU backend: inputs of the GEMMs on the bf16 weights: auto (bf16 where the CPU has AVX512_BF16, float32 elsewhere), bf16 (rounded everywhere; faster only with AVX512_BF16) or fp32; float32 accumulation in each, and the LM head's leading logits from float32 inputs")
+	fs.IntVar(&c.RecentWindow, "recent-window", c.RecentWindow, "couplets served for a blessing word that a request without a seed passes over when another candidate ranks close (so that visitors typing the same word see different couplets); 0 = off")
 	fs.IntVar(&c.IdleSamples, "idle-samples", c.IdleSamples, fmt.Sprintf("ranked samples per couplet for requests without a seed while at most %d couplets are in flight; 0 = the backend's default: off on the CPU, %d with CUDA; a value not above --samples-per-couplet turns it off", couplet.DefaultIdleBelow, cudaDefaultIdleSamples))
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, fmt.Sprintf("constrained samples drawn and ranked for each returned couplet (quality vs throughput); 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultSamples, cudaDefaultSamples))
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
@@ -189,6 +192,7 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 		couplet.WithBannerSources(bannerSources(c.BannersFile)...), // generate.go
 		couplet.WithOversample(c.SamplesPerCouplet),
 		couplet.WithIdleSamples(c.IdleSamples, couplet.DefaultIdleBelow),
+		couplet.WithRecentWindow(c.RecentWindow),
 		couplet.WithTemperature(float32(c.DefaultTemperature)),
 		couplet.WithBannerTopK(c.BannerCandidates),
 		couplet.WithJudge(critic.Judge{Year: c.festivalYear()}),
@@ -248,6 +252,9 @@ func (c *stackConfig) Validate() error {
 	}
 	if c.FestivalYear != 0 && (c.FestivalYear < 1900 || c.FestivalYear > 2200) {
 		bad("--festival-year %d: want 1900..2200, or 0 for the coming festival", c.FestivalYear)
+	}
+	if c.RecentWindow < 0 || c.RecentWindow > 64 {
+		bad("--recent-window %d: want 0..64", c.RecentWindow)
 	}
 	if c.IdleSamples < 0 || c.IdleSamples > 32 {
 		bad("--idle-samples %d: want 1..32, or 0 for the backend's default", c.IdleSamples)
