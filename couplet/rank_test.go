@@ -206,8 +206,8 @@ func TestRecentWindowInGenerate(t *testing.T) {
 		for _, c := range tr.Candidates {
 			k := c.Upper + "|" + c.Lower
 			fresh = fresh || !recent[k] && c.Score >= best-recentMargin
-			if recent[k] && !c.Chosen {
-				avoided++
+			if recent[k] && c.Score == best && !c.Chosen {
+				avoided++ // the best candidate, passed over as a repeat
 			}
 		}
 		if recent[got] && fresh {
@@ -216,20 +216,18 @@ func TestRecentWindowInGenerate(t *testing.T) {
 		served = append(served, got)
 	}
 	if avoided == 0 {
-		t.Errorf("no recently served candidate came up again in 48 requests: the test exercised nothing")
+		t.Errorf("no request's best candidate was a recent repeat in 48 requests: the test exercised nothing")
 	}
 
-	for i := 0; i < 2; i++ {
-		a, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Seed: 42})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Seed: 42})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a[0].Upper != b[0].Upper || a[0].Lower != b[0].Lower {
-			t.Fatalf("seeded requests differ: %s / %s", a[0].Upper, b[0].Upper)
-		}
+	a, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Seed: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := g.Generate(context.Background(), Request{Text: "平安", N: 1, Seed: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a[0].Upper != b[0].Upper || a[0].Lower != b[0].Lower {
+		t.Errorf("seeded requests differ: %s / %s", a[0].Upper, b[0].Upper)
 	}
 }
