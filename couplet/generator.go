@@ -323,7 +323,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 				continue
 			}
 			cd.attempt, cd.sample = attempt, comp.Index
-			key := cd.c.Upper + "|" + cd.c.Lower
+			key := linesKey(cd.c)
 			if seen[key] {
 				continue
 			}

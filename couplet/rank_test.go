@@ -33,12 +33,7 @@ func TestParallelismAndDiversity(t *testing.T) {
 		}
 	}
 
-	mk := func(u, l string, score float64) *candidate {
-		c := &candidate{upperIDs: ids(u), lowerIDs: ids(l)}
-		c.c.Score, c.key = score, score
-		c.c.Upper, c.c.Lower = u, l
-		return c
-	}
+	mk := func(u, l string, score float64) *candidate { return testCandidate(t, g, u, l, score) }
 	a := mk("春风暖日平安", "瑞雪迎新富贵", 1.0)
 	a2 := mk("春风暖日平福", "瑞雪迎新富年", 0.95) // near-duplicate of a
 	b := mk("天地人和喜庆", "山河日月吉祥", 0.9)
@@ -49,6 +44,16 @@ func TestParallelismAndDiversity(t *testing.T) {
 	if got := selectDiverse([]*candidate{a, a2, b}, 5); len(got) != 3 {
 		t.Errorf("selectDiverse returned %d of 3", len(got))
 	}
+}
+
+// testCandidate is a ranked candidate with lines u, l whose score and
+// selection key are score.
+func testCandidate(t *testing.T, g *Generator, u, l string, score float64) *candidate {
+	t.Helper()
+	c := &candidate{upperIDs: charIDs(t, g, u), lowerIDs: charIDs(t, g, l)}
+	c.c.Score, c.key = score, score
+	c.c.Upper, c.c.Lower = u, l
+	return c
 }
 
 // tempEngine records the temperature of every generating request.
@@ -140,13 +145,7 @@ func TestCleanRound(t *testing.T) {
 
 func TestRecentServed(t *testing.T) {
 	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
-	ids := func(s string) []int32 { return charIDs(t, g, s) }
-	mk := func(u, l string, score float64) *candidate {
-		c := &candidate{upperIDs: ids(u), lowerIDs: ids(l)}
-		c.c.Score, c.key = score, score
-		c.c.Upper, c.c.Lower = u, l
-		return c
-	}
+	mk := func(u, l string, score float64) *candidate { return testCandidate(t, g, u, l, score) }
 	pick := func(r *recentServed, cs ...*candidate) string {
 		for _, c := range cs {
 			c.key = c.c.Score

@@ -134,22 +134,24 @@ func (r *recentServed) demote(key string, cands []*candidate) {
 	for _, cd := range cands {
 		best = max(best, cd.c.Score)
 	}
+	var repeats []*candidate
 	fresh := false
 	for _, cd := range cands {
-		if !seen[cd.c.Upper+"|"+cd.c.Lower] && cd.c.Score >= best-recentMargin {
+		if seen[linesKey(cd.c)] {
+			repeats = append(repeats, cd)
+		} else if cd.c.Score >= best-recentMargin {
 			fresh = true
-			break
 		}
 	}
-	if !fresh {
-		return
-	}
-	for _, cd := range cands {
-		if seen[cd.c.Upper+"|"+cd.c.Lower] {
+	if fresh {
+		for _, cd := range repeats {
 			cd.key -= recentDemotion
 		}
 	}
 }
+
+// linesKey identifies a couplet by its two lines (the 横批 aside).
+func linesKey(c Couplet) string { return c.Upper + "|" + c.Lower }
 
 // recentDemotion exceeds any spread of selection keys.
 const recentDemotion = 1e6
@@ -167,7 +169,7 @@ func (r *recentServed) add(key string, out []Couplet) {
 		}
 	}
 	for _, c := range out {
-		list = append(list, c.Upper+"|"+c.Lower)
+		list = append(list, linesKey(c))
 	}
 	if len(list) > r.window {
 		list = append([]string(nil), list[len(list)-r.window:]...)
