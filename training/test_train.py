@@ -77,27 +77,6 @@ class TestEpoch(unittest.TestCase):
         self.assertEqual(len(pairs), 100)
         self.assertTrue(pairs <= set(self.rows))
 
-    def test_extra_acrostic_only_in_acrostic_mode(self):
-        """--extra-acrostic rows come --extra-acrostic-repeat times per epoch,
-        each in acrostic mode with the lines' first characters as heads, even
-        under a mix without acrostic."""
-        acr = os.path.join(self.dir, "acr.tsv")
-        with open(acr, "w", encoding="utf-8") as f:
-            f.write("春风花\t明月水\t山水花月\t\n天地人\t山水月\t花月春风\t\n")
-        args = train.parse(["--data", self.dir, "--mix", "1,0,0", "--spring-mix", "1,0,0", "--triple-repeat", "0",
-                            "--pseudo-per-epoch", "0", "--extra-acrostic", acr, "--extra-acrostic-repeat", "2"])
-        v = C.Vocab(sorted(set(CHARS)))
-        data = train.Data(self.dir, v, args, np.random.default_rng(1))
-        got = []
-        for x, ft in data.epoch(np.random.default_rng(2)):
-            for r in x:
-                if r[1] == C.ACR:
-                    n = (len(r) - ft - 7) // 2  # U1..Un <sep> L1..Ln <ban> B1..B4 <eos>
-                    upper, lower = v.text(r[ft:ft + n]), v.text(r[ft + n + 1:ft + 2 * n + 1])
-                    self.assertEqual(v.text(r[2:4]), upper[0] + lower[0])
-                    got.append((upper, lower, v.text(r[ft + 2 * n + 2:ft + 2 * n + 6])))
-        self.assertEqual(sorted(got), sorted([("春风花", "明月水", "山水花月"), ("天地人", "山水月", "花月春风")] * 2))
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -68,12 +68,9 @@ class Data:
         self.pseudo = to_groups(v, prow, True)
         self.n_pseudo = len(prow)
         self.extra = to_groups(v, read_rows(args.extra_triples), True) if args.extra_triples else {}
-        self.extra_acr = to_groups(v, read_rows(args.extra_acrostic), True) if args.extra_acrostic else {}
         log(f"data: {self.n_pairs} pairs, {len(prow)} pseudo-triples, "
             f"{sum(g.U.shape[0] for g in self.triples.values())} triples, "
-            f"{sum(g.U.shape[0] for g in self.extra.values())} extra triples, "
-            f"{sum(g.U.shape[0] for g in self.extra_acr.values())} extra acrostic triples, "
-            f"loaded in {time.time() - t0:.1f}s")
+            f"{sum(g.U.shape[0] for g in self.extra.values())} extra triples, loaded in {time.time() - t0:.1f}s")
 
     def epoch(self, rng):
         """One epoch as a shuffled list of (ids int32 [b, T], first_target)."""
@@ -103,9 +100,6 @@ class Data:
         for n, g in self.extra.items():
             for _ in range(a.extra_repeat):
                 add(g, n, spring)
-        for n, g in self.extra_acr.items():  # written to their heads: acrostic mode only
-            for _ in range(a.extra_acrostic_repeat):
-                add(g, n, "0,0,1")
         keep = a.pseudo_per_epoch / max(self.n_pseudo, 1)
         for n, g in self.pseudo.items():
             idx = np.nonzero(rng.random(g.U.shape[0]) < keep)[0]
@@ -234,10 +228,6 @@ def parse(argv=None):
                     help="more 横批 triples (upper, lower, banner, keyword; as triples_train.tsv), trained like "
                          "the real ones --extra-repeat times per epoch: training/data/written_triples.tsv")
     ap.add_argument("--extra-repeat", type=int, default=5)
-    ap.add_argument("--extra-acrostic", default="",
-                    help="acrostic 横批 triples (upper, lower, banner; written so that the lines open with the heads), "
-                         "trained in acrostic mode only, --extra-acrostic-repeat times per epoch")
-    ap.add_argument("--extra-acrostic-repeat", type=int, default=4)
     ap.add_argument("--pairs-limit", type=int, default=0,
                     help="train on a fixed random subset of this many pairs (0 = all of them; common.limit_rows, "
                          "the subset prep.py --pairs-limit writes)")
