@@ -22,6 +22,9 @@ type Judge interface {
 	// Festive is how much text reads as a Spring Festival couplet (a
 	// log-odds per character; 0 = neutral).
 	Festive(text string) float64
+	// OpensWord reports whether line's first character opens a word of
+	// two or more characters as a reader segments the line.
+	OpensWord(line string) bool
 }
 
 // Features are the signals one candidate couplet is ranked by.
@@ -33,11 +36,12 @@ type Features struct {
 	Reverse  float64 `json:"reverse"`  // mean log P(上联 | 下联) by the lower-mode prompt
 	Bad      int     `json:"bad"`      // Judge.Unsuitable words in 上联+下联
 	Repeated int     `json:"repeated"` // repetitions a reader takes for slips (repeats): all but adjacent mirrored ones
+	Heads    int     `json:"heads"`    // acrostic mode: lines whose head opens no word (Judge.OpensWord)
 }
 
 // Weights combine Features into a candidate's score (see Weights.Score).
 type Weights struct {
-	LogProb, Tone, POS, Festive, Reverse, Bad, Repeated float64
+	LogProb, Tone, POS, Festive, Reverse, Bad, Repeated, Heads float64
 }
 
 // DefaultSamples is how many constrained samples Generate draws and ranks
@@ -52,13 +56,17 @@ const DefaultSamples = 8
 // fit: a couplet with an unsuitable word ranks below every clean one.
 // Tone and Reverse carried no signal the fit could use and stay 0 (Tone
 // still breaks no rule: the constraints enforce 平仄 at the line ends).
-var DefaultWeights = Weights{LogProb: 1, POS: 0.1, Festive: 0.1, Bad: 3, Repeated: 0.45}
+// Heads is a prior, not a fit: readers mark an acrostic couplet odd about
+// twice as often when a head opens no word (业羊, 丽回), so a candidate
+// whose heads open words wins unless another is clearly likelier
+// (docs/DECISIONS.md, "Acrostic heads that open a word").
+var DefaultWeights = Weights{LogProb: 1, POS: 0.1, Festive: 0.1, Bad: 3, Repeated: 0.45, Heads: 0.3}
 
-// Score is the weighted sum: higher is better; Bad and Repeated count
-// against a candidate.
+// Score is the weighted sum: higher is better; Bad, Repeated and Heads
+// count against a candidate.
 func (w Weights) Score(f Features) float64 {
 	return w.LogProb*f.LogProb + w.Tone*f.Tone + w.POS*f.POS + w.Festive*f.Festive +
-		w.Reverse*f.Reverse - w.Bad*float64(f.Bad) - w.Repeated*float64(f.Repeated)
+		w.Reverse*f.Reverse - w.Bad*float64(f.Bad) - w.Repeated*float64(f.Repeated) - w.Heads*float64(f.Heads)
 }
 
 // Scored is one ranked candidate as Trace.Candidates reports it.
@@ -190,7 +198,24 @@ func WithWeights(w Weights) Option { return func(o *options) { o.weights = w } }
 func (g *Generator) features(p *plan, cd *candidate) Features {
 	f := TextFeatures(cd.c.Upper, cd.c.Lower, cd.lineLP, g.o.judge)
 	f.Tone = parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)
+	if p.mode == ModeAcrostic {
+		f.Heads = HeadsOpenNoWord(cd.c.Upper, cd.c.Lower, g.o.judge)
+	}
 	return f
+}
+
+// HeadsOpenNoWord counts the lines of an acrostic couplet whose head (its
+// first character) opens no word by j (nil = none counted).
+func HeadsOpenNoWord(upper, lower string, j Judge) int {
+	n := 0
+	if j != nil {
+		for _, l := range [2]string{upper, lower} {
+			if !j.OpensWord(l) {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // TextFeatures are the Features that follow from a couplet's text and its

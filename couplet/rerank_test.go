@@ -34,9 +34,9 @@ func TestRepeats(t *testing.T) {
 }
 
 func TestWeightsScore(t *testing.T) {
-	w := Weights{LogProb: 1, Tone: 2, POS: 3, Festive: 4, Reverse: 5, Bad: 6, Repeated: 7}
-	f := Features{LogProb: -1, Tone: 0.5, POS: 0.5, Festive: 0.25, Reverse: -2, Bad: 1, Repeated: 2}
-	want := -1 + 1 + 1.5 + 1 - 10 - 6 - 14.0
+	w := Weights{LogProb: 1, Tone: 2, POS: 3, Festive: 4, Reverse: 5, Bad: 6, Repeated: 7, Heads: 8}
+	f := Features{LogProb: -1, Tone: 0.5, POS: 0.5, Festive: 0.25, Reverse: -2, Bad: 1, Repeated: 2, Heads: 2}
+	want := -1 + 1 + 1.5 + 1 - 10 - 6 - 14 - 16.0
 	if got := w.Score(f); got != want {
 		t.Fatalf("Score = %v, want %v", got, want)
 	}
@@ -45,6 +45,45 @@ func TestWeightsScore(t *testing.T) {
 	bad := Features{LogProb: -1, Bad: 1}
 	if DefaultWeights.Score(bad) >= DefaultWeights.Score(good) {
 		t.Fatalf("default weights rank a couplet with an unsuitable word above a clean one")
+	}
+}
+
+// headJudge is allJudge (nothing unsuitable) whose OpensWord is false
+// for lines that start with a character of noWord.
+type headJudge struct {
+	allJudge
+	noWord string
+}
+
+func (j headJudge) OpensWord(line string) bool {
+	return line != "" && !strings.ContainsRune(j.noWord, []rune(line)[0])
+}
+
+// Heads counts acrostic lines whose head opens no word, in acrostic mode
+// only, and costs a candidate DefaultWeights.Heads per line.
+func TestHeadsFeature(t *testing.T) {
+	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()}, WithJudge(headJudge{noWord: "安"}))
+	cd := testCandidate(t, g, "平春风暖日", "安瑞雪迎新", -1)
+	for _, tc := range []struct {
+		mode Mode
+		want int
+	}{{ModeAcrostic, 1}, {ModeKeyword, 0}} {
+		p, err := g.t.prepare(Request{Text: "平安", Mode: tc.mode}, DefaultTemperature)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := g.features(p, cd).Heads; got != tc.want {
+			t.Errorf("%s mode: Heads = %d, want %d", tc.mode, got, tc.want)
+		}
+	}
+	if got := HeadsOpenNoWord("安平", "安和", headJudge{noWord: "安"}); got != 2 {
+		t.Errorf("HeadsOpenNoWord = %d, want 2", got)
+	}
+	if got := HeadsOpenNoWord("安平", "安和", nil); got != 0 {
+		t.Errorf("HeadsOpenNoWord without a judge = %d, want 0", got)
+	}
+	if DefaultWeights.Score(Features{LogProb: -1, Heads: 1}) >= DefaultWeights.Score(Features{LogProb: -1}) {
+		t.Error("a head that opens no word costs nothing by default")
 	}
 }
 

@@ -60,6 +60,20 @@ func TestSegmentCoversLine(t *testing.T) {
 	}
 }
 
+// OpensWord: the acrostic heads readers accepted open a word; those they
+// marked odd for a made-up opening (业羊, 丽回, 润中) do not.
+func TestOpensWord(t *testing.T) {
+	for line, want := range map[string]bool{
+		"春风送暖千家乐": true, "日子红火腾腾起": true, "马蹄踏雪贺新春": true,
+		"业羊起舞迎新春": false, "丽回大地绿如茵": false, "润中翠竹万竿青": false,
+		"福": false, "": false,
+	} {
+		if got := OpensWord(line); got != want {
+			t.Errorf("OpensWord(%q) = %v, want %v", line, got, want)
+		}
+	}
+}
+
 // readTSV returns the first two fields of each line, or skips the test
 // when the shared corpora are absent.
 func readTSV(t testing.TB, path string) [][2]string {

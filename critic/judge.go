@@ -25,3 +25,6 @@ func (j Judge) Unsuitable(text string) []string {
 
 // Festive is the package function Festive.
 func (Judge) Festive(text string) float64 { return Festive(text) }
+
+// OpensWord is the package function OpensWord.
+func (Judge) OpensWord(line string) bool { return OpensWord(line) }

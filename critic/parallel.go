@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/go-ego/gse"
 )
@@ -144,6 +145,14 @@ func SegmentDict(line string) []Word {
 		out = append(out, Word{Text: t.Text(), Class: classOf(t.Pos())})
 	}
 	return out
+}
+
+// OpensWord reports whether line's first character opens a word of two
+// characters as Segment splits the line (春风… yes; 业羊…, 丽回… no): what
+// an acrostic couplet's head needs to read naturally.
+func OpensWord(line string) bool {
+	ws := SegmentDict(line)
+	return len(ws) > 0 && utf8.RuneCountInString(ws[0].Text) >= 2
 }
 
 // Parallelism scores how well the two lines face each other, in [0, 1]:
