@@ -69,11 +69,15 @@ func (x extraProc) Generate(ctx context.Context, r *engine.Request) (*engine.Res
 func TestPropertyEngine(t *testing.T) {
 	for _, draws := range []bool{false, true} {
 		t.Run(fmt.Sprintf("device draws %v", draws), func(t *testing.T) { testPropertyEngine(t, draws) })
+		// Two of four samples continue past their 上联 (WithFinishers).
+		t.Run(fmt.Sprintf("finishers, device draws %v", draws), func(t *testing.T) {
+			testPropertyEngine(t, draws, WithOversample(4), WithFinishers(2))
+		})
 	}
 }
 
-func testPropertyEngine(t *testing.T, draws bool) {
-	g := newFakeGen(t, realStackDraws(t, testModel, draws))
+func testPropertyEngine(t *testing.T, draws bool, opts ...Option) {
+	g := newFakeGen(t, realStackDraws(t, testModel, draws), opts...)
 	kws := usableKeywords(t, g)
 	lengths := []int{0, 4, 5, 7, 9, 11, 13}
 	uppers := []string{"春回大地", "天增岁月人增寿", "月照人照月", "春风入户，福气满门", "喜", "一年四季，春夏秋冬"}
@@ -140,6 +144,72 @@ func TestReproducible(t *testing.T) {
 		if a[i].Upper != b[i].Upper || a[i].Lower != b[i].Lower || a[i].Banner != b[i].Banner {
 			t.Errorf("seed 42 gave %v then %v", a[i], b[i])
 		}
+	}
+}
+
+// recordEngine records the shape of every generating request.
+type recordEngine struct {
+	engine.Engine
+	mu   sync.Mutex
+	reqs []engine.Request // copies: N, MaxTokens and Prompt as sent
+}
+
+func (r *recordEngine) Generate(ctx context.Context, req *engine.Request) (*engine.Result, error) {
+	if req.Params.MaxTokens > 0 {
+		r.mu.Lock()
+		r.reqs = append(r.reqs, engine.Request{Prompt: slices.Clone(req.Prompt), Params: req.Params})
+		r.mu.Unlock()
+	}
+	return r.Engine.Generate(ctx, req)
+}
+
+// WithFinishers: the samples' 上联s come first in one request; only the
+// kept ones continue, each from a prompt that ends in its 上联; seeded
+// requests stay reproducible; streamed ones draw every sample whole.
+func TestFinishers(t *testing.T) {
+	rec := &recordEngine{Engine: realStack(t, testModel)}
+	g := newFakeGen(t, rec, WithOversample(5), WithFinishers(2))
+	for _, mode := range []Mode{ModeKeyword, ModeAcrostic} {
+		req := Request{Mode: mode, Text: "吉祥", Length: 7, N: 1, Seed: 11}
+		rec.reqs = nil
+		a, err := g.Generate(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, req, a)
+		first := rec.reqs[0]
+		if first.Params.N != 5 || first.Params.MaxTokens != 7 {
+			t.Fatalf("%s: first request N %d, MaxTokens %d; want the 5 上联s alone (7 tokens)", mode, first.Params.N, first.Params.MaxTokens)
+		}
+		cont := 0
+		for _, r := range rec.reqs[1:] {
+			if r.Params.N == 1 && r.Params.MaxTokens == 8 {
+				cont++
+				if len(r.Prompt) != len(first.Prompt)+7 || !slices.Equal(r.Prompt[:len(first.Prompt)], first.Prompt) {
+					t.Errorf("%s: a continuation's prompt is not the 上联's prompt and a 上联", mode)
+				}
+			}
+		}
+		if cont != 2 {
+			t.Errorf("%s: %d continuations, want 2", mode, cont)
+		}
+		b, err := g.Generate(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Scores may move in the last digits (the second run reads the
+		// prefix cache): the text must not.
+		if len(a) != len(b) || a[0].Upper != b[0].Upper || a[0].Lower != b[0].Lower || a[0].Banner != b[0].Banner {
+			t.Errorf("%s: seed 11 gave %v, then %v", mode, a, b)
+		}
+	}
+	rec.reqs = nil
+	req := Request{Mode: ModeKeyword, Text: "吉祥", Length: 7, N: 1, Seed: 11, OnToken: func(TokenEvent) {}}
+	if _, err := g.Generate(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if p := rec.reqs[0].Params; p.N != 5 || p.MaxTokens != 15 {
+		t.Errorf("streamed: first request N %d, MaxTokens %d; want every sample whole", p.N, p.MaxTokens)
 	}
 }
 

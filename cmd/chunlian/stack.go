@@ -46,6 +46,7 @@ type stackConfig struct {
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
 	IdleSamples         int        // the same while the server is nearly idle (unseeded requests); 0 = the backend's default
+	FinishSamples       int        // of those, how many write a 下联 after the 上联s are ranked; 0 = the backend's default
 	RecentWindow        int        // a blessing word's last served couplets an unseeded request passes over; 0 = off
 	DefaultTemperature  float64    // sampling temperature of requests that set none
 	BannerCandidates    int        // retrieved 横批 candidates scored by the model per couplet
@@ -78,6 +79,16 @@ const (
 const (
 	cpuDefaultIdleSamples  = 0
 	cudaDefaultIdleSamples = 16
+)
+
+// Samples per couplet that go on to write a 下联 when --finish-samples is
+// 0, by backend: on the CPU the best 3 of the 5 上联s, which read no worse
+// than 5 whole samples for a fifth fewer rows; with CUDA every sample (a
+// value not below the samples drawn), not yet read there
+// (docs/DECISIONS.md, "Finishing the best 上联s").
+const (
+	cpuDefaultFinishSamples  = 3
+	cudaDefaultFinishSamples = 32
 )
 
 // Engine loops per device when --engines is 0, by backend: one on the
@@ -159,6 +170,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.StringVar(&c.CPUPrecision, "cpu-precision", c.CPUPrecision, "CPU backend: inputs of the GEMMs on the bf16 weights: auto (bf16 where the CPU has AVX512_BF16, float32 elsewhere), bf16 (rounded everywhere; faster only with AVX512_BF16) or fp32; float32 accumulation in each, and the LM head's leading logits from float32 inputs")
 	fs.IntVar(&c.RecentWindow, "recent-window", c.RecentWindow, "couplets served for a blessing word that a request without a seed passes over when another candidate ranks close (so that visitors typing the same word see different couplets); 0 = off")
 	fs.IntVar(&c.IdleSamples, "idle-samples", c.IdleSamples, fmt.Sprintf("ranked samples per couplet for requests without a seed while at most %d couplets are in flight; 0 = the backend's default: off on the CPU, %d with CUDA; a value not above --samples-per-couplet turns it off", couplet.DefaultIdleBelow, cudaDefaultIdleSamples))
+	fs.IntVar(&c.FinishSamples, "finish-samples", c.FinishSamples, fmt.Sprintf("of the samples per couplet, how many go on to write a 下联 after their 上联s are drawn and ranked (fewer model rows per couplet); a value not below --samples-per-couplet: all; 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultFinishSamples, cudaDefaultFinishSamples))
 	fs.IntVar(&c.SamplesPerCouplet, "samples-per-couplet", c.SamplesPerCouplet, fmt.Sprintf("constrained samples drawn and ranked for each returned couplet (quality vs throughput); 0 = the backend's default: %d on the CPU, %d with CUDA", cpuDefaultSamples, cudaDefaultSamples))
 	fs.IntVar(&c.BannerCandidates, "banner-candidates", c.BannerCandidates, "retrieved 横批 candidates scored by the model per couplet (the likeliest of a lexical pool of 32); 0 = the model's own 横批 only")
 	fs.StringVar(&c.BannersFile, "banners-file", c.BannersFile, "a 横批 list of your own (one four-character phrase per line, # comments) used instead of the embedded curated list; empty = the embedded list")
@@ -192,6 +204,7 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 		couplet.WithBannerSources(bannerSources(c.BannersFile)...), // generate.go
 		couplet.WithOversample(c.SamplesPerCouplet),
 		couplet.WithIdleSamples(c.IdleSamples, couplet.DefaultIdleBelow),
+		couplet.WithFinishers(c.FinishSamples),
 		couplet.WithRecentWindow(c.RecentWindow),
 		couplet.WithTemperature(float32(c.DefaultTemperature)),
 		couplet.WithBannerTopK(c.BannerCandidates),
@@ -258,6 +271,9 @@ func (c *stackConfig) Validate() error {
 	}
 	if c.IdleSamples < 0 || c.IdleSamples > 32 {
 		bad("--idle-samples %d: want 1..32, or 0 for the backend's default", c.IdleSamples)
+	}
+	if c.FinishSamples < 0 || c.FinishSamples > 32 {
+		bad("--finish-samples %d: want 1..32, or 0 for the backend's default", c.FinishSamples)
 	}
 	if c.SamplesPerCouplet < 0 || c.SamplesPerCouplet > 32 {
 		bad("--samples-per-couplet %d: want 1..32, or 0 for the backend's default", c.SamplesPerCouplet)
@@ -390,7 +406,8 @@ func buildStackFor(cfg stackConfig, m, spring *model.Model) (*stack, error) {
 	s.Config.BlockSize = s.Backend.BlockSize() // the backend resolves 0
 	s.Config.SamplesPerCouplet = samplesFor(backend, cfg.SamplesPerCouplet)
 	s.Config.IdleSamples = byBackend(backend, cfg.IdleSamples, cpuDefaultIdleSamples, cudaDefaultIdleSamples)
-	cfg.SamplesPerCouplet, cfg.IdleSamples = s.Config.SamplesPerCouplet, s.Config.IdleSamples
+	s.Config.FinishSamples = byBackend(backend, cfg.FinishSamples, cpuDefaultFinishSamples, cudaDefaultFinishSamples)
+	cfg.SamplesPerCouplet, cfg.IdleSamples, cfg.FinishSamples = s.Config.SamplesPerCouplet, s.Config.IdleSamples, s.Config.FinishSamples
 	group := func(es []engine.Engine) engine.Engine {
 		e := es[0]
 		if len(es) > 1 {
