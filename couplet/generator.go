@@ -467,6 +467,9 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan,
 				return
 			}
 			stage.addResult(r)
+			if len(r.Completions) == 0 {
+				return // parseConstrained drops the empty completion
+			}
 			c := r.Completions[0]
 			out[k] = engine.Completion{
 				Index:    u.comp.Index,
@@ -477,8 +480,10 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan,
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	for _, err := range errs {
+		if err != nil {
+			return nil, err // the first, as the one request's error would be
+		}
 	}
 	return out, nil
 }
@@ -493,6 +498,11 @@ func (g *Generator) upperScore(text string, lp []float32) float64 {
 	}
 	return g.o.weights.Score(f)
 }
+
+var (
+	_ sampler.Forcer = (*continued)(nil)
+	_ sampler.Masker = (*continued)(nil)
+)
 
 // continued is a sample's processor once its 上联 has moved into the
 // prompt: the constraint sees the 上联 as generated. One per sequence (the
