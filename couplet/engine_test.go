@@ -212,20 +212,14 @@ func TestFinishers(t *testing.T) {
 		t.Errorf("streamed: first request N %d, MaxTokens %d; want every sample whole", p.N, p.MaxTokens)
 	}
 	// Idle samples (8 instead of 4 for an unseeded request while idle)
-	// finish in proportion: 4 instead of 2.
+	// are all finished in one request.
 	rec.reqs = nil
 	g = newFakeGen(t, rec, WithOversample(4), WithFinishers(2), WithIdleSamples(8, 1))
 	if _, err := g.Generate(context.Background(), Request{Mode: ModeKeyword, Text: "吉祥", Length: 7, N: 1}); err != nil {
 		t.Fatal(err)
 	}
-	cont := 0
-	for _, r := range rec.reqs[1:] {
-		if r.Params.N == 1 && r.Params.MaxTokens == 8 {
-			cont++
-		}
-	}
-	if p := rec.reqs[0].Params; p.N != 8 || p.MaxTokens != 7 || cont != 4 {
-		t.Errorf("idle: %d 上联s (MaxTokens %d), %d continued; want 8 and 4", p.N, p.MaxTokens, cont)
+	if p := rec.reqs[0].Params; p.N != 8 || p.MaxTokens != 15 {
+		t.Errorf("idle: first request N %d, MaxTokens %d; want 8 samples whole", p.N, p.MaxTokens)
 	}
 }
 

@@ -100,8 +100,8 @@ func WithOversample(k int) Option { return func(o *options) { o.oversample = k }
 // a sample's rows, so k = 3 of 5 computes about a quarter fewer rows per
 // couplet. k = 0 or k ≥ the samples drawn: every sample writes its 下联
 // (one engine request, as without the option). Streamed requests and
-// lower mode (the 上联 is given) always draw every sample whole. While
-// WithIdleSamples raises the samples drawn, k rises in proportion.
+// lower mode (the 上联 is given) always draw every sample whole, and so
+// do requests that WithIdleSamples gives more samples.
 func WithFinishers(k int) Option { return func(o *options) { o.finishers = max(k, 0) } }
 
 // DefaultIdleBelow is the in-flight bound of WithIdleSamples front ends
@@ -289,10 +289,11 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		oversample = g.o.idleSamples
 	}
 	defer g.inflight.Add(-1)
-	// Idle samples finish in the same proportion as the oversample's.
+	// While idle samples apply, every sample is finished: the device has
+	// room, and a second round of requests would only add latency.
 	finishers := g.o.finishers
-	if finishers > 0 && oversample != g.o.oversample {
-		finishers = (finishers*oversample + g.o.oversample - 1) / g.o.oversample
+	if oversample != g.o.oversample {
+		finishers = 0
 	}
 	// Only unseeded sampled requests avoid repeats: a seed promises the
 	// same couplet again.
