@@ -211,15 +211,28 @@ func TestFinishers(t *testing.T) {
 	if p := rec.reqs[0].Params; p.N != 5 || p.MaxTokens != 15 {
 		t.Errorf("streamed: first request N %d, MaxTokens %d; want every sample whole", p.N, p.MaxTokens)
 	}
-	// Idle samples (8 instead of 4 for an unseeded request while idle)
-	// are all finished in one request.
-	rec.reqs = nil
+	// With idle samples configured, a request while idle finishes every
+	// sample (unseeded: the 8 idle samples; seeded: the 4), and one past
+	// the bound finishes 2 of 4.
 	g = newFakeGen(t, rec, WithOversample(4), WithFinishers(2), WithIdleSamples(8, 1))
-	if _, err := g.Generate(context.Background(), Request{Mode: ModeKeyword, Text: "吉祥", Length: 7, N: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if p := rec.reqs[0].Params; p.N != 8 || p.MaxTokens != 15 {
-		t.Errorf("idle: first request N %d, MaxTokens %d; want 8 samples whole", p.N, p.MaxTokens)
+	for _, tc := range []struct {
+		seed   uint64
+		busy   bool
+		n, max int
+	}{{0, false, 8, 15}, {3, false, 4, 15}, {3, true, 4, 7}} {
+		rec.reqs = nil
+		if tc.busy {
+			g.inflight.Add(1)
+		}
+		if _, err := g.Generate(context.Background(), Request{Mode: ModeKeyword, Text: "吉祥", Length: 7, N: 1, Seed: tc.seed}); err != nil {
+			t.Fatal(err)
+		}
+		if tc.busy {
+			g.inflight.Add(-1)
+		}
+		if p := rec.reqs[0].Params; p.N != tc.n || p.MaxTokens != tc.max {
+			t.Errorf("seed %d, busy %v: first request N %d, MaxTokens %d; want %d, %d", tc.seed, tc.busy, p.N, p.MaxTokens, tc.n, tc.max)
+		}
 	}
 }
 

@@ -101,7 +101,8 @@ func WithOversample(k int) Option { return func(o *options) { o.oversample = k }
 // couplet. k = 0 or k ≥ the samples drawn: every sample writes its 下联
 // (one engine request, as without the option). Streamed requests and
 // lower mode (the 上联 is given) always draw every sample whole, and so
-// do requests that WithIdleSamples gives more samples.
+// does every request while WithIdleSamples counts the generator as idle
+// (at most its bound of calls under way).
 func WithFinishers(k int) Option { return func(o *options) { o.finishers = max(k, 0) } }
 
 // DefaultIdleBelow is the in-flight bound of WithIdleSamples front ends
@@ -285,14 +286,17 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		return nil, err
 	}
 	oversample := g.o.oversample
-	if n := g.inflight.Add(1); g.o.idleSamples > oversample && p.seed == 0 && n <= int64(g.o.idleBelow) {
+	n := g.inflight.Add(1)
+	defer g.inflight.Add(-1)
+	// A device with idle samples configured (the GPU) has rows to spare at
+	// low load: there every sample is finished, seeded or not, since a
+	// second round of requests would only add latency.
+	idle := g.o.idleSamples > oversample && n <= int64(g.o.idleBelow)
+	if idle && p.seed == 0 {
 		oversample = g.o.idleSamples
 	}
-	defer g.inflight.Add(-1)
-	// While idle samples apply, every sample is finished: the device has
-	// room, and a second round of requests would only add latency.
 	finishers := g.o.finishers
-	if oversample != g.o.oversample {
+	if idle {
 		finishers = 0
 	}
 	// Only unseeded sampled requests avoid repeats: a seed promises the
