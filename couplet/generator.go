@@ -336,8 +336,8 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		}
 		m = min(m, 32)
 		keep := m
-		if f := finishers; f > 0 && f < oversample && p.topK != 1 {
-			keep = max((p.n-clean)*f, 1)
+		if finishers > 0 && finishers < oversample && p.topK != 1 {
+			keep = max((p.n-clean)*finishers, 1)
 		}
 		comps, err := g.sampleLines(ctx, eng, p, prompt, attempt, m, keep, stage)
 		if err != nil {

@@ -199,14 +199,14 @@ func (g *Generator) features(p *plan, cd *candidate) Features {
 	f := TextFeatures(cd.c.Upper, cd.c.Lower, cd.lineLP, g.o.judge)
 	f.Tone = parallelism(g.t, p, cd.upperIDs, cd.lowerIDs)
 	if p.mode == ModeAcrostic {
-		f.Heads = HeadsOpenNoWord(cd.c.Upper, cd.c.Lower, g.o.judge)
+		f.Heads = headsOpenNoWord(cd.c.Upper, cd.c.Lower, g.o.judge)
 	}
 	return f
 }
 
-// HeadsOpenNoWord counts the lines of an acrostic couplet whose head (its
+// headsOpenNoWord counts the lines of an acrostic couplet whose head (its
 // first character) opens no word by j (nil = none counted).
-func HeadsOpenNoWord(upper, lower string, j Judge) int {
+func headsOpenNoWord(upper, lower string, j Judge) int {
 	n := 0
 	if j != nil {
 		for _, l := range [2]string{upper, lower} {

@@ -76,11 +76,11 @@ func TestHeadsFeature(t *testing.T) {
 			t.Errorf("%s mode: Heads = %d, want %d", tc.mode, got, tc.want)
 		}
 	}
-	if got := HeadsOpenNoWord("安平", "安和", headJudge{noWord: "安"}); got != 2 {
-		t.Errorf("HeadsOpenNoWord = %d, want 2", got)
+	if got := headsOpenNoWord("安平", "安和", headJudge{noWord: "安"}); got != 2 {
+		t.Errorf("headsOpenNoWord = %d, want 2", got)
 	}
-	if got := HeadsOpenNoWord("安平", "安和", nil); got != 0 {
-		t.Errorf("HeadsOpenNoWord without a judge = %d, want 0", got)
+	if got := headsOpenNoWord("安平", "安和", nil); got != 0 {
+		t.Errorf("headsOpenNoWord without a judge = %d, want 0", got)
 	}
 	if DefaultWeights.Score(Features{LogProb: -1, Heads: 1}) >= DefaultWeights.Score(Features{LogProb: -1}) {
 		t.Error("a head that opens no word costs nothing by default")

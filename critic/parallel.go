@@ -148,7 +148,7 @@ func SegmentDict(line string) []Word {
 }
 
 // OpensWord reports whether line's first character opens a word of two
-// characters as Segment splits the line (春风… yes; 业羊…, 丽回… no): what
+// characters as SegmentDict splits the line (春风… yes; 业羊…, 丽回… no): what
 // an acrostic couplet's head needs to read naturally.
 func OpensWord(line string) bool {
 	ws := SegmentDict(line)
