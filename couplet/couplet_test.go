@@ -446,6 +446,18 @@ func checkResult(t *testing.T, req Request, cs []Couplet) {
 				t.Errorf("lower mode changed the 上联: %q", c.Upper)
 			}
 		}
+		if req.Mode != ModeLower {
+			// The 上联 repeats a character only as one 叠字 right after
+			// it, except where the keyword is forced onto a character
+			// already written.
+			u := []rune(c.Upper)
+			for i, r := range u {
+				n := strings.Count(string(u[:i]), string(r))
+				if IsHan(r) && (n > 1 || n == 1 && u[i-1] != r) && !slices.Contains(text, r) {
+					t.Errorf("%+v → 上联 %q repeats %c", req, c.Upper, r)
+				}
+			}
+		}
 		if seen[c.Upper+c.Lower] {
 			t.Errorf("duplicate candidate %q/%q", c.Upper, c.Lower)
 		}

@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"math"
+	"slices"
 	"sort"
 
 	"chunlian/sampler"
@@ -32,6 +33,8 @@ import (
 //   - template punctuation is forced in both lines (rule 1);
 //   - every other line slot and banner slot allows Chinese characters only
 //     (rules 1, 4); specials are allowed only where the layout puts them;
+//   - a 上联 slot does not repeat an earlier character, except the one
+//     right before it once (叠字: appendEchoes);
 //   - the 上联's last slot allows 仄 only, the 下联's last slot 平 only
 //     (rule 2), and any 下联 slot j with u[j] == u[last] also 平 only, because
 //     repetition mirroring will force l[last] = l[j] (lookahead: no dead end);
@@ -389,6 +392,7 @@ func (c *constraint) upperRule(gen []int32, j int, excl []int32) (rule, []int32)
 	if j == c.last {
 		r.set = &t.zeSet
 	}
+	excl = appendEchoes(excl, gen, j)
 	switch {
 	case p.mode == ModeKeyword:
 		// Before placement K1 is only allowed where it can start the
@@ -407,6 +411,21 @@ func (c *constraint) upperRule(gen []int32, j int, excl []int32) (rule, []int32)
 		excl = append(excl, p.heads[0])
 	}
 	return r, excl
+}
+
+// appendEchoes appends to excl the characters 上联 slot j may not take
+// because they would repeat an earlier one: a line repeats a character
+// only right after itself, once (叠字 年年). Readers mark our couplets
+// with any other repeat odd about twice as often as the rest
+// (docs/DECISIONS.md, "No echoes in the 上联"); the 下联 mirrors the
+// 上联's repeats, so it has none either.
+func appendEchoes(excl, gen []int32, j int) []int32 {
+	for k := 0; k < j; k++ {
+		if k < j-1 || slices.Contains(gen[:k], gen[k]) {
+			excl = append(excl, gen[k])
+		}
+	}
+	return excl
 }
 
 // lowerRule is ruleAt for 下联 slot j where forcedAt forces nothing: Han

@@ -103,13 +103,16 @@ func (r refProc) upperStep(gen []int32, j int, logits []float32) error {
 			}
 		}
 		return refAllowHan(t, logits, func(id int32) bool {
-			if !placed && id == k1 && !c.kwStart[j] {
+			if !placed && id == k1 && !c.kwStart[j] || refEcho(gen, j, id) {
 				return false
 			}
 			return j != c.last || t.tone[id] == ToneZe
 		})
 	}
 	return refAllowHan(t, logits, func(id int32) bool {
+		if refEcho(gen, j, id) {
+			return false
+		}
 		if j != c.last {
 			return true
 		}
@@ -118,6 +121,18 @@ func (r refProc) upperStep(gen []int32, j int, logits []float32) error {
 		}
 		return !(p.mode == ModeAcrostic && id == p.heads[0] && t.tone[p.heads[1]] != TonePing)
 	})
+}
+
+// refEcho reports whether id at 上联 slot j would repeat an earlier
+// character other than as one 叠字 right after it.
+func refEcho(gen []int32, j int, id int32) bool {
+	n := 0
+	for k := 0; k < j; k++ {
+		if gen[k] == id {
+			n++
+		}
+	}
+	return n > 1 || n == 1 && (j == 0 || gen[j-1] != id)
 }
 
 func (r refProc) lowerStep(upper, lower []int32, j int, logits []float32) error {

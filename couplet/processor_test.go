@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -174,6 +175,39 @@ func randPlan(rng *rand.Rand, t *tables) *plan {
 // return the same errors, for random plans of every mode, random histories
 // (mostly following the rules, sometimes not) and random rows of every
 // kind and of the vocabulary's width or narrower or wider.
+// TestAppendEchoes: a 上联 slot may repeat only the character right
+// before it, and only if that one is not itself a repeat.
+func TestAppendEchoes(t *testing.T) {
+	for _, tc := range []struct {
+		gen  []int32
+		want []int32
+	}{
+		{nil, nil},
+		{[]int32{1}, nil},              // 1 may follow itself (叠字)
+		{[]int32{1, 2}, []int32{1}},    // 2 may double, 1 may not come back
+		{[]int32{1, 1}, []int32{1, 1}}, // no third 1
+		{[]int32{1, 2, 3}, []int32{1, 2}},
+		{[]int32{1, 2, 2}, []int32{1, 2, 2}},
+	} {
+		got := appendEchoes(nil, tc.gen, len(tc.gen))
+		for _, id := range tc.want {
+			if !slices.Contains(got, id) {
+				t.Errorf("after %v: %d not excluded (%v)", tc.gen, id, got)
+			}
+		}
+		for _, id := range got {
+			if !slices.Contains(tc.want, id) {
+				t.Errorf("after %v: %d excluded (%v)", tc.gen, id, got)
+			}
+		}
+		for id := int32(0); id < 5; id++ {
+			if refEcho(tc.gen, len(tc.gen), id) != slices.Contains(got, id) {
+				t.Errorf("after %v: refEcho(%d) disagrees with %v", tc.gen, id, got)
+			}
+		}
+	}
+}
+
 func TestProcessorEquivalence(t *testing.T) {
 	for name, tb := range procTables(t) {
 		// The shipped vocabulary is 15× the test one: fewer plans there.
