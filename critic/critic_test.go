@@ -172,6 +172,8 @@ func TestUnsuitable(t *testing.T) {
 		{"丹桂飘香秋月冷\t碧山凝黛夕阳红", []string{"秋", "冷"}},
 		{"团年老树红枫艳\t遍地鲜花瑞雪香", []string{"枫"}},
 		{"千秋伟业春秋笔\t秋实秋收荡秋千", nil},
+		// The autumn wind: 67 of 82 marks odd.
+		{"银月高悬千里照\t金风送爽万家春", []string{"金风", "送爽"}},
 		// Off-season and prosaic: read odd in 81-100 % of marks in the
 		// recorded readings; the farming seasons, 寒梅 and 难忘 are not.
 		{"春来陌上月明色\t夏至池中蛙鼓声", []string{"夏"}},
