@@ -174,6 +174,9 @@ func TestUnsuitable(t *testing.T) {
 		{"千秋伟业春秋笔\t秋实秋收荡秋千", nil},
 		// The autumn wind: 67 of 82 marks odd.
 		{"银月高悬千里照\t金风送爽万家春", []string{"金风", "送爽"}},
+		// Nostalgia and solitude: 75-100 % of marks odd.
+		{"万亩桃源迎贵客\t一江春水向东流", []string{"东流"}},
+		{"来客登楼寻旧梦\t举杯邀月醉新欢", []string{"旧梦", "邀月"}},
 		// Off-season and prosaic: read odd in 81-100 % of marks in the
 		// recorded readings; the farming seasons, 寒梅 and 难忘 are not.
 		{"春来陌上月明色\t夏至池中蛙鼓声", []string{"夏"}},
