@@ -177,6 +177,9 @@ func TestUnsuitable(t *testing.T) {
 		// Nostalgia and solitude: 75-100 % of marks odd.
 		{"万亩桃源迎贵客\t一江春水向东流", []string{"东流"}},
 		{"来客登楼寻旧梦\t举杯邀月醉新欢", []string{"旧梦", "邀月"}},
+		{"风拂柳丝轻似燕\t雨敲荷叶碎如珠", []string{"荷"}},
+		{"压岁钱装红荷包", nil},
+		{"游春乐事千般好\t赏月佳人万事欢", []string{"佳人"}},
 		// Off-season and prosaic: read odd in 81-100 % of marks in the
 		// recorded readings; the farming seasons, 寒梅 and 难忘 are not.
 		{"春来陌上月明色\t夏至池中蛙鼓声", []string{"夏"}},
