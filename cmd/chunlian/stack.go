@@ -62,18 +62,18 @@ type stackConfig struct {
 }
 
 // Ranked samples per couplet when --samples-per-couplet is 0, by backend:
-// the GPU takes couplet.DefaultSamples, where blind readers' odd share of
-// the pick stops falling; the 2-core CPU takes 5, which blind readers
-// found less odd than 3 with the spring model, within the CPU's speed
-// goals of the quality issue (docs/DECISIONS.md, "Samples per couplet").
+// 5 on both. Blind readers found 5 less odd than 3 with the spring model;
+// with the best 上联s finished, 5 read as well as the GPU's earlier 8, for
+// fewer model rows (docs/DECISIONS.md, "Samples per couplet" and
+// "Finishing the best 上联s").
 const (
 	cpuDefaultSamples  = 5
-	cudaDefaultSamples = couplet.DefaultSamples
+	cudaDefaultSamples = 5
 )
 
 // Ranked samples per couplet while at most couplet.DefaultIdleBelow
-// couplets are in flight, when --idle-samples is 0: with CUDA 16, which
-// read better than 8 and costs an idle GPU little latency; on the CPU the
+// couplets are in flight, when --idle-samples is 0: with CUDA 16, written
+// whole, which costs an idle GPU no latency; on the CPU the
 // same as --samples-per-couplet (off), since there every sample costs its
 // rows (docs/DECISIONS.md, "Samples per couplet").
 const (
@@ -82,13 +82,12 @@ const (
 )
 
 // Samples per couplet that go on to write a 下联 when --finish-samples is
-// 0, by backend: the best 3 of the CPU's 5 上联s and 4 of CUDA's 8, which
-// read no worse than every sample finished, for about a fifth (CPU) and
-// over a quarter (CUDA) fewer model rows (docs/DECISIONS.md, "Finishing
-// the best 上联s").
+// 0, by backend: the best 3 of the 5 上联s on both, which read no worse
+// than every sample finished, for about a fifth fewer model rows, and
+// better than the best 2 (docs/DECISIONS.md, "Finishing the best 上联s").
 const (
 	cpuDefaultFinishSamples  = 3
-	cudaDefaultFinishSamples = 4
+	cudaDefaultFinishSamples = 3
 )
 
 // Engine loops per device when --engines is 0, by backend: one on the
