@@ -170,11 +170,6 @@ func randPlan(rng *rand.Rand, t *tables) *plan {
 	return p
 }
 
-// TestProcessorEquivalence: the set-based processors leave exactly the
-// rows the old per-token loop left (bitwise, NaN payloads included) and
-// return the same errors, for random plans of every mode, random histories
-// (mostly following the rules, sometimes not) and random rows of every
-// kind and of the vocabulary's width or narrower or wider.
 // TestAppendEchoes: a 上联 slot may repeat only the character right
 // before it, and only if that one is not itself a repeat.
 func TestAppendEchoes(t *testing.T) {
@@ -208,6 +203,11 @@ func TestAppendEchoes(t *testing.T) {
 	}
 }
 
+// TestProcessorEquivalence: the set-based processors leave exactly the
+// rows the old per-token loop left (bitwise, NaN payloads included) and
+// return the same errors, for random plans of every mode, random histories
+// (mostly following the rules, sometimes not) and random rows of every
+// kind and of the vocabulary's width or narrower or wider.
 func TestProcessorEquivalence(t *testing.T) {
 	for name, tb := range procTables(t) {
 		// The shipped vocabulary is 15× the test one: fewer plans there.
