@@ -295,8 +295,11 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 	if idle && p.seed == 0 {
 		oversample = g.o.idleSamples
 	}
+	// Every sample is finished in one request while idle, in lower mode
+	// (the 上联 is given), when tokens are streamed as drawn, and for
+	// greedy requests.
 	finishers := g.o.finishers
-	if idle {
+	if idle || p.mode == ModeLower || p.onToken != nil || p.topK == 1 {
 		finishers = 0
 	}
 	// Only unseeded sampled requests avoid repeats: a seed promises the
@@ -336,7 +339,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		}
 		m = min(m, 32)
 		keep := m
-		if finishers > 0 && finishers < oversample && p.topK != 1 {
+		if finishers > 0 && finishers < oversample {
 			keep = max((p.n-clean)*finishers, 1)
 		}
 		comps, err := g.sampleLines(ctx, eng, p, prompt, attempt, m, keep, stage)
@@ -407,9 +410,9 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 }
 
 // sampleLines draws m constrained samples of one attempt and returns
-// them as completions of the lines (上联, <sep>, 下联). With keep < m (and
-// neither lower mode nor streaming) it draws the m 上联s alone first,
-// keeps the keep best by upperScore, and continues each from a prompt
+// them as completions of the lines (上联, <sep>, 下联). With keep < m
+// (Generate decides when; never in lower mode) it draws the m 上联s alone
+// first, keeps the keep best by upperScore, and continues each from a prompt
 // that ends in its 上联; the prefix cache holds those blocks, so only the
 // 上联's last token is computed again. A continued sample keeps its
 // index's constraint (keyword placement) and a seed of its own, so seeded
@@ -417,7 +420,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan, prompt []int32, attempt, m, keep int, stage *stageTimer) ([]engine.Completion, error) {
 	req := g.engineRequest(p, prompt, attempt, m, true)
 	L := p.lineLen
-	if keep >= m || p.mode == ModeLower || p.onToken != nil {
+	if keep >= m {
 		res, err := eng.Generate(ctx, req)
 		if err != nil {
 			return nil, err
