@@ -328,7 +328,8 @@ func WriteScores(w io.Writer, scores []SideScore) {
 	fmt.Fprintln(w, "\nRates with 95 % Wilson score intervals in brackets; 横批 fits counts the rows whose 横批 was shown.")
 }
 
-// UsedWords are the words that the recorded readings under dir name:
+// UsedWords are the words that the recorded readings under dir (a folder,
+// or one file such as the written training triples) name:
 // every run of two or four Chinese characters in any of its files (the
 // word columns, the sections' word lists in comments, the README), so that
 // a held-out reading can avoid them. Longer runs (couplet lines) and the

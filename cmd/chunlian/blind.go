@@ -36,7 +36,7 @@ type readerFlags struct {
 	perWord                *int
 	wordList, sharedFolder *string
 	freshWords             *int
-	readings               *string
+	readings               *[]string
 }
 
 // defineReader registers the kit's flags on eval's flag set.
@@ -52,8 +52,8 @@ func defineReader(fs *pflag.FlagSet) *readerFlags {
 		perWord:      fs.Int("per-word", 100, "--signals: chunlian couplets per blessing word (distinct-2 is over these); human ones: all of the word's, at most as many"),
 		wordList:     fs.String("word-list", strings.Join(quality.BlessingWords[:15], ","), "--blind, --signals: comma-separated blessing words"),
 		sharedFolder: fs.String("shared", "../shared/data", "--blind, --signals: the shared data folder (spring/, couplets/train.tsv)"),
-		freshWords:   fs.Int("fresh-words", 0, "list N two-character blessing words for a held-out reading: dictionary words, festive, held by human spring couplets of --length, named by no recorded reading (--readings)"),
-		readings:     fs.String("readings", "quality/testdata/readings", "--fresh-words: the folder of recorded readings whose words are used"),
+		freshWords:   fs.Int("fresh-words", 0, "list N two-character blessing words for a held-out reading: dictionary words, festive, held by human spring couplets of --length, named by no recorded reading or training file (--readings)"),
+		readings:     fs.StringSlice("readings", []string{"quality/testdata/readings", "training/data/written_triples.tsv"}, "--fresh-words: recorded readings and training files (folders or files) whose words count as used"),
 	}
 }
 
@@ -324,13 +324,19 @@ func readHumanSpring(shared string) ([]quality.Couplet, error) {
 // freshWords prints `eval --fresh-words N`: word<TAB>human couplets per
 // line. At least 3 human couplets per word, so that the sheet can pair
 // each word's two couplets with people's.
-func freshWords(n int, readings, shared string, length int, stdout io.Writer) error {
+func freshWords(n int, readings []string, shared string, length int, stdout io.Writer) error {
 	if n < 0 {
 		return errors.New("--fresh-words needs N > 0")
 	}
-	used, err := quality.UsedWords(readings)
-	if err != nil {
-		return fmt.Errorf("--readings: %w", err)
+	used := map[string]bool{}
+	for _, path := range readings {
+		u, err := quality.UsedWords(path)
+		if err != nil {
+			return fmt.Errorf("--readings: %w", err)
+		}
+		for w := range u {
+			used[w] = true
+		}
 	}
 	pool, err := readHumanSpring(shared)
 	if err != nil {
@@ -347,6 +353,6 @@ func freshWords(n int, readings, shared string, length int, stdout io.Writer) er
 	for _, wc := range words {
 		fmt.Fprintf(stdout, "%s\t%d\n", wc.Word, wc.Human)
 	}
-	fmt.Fprintf(stdout, "# %d words (%d asked); %d runs of two or four characters in %s counted as used\n", len(words), n, len(used), readings)
+	fmt.Fprintf(stdout, "# %d words (%d asked); %d runs of two or four characters in %s counted as used\n", len(words), n, len(used), strings.Join(readings, ", "))
 	return nil
 }

@@ -259,7 +259,7 @@ func TestEvalSignals(t *testing.T) {
 }
 
 // TestEvalFreshWords: --fresh-words lists words that three human couplets
-// hold and no reading names; a word a reading names is left out.
+// hold and no reading or training file names; a word one names is left out.
 func TestEvalFreshWords(t *testing.T) {
 	dir := t.TempDir()
 	shared := fakeShared(t, dir)
@@ -274,5 +274,15 @@ func TestEvalFreshWords(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "家庭\t3\n") || strings.Contains(out.String(), "财富") {
 		t.Errorf("--fresh-words: want 家庭 (3 couplets) and not 财富:\n%s", out.String())
+	}
+	// A training file's keyword column counts as used too.
+	written := filepath.Join(dir, "written.tsv")
+	os.WriteFile(written, []byte("家庭和睦春常在\t岁月安康福自来\t阖家欢乐\t家庭\n"), 0o644)
+	out.Reset()
+	if err := runEval([]string{"--fresh-words", "5", "--shared", shared, "--readings", readings + "," + written}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "家庭") {
+		t.Errorf("--fresh-words with a training file naming 家庭: still listed:\n%s", out.String())
 	}
 }
