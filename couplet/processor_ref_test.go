@@ -132,7 +132,7 @@ func refEcho(gen []int32, j int, id int32) bool {
 			n++
 		}
 	}
-	return n > 1 || n == 1 && (j == 0 || gen[j-1] != id)
+	return n > 1 || n == 1 && gen[j-1] != id // n == 1 implies j ≥ 1
 }
 
 func (r refProc) lowerStep(upper, lower []int32, j int, logits []float32) error {
