@@ -466,9 +466,10 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 // row: the figures the GPU's bench reports as "host ms per step".
 func BenchmarkHostLoop(b *testing.B) {
 	m := defaultModel(b)
-	for _, c := range []struct{ users, samples int }{{100, 8}, {1000, 8}, {1000, 1}, {2000, 1}} {
+	// The CUDA default (5 上联s, the best 4 finished) and one sample.
+	for _, c := range []struct{ users, samples, finish int }{{100, 5, 4}, {1000, 5, 4}, {1000, 1, 0}, {2000, 1, 0}} {
 		users := c.users
-		b.Run(fmt.Sprintf("users=%d/samples=%d", users, c.samples), func(b *testing.B) {
+		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d", users, c.samples, c.finish), func(b *testing.B) {
 			var es []engine.Engine
 			for range 2 {
 				dev := newNullDevice(m.Config.VocabSize, 1<<16, 16)
@@ -483,7 +484,7 @@ func BenchmarkHostLoop(b *testing.B) {
 			}
 			eng := engine.NewShards(es...)
 			defer eng.Close()
-			g, err := New(m, eng, WithOversample(c.samples))
+			g, err := New(m, eng, WithOversample(c.samples), WithFinishers(c.finish))
 			if err != nil {
 				b.Fatal(err)
 			}
