@@ -196,6 +196,9 @@ func TestUnsuitable(t *testing.T) {
 		{"联中妙句良缘好\t松鹤同修千古道", []string{"缘", "鹤"}},
 		{"笑语欢歌乐不休\t能工巧匠展非凡", nil},
 		{"可喜可贺迎新岁\t必胜功夫在勤劳", nil},
+		// No way in (致富无门, 报国无门): every use in the human spring
+		// couplets is a complaint; both readers marked 致富无门 odd.
+		{"发财有道千般好\t致富无门万事和", []string{"无门"}},
 		// 花街柳巷, 寻花问柳: innuendo.
 		{"花开柳巷月满满\t雪映梅亭香飘飘", []string{"柳巷"}},
 	}
