@@ -36,7 +36,7 @@ type readerFlags struct {
 	perWord                *int
 	wordList, sharedFolder *string
 	freshWords             *int
-	readings               *[]string
+	readings               *string
 }
 
 // defineReader registers the kit's flags on eval's flag set.
@@ -53,7 +53,7 @@ func defineReader(fs *pflag.FlagSet) *readerFlags {
 		wordList:     fs.String("word-list", strings.Join(quality.BlessingWords[:15], ","), "--blind, --signals: comma-separated blessing words"),
 		sharedFolder: fs.String("shared", "../shared/data", "--blind, --signals: the shared data folder (spring/, couplets/train.tsv)"),
 		freshWords:   fs.Int("fresh-words", 0, "list N two-character blessing words for a held-out reading: dictionary words, festive, held by human spring couplets of --length, named by no recorded reading or training file (--readings)"),
-		readings:     fs.StringSlice("readings", []string{"quality/testdata/readings", "training/data/written_triples.tsv"}, "--fresh-words: recorded readings and training files (folders or files) whose words count as used"),
+		readings:     fs.String("readings", "quality/testdata/readings,training/data/written_triples.tsv", "--fresh-words: comma-separated recorded readings and training files (folders or files) whose words count as used"),
 	}
 }
 
@@ -72,7 +72,7 @@ func runReader(sc stackConfig, r *readerFlags, length int, seed uint64, temp *fl
 		return scoreSheetFiles(*r.score, *r.key, stdout)
 	}
 	if *r.freshWords != 0 {
-		return freshWords(*r.freshWords, *r.readings, *r.sharedFolder, length, stdout)
+		return freshWords(*r.freshWords, strings.Split(*r.readings, ","), *r.sharedFolder, length, stdout)
 	}
 	if *r.blind < 0 {
 		return errors.New("--blind needs N > 0")
