@@ -458,8 +458,8 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 }
 
 // BenchmarkHostLoop: the GPU's host side without a GPU. `users` closed-loop
-// clients generate couplets (8 ranked samples, or 1;
-// 横批 scoring) on the
+// clients generate couplets (the CUDA default of 5 上联s with the best 4
+// finished, or 1 sample; 横批 scoring) on the
 // shipped model's vocabulary and rules through two engine loops with the
 // CUDA step limits, each on a nullDevice taking 0.25 ms a step. Reports couplets/s and the
 // engine loops' host time (schedule + consume) per step and per logits

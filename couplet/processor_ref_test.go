@@ -124,8 +124,9 @@ func (r refProc) upperStep(gen []int32, j int, logits []float32) error {
 }
 
 // refEcho reports whether id at 上联 slot j would repeat an earlier
-// character other than as one 叠字 right after it.
-func refEcho(gen []int32, j int, id int32) bool {
+// character other than as one 叠字 right after it (token ids, or the runes
+// of a returned 上联).
+func refEcho[T comparable](gen []T, j int, id T) bool {
 	n := 0
 	for k := 0; k < j; k++ {
 		if gen[k] == id {
