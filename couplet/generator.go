@@ -27,7 +27,8 @@ type Generator struct {
 	t       *tables
 	e       engine.Engine
 	banners []bannerCand
-	sources []string // banner lists actually read
+	phrases map[[4]rune]bool // the banners' characters (Features.Unpaired)
+	sources []string         // banner lists actually read
 	o       options
 	// inflight counts the Generate calls under way (WithIdleSamples).
 	inflight atomic.Int64
@@ -211,6 +212,10 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 		}
 	}
 	t.singles = singleWords(g.banners)
+	g.phrases = make(map[[4]rune]bool, len(g.banners))
+	for _, b := range g.banners {
+		g.phrases[b.runes] = true
+	}
 	return g, nil
 }
 

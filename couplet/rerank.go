@@ -37,11 +37,12 @@ type Features struct {
 	Bad      int     `json:"bad"`      // Judge.Unsuitable words in 上联+下联
 	Repeated int     `json:"repeated"` // repetitions a reader takes for slips (repeats): all but adjacent mirrored ones
 	Heads    int     `json:"heads"`    // acrostic mode: lines whose head opens no word (Judge.OpensWord)
+	Unpaired int     `json:"unpaired"` // four-character phrase mode: 1 when the 下联 opens with no phrase of the 横批 list
 }
 
 // Weights combine Features into a candidate's score (see Weights.Score).
 type Weights struct {
-	LogProb, Tone, POS, Festive, Reverse, Bad, Repeated, Heads float64
+	LogProb, Tone, POS, Festive, Reverse, Bad, Repeated, Heads, Unpaired float64
 }
 
 // DefaultSamples is how many constrained samples Generate draws and ranks
@@ -59,14 +60,19 @@ const DefaultSamples = 8
 // Heads is a prior, not a fit: readers mark an acrostic couplet odd about
 // twice as often when a head opens no word (业羊, 丽回), so a candidate
 // whose heads open words wins unless another is clearly likelier
-// (docs/DECISIONS.md, "Acrostic heads that open a word").
-var DefaultWeights = Weights{LogProb: 1, POS: 0.1, Festive: 0.1, Bad: 3, Repeated: 0.45, Heads: 0.3}
+// (docs/DECISIONS.md, "Acrostic heads that open a word"). Unpaired is a
+// prior of the same kind: a 下联 that answers a four-character keyword
+// (万事如意…) with no real phrase of its own (五讲五光, 鼓乐鼓锣) reads odd
+// about four times as often (docs/DECISIONS.md, "A phrase answers a
+// phrase").
+var DefaultWeights = Weights{LogProb: 1, POS: 0.1, Festive: 0.1, Bad: 3, Repeated: 0.45, Heads: 0.3, Unpaired: 0.3}
 
-// Score is the weighted sum: higher is better; Bad, Repeated and Heads
-// count against a candidate.
+// Score is the weighted sum: higher is better; Bad, Repeated, Heads and
+// Unpaired count against a candidate.
 func (w Weights) Score(f Features) float64 {
 	return w.LogProb*f.LogProb + w.Tone*f.Tone + w.POS*f.POS + w.Festive*f.Festive +
-		w.Reverse*f.Reverse - w.Bad*float64(f.Bad) - w.Repeated*float64(f.Repeated) - w.Heads*float64(f.Heads)
+		w.Reverse*f.Reverse - w.Bad*float64(f.Bad) - w.Repeated*float64(f.Repeated) - w.Heads*float64(f.Heads) -
+		w.Unpaired*float64(f.Unpaired)
 }
 
 // Scored is one ranked candidate as Trace.Candidates reports it.
@@ -201,7 +207,25 @@ func (g *Generator) features(p *plan, cd *candidate) Features {
 	if p.mode == ModeAcrostic {
 		f.Heads = headsOpenNoWord(cd.c.Upper, cd.c.Lower, g.o.judge)
 	}
+	if p.phrase && !g.opensWithPhrase(cd.c.Lower) {
+		f.Unpaired = 1
+	}
 	return f
+}
+
+// opensWithPhrase reports whether line's first four characters are a
+// phrase of the 横批 list (banners.txt and WithBanners' extras).
+func (g *Generator) opensWithPhrase(line string) bool {
+	var head [4]rune
+	i := 0
+	for _, r := range line {
+		if i == len(head) {
+			break
+		}
+		head[i] = r
+		i++
+	}
+	return i == len(head) && g.phrases[head]
 }
 
 // headsOpenNoWord counts the lines of an acrostic couplet whose head (its

@@ -34,9 +34,9 @@ func TestRepeats(t *testing.T) {
 }
 
 func TestWeightsScore(t *testing.T) {
-	w := Weights{LogProb: 1, Tone: 2, POS: 3, Festive: 4, Reverse: 5, Bad: 6, Repeated: 7, Heads: 8}
-	f := Features{LogProb: -1, Tone: 0.5, POS: 0.5, Festive: 0.25, Reverse: -2, Bad: 1, Repeated: 2, Heads: 2}
-	want := -1 + 1 + 1.5 + 1 - 10 - 6 - 14 - 16.0
+	w := Weights{LogProb: 1, Tone: 2, POS: 3, Festive: 4, Reverse: 5, Bad: 6, Repeated: 7, Heads: 8, Unpaired: 9}
+	f := Features{LogProb: -1, Tone: 0.5, POS: 0.5, Festive: 0.25, Reverse: -2, Bad: 1, Repeated: 2, Heads: 2, Unpaired: 1}
+	want := -1 + 1 + 1.5 + 1 - 10 - 6 - 14 - 16 - 9.0
 	if got := w.Score(f); got != want {
 		t.Fatalf("Score = %v, want %v", got, want)
 	}
@@ -84,6 +84,36 @@ func TestHeadsFeature(t *testing.T) {
 	}
 	if DefaultWeights.Score(Features{LogProb: -1, Heads: 1}) >= DefaultWeights.Score(Features{LogProb: -1}) {
 		t.Error("a head that opens no word costs nothing by default")
+	}
+}
+
+// Unpaired marks, in four-character phrase mode only, a 下联 that does
+// not open with a phrase of the 横批 list, and costs a candidate
+// DefaultWeights.Unpaired.
+func TestUnpairedFeature(t *testing.T) {
+	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()}, WithJudge(allJudge{}))
+	for _, tc := range []struct {
+		text, upper, lower string
+		want               int
+	}{
+		{"万事如意", "万事如意春满门", "国泰民安福在门", 0}, // 国泰民安 is on the test list
+		{"万事如意", "万事如意春满门", "国安民泰福在门", 1},
+		{"平安", "平安吉祥春满门", "国安民泰福在门", 0}, // not phrase mode
+	} {
+		p, err := g.t.prepare(Request{Text: tc.text, Mode: ModeKeyword}, DefaultTemperature)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cd := testCandidate(t, g, tc.upper, tc.lower, -1)
+		if got := g.features(p, cd).Unpaired; got != tc.want {
+			t.Errorf("%s: %s / %s: Unpaired = %d, want %d", tc.text, tc.upper, tc.lower, got, tc.want)
+		}
+	}
+	if !g.opensWithPhrase("国泰民安") || g.opensWithPhrase("国泰民") {
+		t.Error("opensWithPhrase: a whole phrase, or only its first three characters, misread")
+	}
+	if DefaultWeights.Score(Features{LogProb: -1, Unpaired: 1}) >= DefaultWeights.Score(Features{LogProb: -1}) {
+		t.Error("an unpaired 下联 costs nothing by default")
 	}
 }
 
