@@ -211,7 +211,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 			g.sources = append(g.sources, "(inline)")
 		}
 	}
-	t.singles = singleWords(g.banners)
+	t.singles = singleWords(g.banners, o.judge)
 	g.phrases = make(map[[4]rune]bool, len(g.banners))
 	for _, b := range g.banners {
 		g.phrases[b.runes] = true

@@ -381,10 +381,13 @@ func (s forcedSeq) Mask(gen []int32, m *sampler.Mask) bool {
 // keyword (福) is written with: the half (first or last two characters) of
 // the 横批 list's phrases that contains it most often, the earlier phrase
 // winning ties (lists put the commonest first): 福 → 五福 when 五福临门 and
-// 五福… lead. Halves with a repeated character are skipped.
-func singleWords(banners []bannerCand) map[rune]string {
+// 五福… lead. Halves with a repeated character are skipped, and with a
+// judge a half it reads as one word wins over one it does not: 美 → 美满,
+// not 十美 (of 十全十美), which readers take for no word at all.
+func singleWords(banners []bannerCand, j Judge) map[rune]string {
 	type entry struct {
 		word  string
+		word1 bool // j reads it as one word (true without a judge)
 		count int
 		first int
 	}
@@ -404,7 +407,7 @@ func singleWords(banners []bannerCand) map[rune]string {
 				if e := m[w]; e != nil {
 					e.count++
 				} else {
-					m[w] = &entry{w, 1, i}
+					m[w] = &entry{w, j == nil || j.OpensWord(w), 1, i}
 				}
 			}
 		}
@@ -413,7 +416,8 @@ func singleWords(banners []bannerCand) map[rune]string {
 	for r, m := range best {
 		var top *entry
 		for _, e := range m {
-			if top == nil || e.count > top.count || (e.count == top.count && e.first < top.first) {
+			if top == nil || e.word1 && !top.word1 || e.word1 == top.word1 &&
+				(e.count > top.count || e.count == top.count && e.first < top.first) {
 				top = e
 			}
 		}

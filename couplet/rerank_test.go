@@ -137,6 +137,12 @@ func TestKeywordBreadth(t *testing.T) {
 	if w := g.t.singles['福']; w != "五福" {
 		t.Fatalf("single word for 福 = %q, want 五福 (first of the most frequent halves)", w)
 	}
+	// A judge that reads 五福 as no word: the half it does read wins,
+	// though it is less frequent (福满 of 福满人间 once, 五福 once but first).
+	words := singleWords(g.banners, headJudge{noWord: "五"})
+	if w := words['福']; w != "福满" {
+		t.Errorf("with a judge that rejects 五福: single word for 福 = %q, want 福满", w)
+	}
 	for _, text := range []string{"福", "万事如意", "年年有余", "平安"} {
 		req := Request{Text: text, N: 2, Seed: 3}
 		cs, err := g.Generate(context.Background(), req)
