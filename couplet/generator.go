@@ -27,8 +27,8 @@ type Generator struct {
 	t       *tables
 	e       engine.Engine
 	banners []bannerCand
-	phrases map[[4]rune]bool // the banners' characters (Features.Unpaired)
-	sources []string         // banner lists actually read
+	phrases map[string]bool // the banners' texts (extras' dedup, Features.Unpaired)
+	sources []string        // banner lists actually read
 	o       options
 	// inflight counts the Generate calls under way (WithIdleSamples).
 	inflight atomic.Int64
@@ -200,22 +200,18 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 		g.recent = newRecentServed(o.recentWindow, recentWords)
 	}
 	g.banners, g.sources = t.loadBanners(o.bannerSrcs)
+	g.phrases = make(map[string]bool, len(g.banners))
+	for _, b := range g.banners {
+		g.phrases[b.text] = true
+	}
 	if len(o.extraBanners) > 0 {
-		seen := map[string]bool{}
-		for _, b := range g.banners {
-			seen[b.text] = true
-		}
-		before := len(g.banners)
-		g.banners = t.parseBanners(strings.NewReader(strings.Join(o.extraBanners, "\n")), 1, seen, g.banners)
+		before := len(g.banners) // parseBanners adds the new ones to g.phrases
+		g.banners = t.parseBanners(strings.NewReader(strings.Join(o.extraBanners, "\n")), 1, g.phrases, g.banners)
 		if len(g.banners) > before {
 			g.sources = append(g.sources, "(inline)")
 		}
 	}
 	t.singles = singleWords(g.banners, o.judge)
-	g.phrases = make(map[[4]rune]bool, len(g.banners))
-	for _, b := range g.banners {
-		g.phrases[b.runes] = true
-	}
 	return g, nil
 }
 

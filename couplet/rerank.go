@@ -216,16 +216,14 @@ func (g *Generator) features(p *plan, cd *candidate) Features {
 // opensWithPhrase reports whether line's first four characters are a
 // phrase of the 横批 list (banners.txt and WithBanners' extras).
 func (g *Generator) opensWithPhrase(line string) bool {
-	var head [4]rune
-	i := 0
-	for _, r := range line {
-		if i == len(head) {
-			break
+	n := 0
+	for i := range line {
+		if n == 4 {
+			return g.phrases[line[:i]]
 		}
-		head[i] = r
-		i++
+		n++
 	}
-	return i == len(head) && g.phrases[head]
+	return n == 4 && g.phrases[line]
 }
 
 // headsOpenNoWord counts the lines of an acrostic couplet whose head (its
