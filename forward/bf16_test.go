@@ -58,32 +58,15 @@ func TestBF16MatchesDense(t *testing.T) {
 				if want := mode.max >= 0 && cpu.HasFastBF16(); c.UsesBF16() != want {
 					t.Fatalf("UsesBF16() = %v, want %v", c.UsesBF16(), want)
 				}
-				fl := newFreeList(c.NumBlocks(), rng)
-				st := make([]*seqState, n)
-				for i := range st {
-					st[i] = &seqState{tokens: seqs[i]}
-				}
 				V := m.Config.VocabSize
-				for step := 0; step <= steps; step++ {
-					k := 1
-					if step == 0 {
-						k = prompt
-					}
-					var b Batch
-					for _, s := range st {
-						b.LogitRows = append(b.LogitRows, addStep(&b, s, k, bs, fl))
-					}
-					logits := make([]float32, n*V)
-					if err := c.Forward(&b, logits); err != nil {
-						t.Fatal(err)
-					}
+				lockstep(t, c, seqs, prompt, bs, newFreeList(c.NumBlocks(), rng), func(step int, _ *Batch, logits []float32, st []*seqState) bool {
 					for i, s := range st {
-						want := refs[i][s.done-1]
-						if d := maxAbsDiff(logits[i*V:(i+1)*V], want); d > 1e-4 {
+						if d := maxAbsDiff(logits[i*V:(i+1)*V], refs[i][s.done-1]); d > 1e-4 {
 							t.Fatalf("step %d seq %d: max |Δlogit| = %g", step, i, d)
 						}
 					}
-				}
+					return true
+				})
 			})
 		}
 	}
@@ -236,25 +219,8 @@ func TestInt8MatchesDequantized(t *testing.T) {
 				if !c.UsesInt8() {
 					t.Fatal("UsesInt8() = false with Int8 set")
 				}
-				fl := newFreeList(c.NumBlocks(), rng)
-				st := make([]*seqState, n)
-				for i := range st {
-					st[i] = &seqState{tokens: seqs[i]}
-				}
 				V := m.Config.VocabSize
-				for step := 0; step <= steps; step++ {
-					k := 1
-					if step == 0 {
-						k = prompt
-					}
-					var b Batch
-					for _, s := range st {
-						b.LogitRows = append(b.LogitRows, addStep(&b, s, k, bs, fl))
-					}
-					logits := make([]float32, n*V)
-					if err := c.Forward(&b, logits); err != nil {
-						t.Fatal(err)
-					}
+				lockstep(t, c, seqs, prompt, bs, newFreeList(c.NumBlocks(), rng), func(step int, b *Batch, logits []float32, st []*seqState) bool {
 					mixed := step == 0 && len(b.Tokens) > maxRows
 					for i, s := range st {
 						want := refsQ[i][s.done-1]
@@ -267,10 +233,8 @@ func TestInt8MatchesDequantized(t *testing.T) {
 							t.Fatalf("step %d seq %d (mixed %v): max |Δlogit| vs dequantised reference = %g", step, i, mixed, d)
 						}
 					}
-					if mixed {
-						return
-					}
-				}
+					return !mixed
+				})
 			})
 		}
 		// The quantisation is not a no-op: the dequantised model's logits
@@ -417,31 +381,17 @@ func lockstepLogits(t *testing.T, m *model.Model, seqs [][]int32, prompt int, o 
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fl := newFreeList(c.NumBlocks(), newRNG(1))
-	n, V := len(seqs), m.Config.VocabSize
-	st := make([]*seqState, n)
-	out := make([][][]float32, n)
-	for i := range st {
-		st[i] = &seqState{tokens: seqs[i]}
+	V := m.Config.VocabSize
+	out := make([][][]float32, len(seqs))
+	for i := range out {
 		out[i] = make([][]float32, len(seqs[i]))
 	}
-	for st[0].done < len(seqs[0]) {
-		k := 1
-		if st[0].done == 0 {
-			k = prompt
-		}
-		var b Batch
-		for _, s := range st {
-			b.LogitRows = append(b.LogitRows, addStep(&b, s, k, bs, fl))
-		}
-		logits := make([]float32, n*V)
-		if err := c.Forward(&b, logits); err != nil {
-			t.Fatal(err)
-		}
+	lockstep(t, c, seqs, prompt, bs, newFreeList(c.NumBlocks(), newRNG(1)), func(_ int, _ *Batch, logits []float32, st []*seqState) bool {
 		for i, s := range st {
 			out[i][s.done-1] = logits[i*V : (i+1)*V]
 		}
-	}
+		return true
+	})
 	return out
 }
 

@@ -194,6 +194,38 @@ func addStep(b *Batch, s *seqState, n, blockSize int, fl *freeList) int {
 	return len(b.Tokens) - 1
 }
 
+// lockstep runs seqs (all of one length) through c in lockstep, block
+// tables drawn from fl: one prefill step of prompt tokens each, then one
+// token per step. After each step it calls each with the step's number,
+// its batch, its logits ([n·V]: row i is sequence i's last token, whose
+// position is st[i].done-1) and the sequences' states; each returns false
+// to stop early.
+func lockstep(t *testing.T, c *CPU, seqs [][]int32, prompt, bs int, fl *freeList, each func(step int, b *Batch, logits []float32, st []*seqState) bool) {
+	t.Helper()
+	n, V := len(seqs), c.cfg.VocabSize
+	st := make([]*seqState, n)
+	for i := range st {
+		st[i] = &seqState{tokens: seqs[i]}
+	}
+	for step := 0; st[0].done < len(seqs[0]); step++ {
+		k := 1
+		if step == 0 {
+			k = prompt
+		}
+		var b Batch
+		for _, s := range st {
+			b.LogitRows = append(b.LogitRows, addStep(&b, s, k, bs, fl))
+		}
+		logits := make([]float32, n*V)
+		if err := c.Forward(&b, logits); err != nil {
+			t.Fatal(err)
+		}
+		if !each(step, &b, logits, st) {
+			return
+		}
+	}
+}
+
 func maxAbsDiff(a, b []float32) float64 {
 	var m float64
 	for i := range a {
@@ -775,31 +807,15 @@ func TestAttentionInlineAndPooled(t *testing.T) {
 			}
 			defer c.Close()
 			c.attnInline = inline
-			fl := newFreeList(c.NumBlocks(), rng)
-			st := make([]*seqState, n)
-			for i := range st {
-				st[i] = &seqState{tokens: seqs[i]}
-			}
 			V := m.Config.VocabSize
-			for step := 0; step <= steps; step++ {
-				k := 1
-				if step == 0 {
-					k = prompt
-				}
-				var b Batch
-				for _, s := range st {
-					b.LogitRows = append(b.LogitRows, addStep(&b, s, k, bs, fl))
-				}
-				logits := make([]float32, n*V)
-				if err := c.Forward(&b, logits); err != nil {
-					t.Fatal(err)
-				}
+			lockstep(t, c, seqs, prompt, bs, newFreeList(c.NumBlocks(), rng), func(step int, _ *Batch, logits []float32, st []*seqState) bool {
 				for i, s := range st {
 					if d := maxAbsDiff(logits[i*V:(i+1)*V], refs[i][s.done-1]); d > 1e-4 {
 						t.Fatalf("step %d seq %d: max |Δlogit| = %g", step, i, d)
 					}
 				}
-			}
+				return true
+			})
 		})
 	}
 }
