@@ -261,47 +261,6 @@ func TestInt8Option(t *testing.T) {
 	}
 }
 
-// runSplitOpts is runSplit (reference_test.go) with backend options: the
-// logits of every position of tokens, the first split tokens in one
-// prefill step and the rest one decode step each.
-func runSplitOpts(t *testing.T, m *model.Model, tokens []int32, split int, o CPUOptions) [][]float32 {
-	t.Helper()
-	const bs = 16
-	T, V := len(tokens), m.Config.VocabSize
-	nb := (T+bs-1)/bs + 1
-	o.BlockSize, o.KVCacheBytes = bs, int64(nb*bs)*KVBytesPerToken(m.Config)
-	c, err := NewCPU(m, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := &seqState{tokens: tokens}
-	fl := &freeList{}
-	for i := 0; i < nb; i++ {
-		fl.free = append(fl.free, int32(i))
-	}
-	out := make([][]float32, T)
-	for s.done < T {
-		n := 1
-		if s.done == 0 {
-			n = split
-		}
-		var b Batch
-		addStep(&b, s, n, bs, fl)
-		for j := 0; j < n; j++ {
-			b.LogitRows = append(b.LogitRows, j)
-		}
-		logits := make([]float32, n*V)
-		if err := c.Forward(&b, logits); err != nil {
-			t.Fatal(err)
-		}
-		for j := 0; j < n; j++ {
-			out[s.done-n+j] = logits[j*V : (j+1)*V]
-		}
-	}
-	return out
-}
-
 func argmax(row []float32) int {
 	best := 0
 	for i, v := range row {

@@ -89,10 +89,18 @@ func TestPyTorchReference(t *testing.T) {
 // reversed (non-contiguous) block table.
 func runSplit(t *testing.T, m *model.Model, tokens []int32, split int) [][]float32 {
 	t.Helper()
+	return runSplitOpts(t, m, tokens, split, CPUOptions{})
+}
+
+// runSplitOpts is runSplit with backend options (its block size and KV
+// cache size are set here).
+func runSplitOpts(t *testing.T, m *model.Model, tokens []int32, split int, o CPUOptions) [][]float32 {
+	t.Helper()
 	const bs = 16
 	T, V := len(tokens), m.Config.VocabSize
 	nb := (T+bs-1)/bs + 1
-	c, err := NewCPU(m, CPUOptions{BlockSize: bs, KVCacheBytes: int64(nb*bs) * KVBytesPerToken(m.Config)})
+	o.BlockSize, o.KVCacheBytes = bs, int64(nb*bs)*KVBytesPerToken(m.Config)
+	c, err := NewCPU(m, o)
 	if err != nil {
 		t.Fatal(err)
 	}
