@@ -113,14 +113,15 @@ func TestBF16Off(t *testing.T) {
 // the same with x rounded to bf16 (CPUOptions.BF16Dot, "bf16dot") and
 // on the float32 ones ("fp32"), 32 tokens of context each. ms/token is per
 // sequence-token of the step.
-// GOEXPERIMENT=simd go test ./forward -run '^$' -bench DecodeBF16 -benchtime 200x
+//
+//	go test ./forward -run '^$' -bench DecodeBF16 -benchtime 200x
 func BenchmarkDecodeBF16(b *testing.B) {
 	m, err := model.Default()
 	if err != nil {
 		b.Skipf("default model: %v", err)
 	}
 	if m.Weights.BF16 == nil || !cpu.HasFastBF16() {
-		b.Skip("no bf16 weights or no fast bf16 kernel (build with GOEXPERIMENT=simd on amd64)")
+		b.Skip("no bf16 weights or no fast bf16 kernel (needs amd64 with AVX2+FMA, not CHUNLIAN_GEMM=go)")
 	}
 	for _, batch := range []int{1, 2, 3, 4, 6, 8} {
 		for _, mode := range []struct {

@@ -23,21 +23,21 @@ import (
 type bf16Kernel func(i0, i1, j0, j1, n, k int, x []float32, w []uint16, y []float32, acc bool)
 
 // bf16Impl is a kernel and whether it wants x deinterleaved by permuteX
-// (then its x argument is [m, roundUp(k,32)], see bf16_simd_amd64.go).
+// (then its x argument is [m, roundUp(k,32)], see permuteX).
 type bf16Impl struct {
 	kern    bf16Kernel
 	permute bool
 }
 
 // HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: on
-// amd64 with AVX2 and FMA the assembly kernels (bf16_amd64.s, any build),
-// else with GOEXPERIMENT=simd the archsimd ones; never after SetGEMMPath("go")
-// forces plain Go everywhere. It does not depend on the float32 GEMM path:
-// a default build without OpenBLAS has Path() == "go" and still has the
-// assembly kernels. When false, GemmBF16 still works (plain Go) but is
-// slower than Gemm on float32 weights, so callers should prefer Gemm.
+// amd64 with AVX2 and FMA the assembly kernels (bf16_amd64.s); never after
+// SetGEMMPath("go") forces plain Go everywhere. It does not depend on the
+// float32 GEMM path: a machine without OpenBLAS has Path() == "go" and
+// still has the assembly kernels. When false, GemmBF16 still works (plain
+// Go) but is slower than Gemm on float32 weights, so callers should prefer
+// Gemm.
 func HasFastBF16() bool {
-	return (bf16AsmAvailable() || bf16SIMDAvailable()) && !goForced
+	return bf16AsmAvailable() && !goForced
 }
 
 func checkGemmBF16(m, n, k int, x []float32, w []uint16, y []float32) {
@@ -74,18 +74,13 @@ func GemmBF16Acc(m, n, k int, x []float32, w []uint16, y []float32) {
 	runGemmBF16(m, n, k, x, w, y, true, chooseBF16())
 }
 
-// chooseBF16 picks the bf16 kernel: assembly, else archsimd, else plain
-// Go (see HasFastBF16). The assembly kernels are faster than the archsimd
-// ones at every small-M model shape, so they win also in the
-// GOEXPERIMENT=simd build.
+// chooseBF16 picks the bf16 kernel: assembly, else plain Go (see
+// HasFastBF16).
 func chooseBF16() bf16Impl {
-	switch {
-	case !HasFastBF16():
+	if !HasFastBF16() {
 		return bf16Impl{gemmBF16GoRect, false}
-	case bf16AsmAvailable():
-		return bf16AsmImpl()
 	}
-	return bf16SIMDImpl()
+	return bf16AsmImpl()
 }
 
 // BF16Bits returns the bf16 bit pattern nearest to f (round to nearest,

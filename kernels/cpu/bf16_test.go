@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// bf16Case is one bf16 kernel under test: the SIMD kernel per microkernel
-// variant where compiled in, and the plain-Go one always.
+// bf16Case is one bf16 kernel under test: the assembly kernel per variant
+// the CPU runs, and the plain-Go one always.
 type bf16Case struct {
 	name string
 	set  func() (restore func())
@@ -22,14 +22,6 @@ func bf16Cases() []bf16Case {
 			r := setAsmVariant(v)
 			return withBF16Impl(bf16AsmImpl(), r)
 		}})
-	}
-	if bf16SIMDAvailable() {
-		for _, v := range simdVariants() {
-			cs = append(cs, bf16Case{"simd-" + v, func() func() {
-				r := setSIMDVariant(v)
-				return withBF16Impl(bf16SIMDImpl(), r)
-			}})
-		}
 	}
 	return cs
 }
@@ -272,7 +264,7 @@ func BenchmarkGemmBF16Stream(b *testing.B) {
 func TestFastKernelsIndependentOfGemmPath(t *testing.T) {
 	for _, p := range availablePaths() {
 		withPath(t, p, func() {
-			if got, want := HasFastBF16(), (bf16AsmAvailable() || bf16SIMDAvailable()) && !goForced; got != want {
+			if got, want := HasFastBF16(), bf16AsmAvailable() && !goForced; got != want {
 				t.Errorf("path %s: HasFastBF16() = %v, want %v", p, got, want)
 			}
 			if got, want := HasFastInt8(), int8AsmAvailable() && !goForced; got != want {

@@ -154,14 +154,6 @@ func setBLASThreads(n int) {
 	}
 }
 
-// blasMinM is the smallest M (other than 1) sent to OpenBLAS when the AVX2
-// path is also available.
-const blasMinM = 16
-
-// blasHandoff enables sending small-M (or, with AVX-512, all M ≥ 2)
-// products to the SIMD kernels; tests turn it off to exercise sgemm itself.
-var blasHandoff = true
-
 // gemmBLAS: y[m,n] (+)= x[m,k]·w[n,k]ᵀ in one OpenBLAS call.
 //
 // Fortran is column-major: the row-major y[m,n] is the column-major n×m
@@ -170,16 +162,6 @@ var blasHandoff = true
 // k×m matrix xᵀ (trans='N'). M=1 (decode of one sequence) goes to sgemv,
 // y = w·x, a streaming kernel that skips GEMM's packing.
 func gemmBLAS(m, n, k int, x, w, y []float32, acc bool) {
-	if m > 1 && blasHandoff && simdAvailable() && (m < blasMinM || simdWide) {
-		// OpenBLAS sgemm is slow for a handful of rows; the AVX2 kernel
-		// also reads each weight row once for all M rows, where a loop of
-		// sgemv calls would read it M times. With AVX-512 the Go kernel
-		// beats OpenBLAS's sgemm at every M ≥ 2, so only M=1 (sgemv,
-		// faster than the Go kernels there) is left to OpenBLAS.
-		// Figures: docs/DECISIONS.md, "GEMM path by row count".
-		gemmSIMD(m, n, k, x, w, y, acc)
-		return
-	}
 	blasMu.Lock()
 	defer blasMu.Unlock()
 	blasCall(m, n, k, x, w, y, acc)

@@ -24,7 +24,7 @@ func withPath(t testing.TB, p string, f func()) {
 }
 
 // forEachElem runs f as a subtest once per elementwise implementation set
-// usable on this machine (plain Go, and AVX2 when built with simd).
+// usable on this machine (plain Go, and the assembly with AVX2+FMA).
 func forEachElem(t *testing.T, f func(t *testing.T)) {
 	for _, set := range elemSets {
 		t.Run(set.name, func(t *testing.T) {
@@ -49,49 +49,12 @@ var gemmShapes = []struct{ m, n, k int }{
 	{129, 383, 257}, {300, 70, 1408}, {1, 3, 0}, {2, 8, 24}, {6, 12, 271}, {3, 4, 16},
 }
 
-// gemmCase is one GEMM implementation to test: a path plus, where the path
-// has several kernels, a variant (set selects it and returns a restore func).
-type gemmCase struct {
-	name, path string
-	set        func() (restore func())
-}
-
-// gemmCases lists every GEMM implementation to test: each available path;
-// for "simd" each microkernel variant (AVX2, AVX-512) the CPU has; for
-// "openblas" also OpenBLAS sgemm alone (without the SIMD hand-off, which on
-// an AVX-512 machine takes every M ≥ 2).
-func gemmCases() []gemmCase {
-	none := func() func() { return func() {} }
-	var cs []gemmCase
-	for _, p := range availablePaths() {
-		switch p {
-		case "simd":
-			for _, v := range simdVariants() {
-				cs = append(cs, gemmCase{p + "-" + v, p, func() func() { return setSIMDVariant(v) }})
-			}
-		case "openblas":
-			cs = append(cs, gemmCase{p, p, none})
-			if simdAvailable() {
-				cs = append(cs, gemmCase{"openblas-sgemm", p, func() func() {
-					blasHandoff = false
-					return func() { blasHandoff = true }
-				}})
-			}
-		default:
-			cs = append(cs, gemmCase{p, p, none})
-		}
-	}
-	return cs
-}
-
 func TestGemmPaths(t *testing.T) {
-	for _, gc := range gemmCases() {
-		p := gc.path
-		restore := gc.set()
+	for _, p := range availablePaths() {
 		for _, threads := range []int{1, 3} {
 			for _, sh := range gemmShapes {
 				for _, acc := range []bool{false, true} {
-					name := fmt.Sprintf("%s/t%d/%dx%dx%d/acc=%v", gc.name, threads, sh.m, sh.n, sh.k, acc)
+					name := fmt.Sprintf("%s/t%d/%dx%dx%d/acc=%v", p, threads, sh.m, sh.n, sh.k, acc)
 					t.Run(name, func(t *testing.T) {
 						old := Threads()
 						SetThreads(threads)
@@ -120,15 +83,12 @@ func TestGemmPaths(t *testing.T) {
 				}
 			}
 		}
-		restore()
 	}
 }
 
 func TestGemmDoesNotTouchBeyondShape(t *testing.T) {
-	for _, gc := range gemmCases() {
-		t.Run(gc.name, func(t *testing.T) {
-			p := gc.path
-			defer gc.set()()
+	for _, p := range availablePaths() {
+		t.Run(p, func(t *testing.T) {
 			m, n, k := 5, 11, 19
 			r := rand.New(rand.NewPCG(1, 2))
 			x, w := randSlice(r, m*k), randSlice(r, n*k)

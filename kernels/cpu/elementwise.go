@@ -8,10 +8,10 @@ import (
 
 // Row and elementwise kernels. The public functions check shapes and split
 // work across the pool; the inner loops come from elem, the elemKernels set
-// in use: plain Go, or AVX2/FMA (archsimd) when the build has
-// GOEXPERIMENT=simd, the CPU has AVX2+FMA and SetGEMMPath("go") was not called (see
-// elementwise_simd_amd64.go). elem is set during package init and only
-// swapped afterwards by tests.
+// in use: plain Go, or on amd64 with AVX2+FMA the assembly set (see
+// elementwise_amd64.go), unless SetGEMMPath("go") was called. elem is set
+// during package init and by SetGEMMPath, and swapped otherwise only by
+// tests.
 
 // elemKernels is one implementation of the inner loops. In every function
 // all slices have the length of the first one (callers reslice).
@@ -163,9 +163,8 @@ func (j *rmsJob) rows0(r0, r1 int) {
 	d := j.d
 	for r := r0; r < r1; r++ {
 		xr := j.x[r*d : (r+1)*d]
-		// The sum of squares is float32 (SIMD partial sums are accurate
-		// enough for d up to a few thousand); the divide and sqrt are
-		// float64.
+		// The sum of squares is float32 (accurate enough for d up to a
+		// few thousand); the divide and sqrt are float64.
 		ms := float64(elem.sumSq(xr)) / float64(d)
 		s := float32(1 / math.Sqrt(ms+float64(j.eps)))
 		elem.scaleMul(j.out[r*d:(r+1)*d], xr, j.weight, s)
@@ -406,8 +405,7 @@ func ropeTable(headDim int, theta float64, need int) *ropeTab {
 // Single-precision exp: exp(x) = 2^n·e^r with n = round(x/ln2) and
 // |r| ≤ ln2/2, e^r from the Cephes expf polynomial (relative error ~1e-7).
 // 2^n is applied as two factors 2^(n/2)·2^(n-n/2) so that every n in range
-// has a normal-float factor. Shared by the Go and SIMD paths (same
-// constants), it is ~5× faster than float64 math.Exp.
+// has a normal-float factor. It is ~5× faster than float64 math.Exp.
 const (
 	expLog2e = 1.44269504088896341
 	expLn2Hi = 0.693359375

@@ -3,18 +3,15 @@
 package cpu
 
 // Dot and Axpy, and their batched forms DotsAt and AxpysAt, in assembly
-// (elementwise_amd64.s; AVX2+FMA, checked at run time) for the default
-// build, which otherwise has only plain-Go loops: attention runs them on
-// head-sized vectors (64 floats for the shipped model), once per query
-// head and token for the batched forms, where plain Go is a visible share
-// of a decode step. SwiGLU's SiLU·mul loop is assembly too
+// (elementwise_amd64.s; AVX2+FMA, checked at run time) in place of the
+// plain-Go loops: attention runs them on head-sized vectors (64 floats for
+// the shipped model), once per query head and token for the batched forms,
+// where plain Go is a visible share of a decode step. SwiGLU's SiLU·mul loop is assembly too
 // (siluMulAsm, sample_amd64.s, on the sampler's vector exp): it runs
 // serially on the engine goroutine. The other elementwise kernels
 // (RMSNorm's sum of squares and scale, RoPE, Add) stay plain Go here: they
 // barely show in a server profile (docs/DECISIONS.md, "Elementwise
 // kernels in assembly").
-// Where the build also has GOEXPERIMENT=simd, the archsimd set
-// (elementwise_simd_amd64.go, initialised after this file) takes over.
 
 //go:noescape
 func dotAVX2(a, b *float32, n int) float32

@@ -17,7 +17,7 @@ var (
 	gemmImpl gemmFunc
 )
 
-// Path reports the GEMM path in use: "openblas", "simd" or "go".
+// Path reports the GEMM path in use: "openblas" or "go".
 func Path() string {
 	pathOnce.Do(choosePath)
 	return pathName
@@ -29,17 +29,14 @@ func availablePaths() []string {
 	if blasAvailable() {
 		ps = append(ps, "openblas")
 	}
-	if simdAvailable() {
-		ps = append(ps, "simd")
-	}
 	return append(ps, "go")
 }
 
 // goForced is whether SetGEMMPath("go") asked for the plain-Go kernels
 // everywhere (CI's pass without vector code). That is not the same as
-// Path() == "go": a default build (no GOEXPERIMENT=simd) on a machine
-// without OpenBLAS also gets the plain-Go float32 GEMM, and there the
-// assembly kernels (bf16, int8, elementwise, sampling) must stay on.
+// Path() == "go": a machine without OpenBLAS also gets the plain-Go
+// float32 GEMM, and there the assembly kernels (bf16, int8, elementwise,
+// sampling) must stay on.
 var goForced bool
 
 func choosePath() {
@@ -48,7 +45,8 @@ func choosePath() {
 
 // SetGEMMPath selects the float32 GEMM path: "openblas", "simd" or "go"
 // (an unavailable one falls back to the next slower available one; "" or
-// an unknown name = the fastest available). "go" also keeps every other
+// an unknown name = the fastest available). "simd" is never available:
+// it gives "go" with the assembly kernels on. "go" also keeps every other
 // kernel (bf16, int8, elementwise, sampling) on plain Go. It is
 // process-wide: the command line calls it once at start-up, tests from
 // TestMain; not safe concurrently with running kernels.
@@ -91,8 +89,6 @@ func setPathLocked(name string) {
 	switch name {
 	case "openblas":
 		gemmImpl = gemmBLAS
-	case "simd":
-		gemmImpl = gemmSIMD
 	default:
 		pathName = "go"
 		gemmImpl = gemmGo

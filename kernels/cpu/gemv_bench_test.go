@@ -21,8 +21,8 @@ var gemvNK = []struct {
 	{"head", 6294, 384},
 }
 
-// bf16Kernels lists the bf16 kernels to compare: each assembly variant,
-// each archsimd variant (GOEXPERIMENT=simd builds) and plain Go.
+// bf16Kernels lists the bf16 kernels to compare: each assembly variant
+// and plain Go.
 func bf16Kernels() []bf16Case { return bf16Cases() }
 
 // BenchmarkGEMV compares, in one run, every bf16 kernel (through

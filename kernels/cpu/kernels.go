@@ -4,17 +4,13 @@ import "fmt"
 
 // Kernels describes the kernels this process runs, for a start-up log
 // line: the float32 GEMM path (Path), the bf16 and int8 GEMM kernels (asm
-// with its variant, simd for the GOEXPERIMENT=simd ones, or go) and the
-// elementwise set, e.g. "gemm=openblas bf16=asm-avx512 int8=asm-avx512
+// with its variant, or go) and the elementwise set, e.g. "gemm=openblas bf16=asm-avx512 int8=asm-avx512
 // elementwise=asm". A slow machine is then one log line away from its
 // cause (bf16=go where assembly was expected, for instance).
 func Kernels() string {
 	bf16, int8 := "go", "go"
 	if HasFastBF16() {
-		bf16 = "simd"
-		if bf16AsmAvailable() {
-			bf16 = "asm-" + asmName()
-		}
+		bf16 = "asm-" + asmName()
 	}
 	if HasFastInt8() {
 		int8 = "asm-" + asmName()

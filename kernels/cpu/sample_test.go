@@ -332,8 +332,8 @@ func firstDiff(a, b []int32) int {
 
 // BenchmarkSampleKernels runs Softmax and the sampler's kernels of every
 // implementation set usable here on one row of the vocabulary's size
-// (Zipf-like logits as engine's BenchmarkSampleRows): go vs asm (vs simd)
-// in one run.
+// (Zipf-like logits as engine's BenchmarkSampleRows): go vs asm in one
+// run.
 func BenchmarkSampleKernels(b *testing.B) {
 	const V = 6294
 	r := rand.New(rand.NewPCG(3, 4))
