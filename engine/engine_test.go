@@ -777,7 +777,7 @@ func TestBackendErrorFailsStepOnly(t *testing.T) {
 	checkDrained(t, e)
 }
 
-// TestMain applies CHUNLIAN_GEMM (openblas | simd | go) to the kernels, as
+// TestMain applies CHUNLIAN_GEMM (openblas | asm | go) to the kernels, as
 // the command line's --cpu-gemm does: CI runs this package's tests on each
 // path (with -count=1: go test's cache does not see an environment
 // read before m.Run). The library itself reads no environment.

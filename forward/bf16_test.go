@@ -79,7 +79,7 @@ func TestDefaultBF16Max(t *testing.T) {
 	for _, tc := range []struct {
 		path string
 		want int
-	}{{"openblas", DefaultBF16MaxRows}, {"simd", DefaultBF16MaxRows}, {"go", math.MaxInt}} {
+	}{{"openblas", DefaultBF16MaxRows}, {"asm", math.MaxInt}, {"go", math.MaxInt}} {
 		if got := defaultBF16Max(tc.path); got != tc.want {
 			t.Errorf("defaultBF16Max(%q) = %d, want %d", tc.path, got, tc.want)
 		}

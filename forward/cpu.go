@@ -72,12 +72,14 @@ type CPUOptions struct {
 const DefaultBF16MaxRows = 256
 
 // defaultBF16Max is the bf16 row limit when CPUOptions.BF16MaxRows is 0,
-// given the float32 GEMM path (cpu.Path). Without a fast float32 GEMM
-// ("go": a default build on a machine without OpenBLAS) the bf16 assembly
-// beats the plain-Go float32 kernel at every row count (docs/DECISIONS.md,
-// "bf16 kernels without OpenBLAS"), so every GEMM uses it.
+// given the GEMM path (cpu.Path). Where the float32 GEMM is plain Go
+// ("asm": a machine without OpenBLAS, or "go") the bf16 assembly beats it
+// at every row count (docs/DECISIONS.md, "bf16 kernels without
+// OpenBLAS"), so every GEMM uses the bf16 kernels where they are fast
+// (cpu.HasFastBF16).
 func defaultBF16Max(gemmPath string) int {
-	if gemmPath == "go" {
+	switch gemmPath {
+	case "asm", "go":
 		return math.MaxInt
 	}
 	return DefaultBF16MaxRows

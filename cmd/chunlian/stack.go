@@ -41,7 +41,7 @@ type stackConfig struct {
 	MaxQueue            int        // waiting requests before ErrQueueFull (per engine)
 	Engines             int        // engine loops per model sharing the device, each with its own backend and KV cache share; 0 = the backend's default
 	Threads             int        // CPU kernel threads; 0 = GOMAXPROCS
-	CPUGEMM             string     // auto | openblas | simd | go: the CPU float32 GEMM path
+	CPUGEMM             string     // auto | openblas | asm | go: the CPU kernel path (cpu.SetGEMMPath)
 	CPUPrecision        string     // auto | bf16 | fp32: the CPU GEMMs' inputs (cpuBF16Dot)
 	PrefixCaching       bool       // automatic prefix caching (paged engine)
 	SamplesPerCouplet   int        // constrained samples drawn and ranked per returned couplet
@@ -167,7 +167,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.StringVar(&c.SpringModel, "spring-model", c.SpringModel, "model directory for the blessing-word modes (keyword, acrostic), sharing --model's tokenizer; lower mode always runs on --model; empty = the embedded spring model when --model is empty, else --model's; off = --model's for every mode")
 	fs.StringVar(&c.Backend, "backend", c.Backend, "forward backend: auto, cpu or cuda")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "CPU kernel threads; 0 = all cores")
-	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU float32 GEMM path: auto (fastest available), openblas, simd or go (an unavailable one falls back to the next slower)")
+	fs.StringVar(&c.CPUGEMM, "cpu-gemm", c.CPUGEMM, "CPU kernel path: auto (fastest available), openblas (float32 GEMMs on OpenBLAS), asm (float32 GEMMs in plain Go; the default without OpenBLAS) or go (plain Go everywhere); the first two run the assembly kernels where the CPU has AVX2+FMA, and an unavailable one falls back to the next")
 	fs.StringVar(&c.CPUPrecision, "cpu-precision", c.CPUPrecision, "CPU backend: inputs of the GEMMs on the bf16 weights: auto (bf16 where the CPU has AVX512_BF16, float32 elsewhere), bf16 (rounded everywhere; faster only with AVX512_BF16) or fp32; float32 accumulation in each, and the LM head's leading logits from float32 inputs")
 	fs.IntVar(&c.RecentWindow, "recent-window", c.RecentWindow, "couplets served for a blessing word that a request without a seed passes over when another candidate ranks close (so that visitors typing the same word see different couplets); 0 = off")
 	fs.IntVar(&c.IdleSamples, "idle-samples", c.IdleSamples, fmt.Sprintf("ranked samples per couplet for requests without a seed while at most %d couplets are in flight; 0 = the backend's default: off on the CPU, %d with CUDA; a value not above --samples-per-couplet turns it off", couplet.DefaultIdleBelow, cudaDefaultIdleSamples))
@@ -234,9 +234,9 @@ func (c *stackConfig) Validate() error {
 		bad("--backend %q: want auto, cpu or cuda", c.Backend)
 	}
 	switch c.CPUGEMM {
-	case "auto", "openblas", "simd", "go":
+	case "auto", "openblas", "asm", "go":
 	default:
-		bad("--cpu-gemm %q: want auto, openblas, simd or go", c.CPUGEMM)
+		bad("--cpu-gemm %q: want auto, openblas, asm or go", c.CPUGEMM)
 	}
 	switch c.CPUPrecision {
 	case "auto", "bf16", "fp32":

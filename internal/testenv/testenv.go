@@ -8,7 +8,7 @@ import (
 )
 
 // Main is TestMain of a package whose results depend on the CPU kernel
-// path: it applies CHUNLIAN_GEMM (openblas | simd | go) through
+// path: it applies CHUNLIAN_GEMM (openblas | asm | go) through
 // setGEMMPath (cpu.SetGEMMPath, as the command line's --cpu-gemm does),
 // runs the tests and exits with their status. CI runs such packages once
 // per path, with -count=1: go test's cache does not see an environment

@@ -32,10 +32,10 @@ type bf16Impl struct {
 // HasFastBF16 reports whether GemmBF16 runs a vectorised kernel here: on
 // amd64 with AVX2 and FMA the assembly kernels (bf16_amd64.s); never after
 // SetGEMMPath("go") forces plain Go everywhere. It does not depend on the
-// float32 GEMM path: a machine without OpenBLAS has Path() == "go" and
-// still has the assembly kernels. When false, GemmBF16 still works (plain
-// Go) but is slower than Gemm on float32 weights, so callers should prefer
-// Gemm.
+// float32 GEMM: the "openblas" and "asm" paths both have the assembly
+// kernels (a machine without OpenBLAS runs "asm"). When false, GemmBF16
+// still works (plain Go) but is slower than Gemm on float32 weights, so
+// callers should prefer Gemm.
 func HasFastBF16() bool {
 	return bf16AsmAvailable() && !goForced
 }

@@ -258,9 +258,9 @@ func BenchmarkGemmBF16Stream(b *testing.B) {
 
 // TestFastKernelsIndependentOfGemmPath: whether the bf16 and int8 GEMMs run
 // their vector kernels depends on the CPU and CHUNLIAN_GEMM=go only, not on
-// which float32 GEMM path was picked. A default build on a machine without
-// OpenBLAS picks "go" for float32 and must keep the assembly, or every
-// GEMM there runs in plain Go.
+// which float32 GEMM kernel runs (setPath). A machine without OpenBLAS
+// runs the float32 GEMM in plain Go ("asm") and must keep the assembly, or
+// every GEMM there runs in plain Go.
 func TestFastKernelsIndependentOfGemmPath(t *testing.T) {
 	for _, p := range availablePaths() {
 		withPath(t, p, func() {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -107,24 +108,52 @@ func TestGemmDoesNotTouchBeyondShape(t *testing.T) {
 }
 
 func TestPickPath(t *testing.T) {
-	all := []string{"openblas", "simd", "go"}
+	all := []string{"openblas", "asm", "go"}
 	for _, tc := range []struct {
 		want  string
 		avail []string
 		got   string
 	}{
 		{"", all, "openblas"},
-		{"", []string{"simd", "go"}, "simd"},
+		{"", []string{"asm", "go"}, "asm"},
 		{"", []string{"go"}, "go"},
 		{"go", all, "go"},
-		{"simd", all, "simd"},
-		{"simd", []string{"openblas", "go"}, "go"},
-		{"openblas", []string{"simd", "go"}, "simd"},
+		{"asm", all, "asm"},
+		{"asm", []string{"openblas", "go"}, "go"},
+		{"asm", []string{"go"}, "go"},
+		{"openblas", all, "openblas"},
+		{"openblas", []string{"asm", "go"}, "asm"},
 		{"openblas", []string{"go"}, "go"},
-		{"bogus", []string{"simd", "go"}, "simd"},
+		{"bogus", []string{"asm", "go"}, "asm"},
 	} {
 		if got := pickPath(tc.want, tc.avail); got != tc.got {
 			t.Errorf("pickPath(%q, %v) = %q, want %q", tc.want, tc.avail, got, tc.got)
+		}
+	}
+}
+
+// TestSetGEMMPath: after SetGEMMPath, Path() names what runs: the path
+// asked for where available (else the next slower one), with the assembly
+// kernels (elementwise, bf16, int8) on "openblas" and "asm" where the CPU
+// has them, plain Go on "go".
+func TestSetGEMMPath(t *testing.T) {
+	defer SetGEMMPath(Path())
+	avail := availablePaths()
+	for _, p := range []string{"openblas", "asm", "go"} {
+		SetGEMMPath(p)
+		want := p
+		if !slices.Contains(avail, p) {
+			want = pickPath(p, avail)
+		}
+		if Path() != want {
+			t.Errorf("SetGEMMPath(%q): Path() = %q, want %q", p, Path(), want)
+		}
+		asm := want != "go" && bf16AsmAvailable()
+		if got := elem.name != "go"; got != asm {
+			t.Errorf("SetGEMMPath(%q): elementwise set %s, want assembly %v", p, elem.name, asm)
+		}
+		if HasFastBF16() != asm || HasFastInt8() != asm {
+			t.Errorf("SetGEMMPath(%q): HasFastBF16() = %v, HasFastInt8() = %v, want %v", p, HasFastBF16(), HasFastInt8(), asm)
 		}
 	}
 }

@@ -10,24 +10,27 @@
 //
 // # GEMM paths
 //
-// Gemm picks one of two paths once, at first use; Path reports it:
+// Gemm picks one of three paths once, at first use; Path reports it. A
+// path names the float32 GEMM and whether the assembly kernels described
+// below (bf16, int8, elementwise, sampling; amd64 with AVX2+FMA) run
+// beside it:
 //
 //   - "openblas": a system OpenBLAS (Debian package libopenblas0-pthread),
 //     loaded at run time with github.com/ebitengine/purego. M=1 (one decode
-//     token) goes to sgemv, larger M to sgemm.
-//   - "go": blocked plain Go (2×2 tiles); always available. It is what
-//     a machine without OpenBLAS gets; the bf16, int8, elementwise and
-//     sampling assembly stays on there (only SetGEMMPath("go") turns it
-//     off), and the forward pass then sends every GEMM to the bf16 kernels
-//     (forward.defaultBF16Max).
+//     token) goes to sgemv, larger M to sgemm. The assembly runs where the
+//     CPU has it.
+//   - "asm": the float32 GEMM in blocked plain Go (2×2 tiles), the
+//     assembly on; available where the CPU has the assembly. It is what a
+//     machine without OpenBLAS gets, and the forward pass then sends every
+//     GEMM to the bf16 kernels (forward.defaultBF16Max).
+//   - "go": plain Go everywhere, the same float32 GEMM and the Go
+//     versions of every other kernel; always available.
 //
-// The order of preference is openblas, go. SetGEMMPath (the command
+// The order of preference is openblas, asm, go. SetGEMMPath (the command
 // line's --cpu-gemm) forces a path; a forced path that is unavailable
-// falls back to the next one in that order ("simd", never available,
-// gives "go" with the assembly on). "go" also keeps the elementwise
-// kernels on plain Go. OpenBLAS is found by the dynamic loader's search
-// (LD_LIBRARY_PATH included) for libopenblas.so.0 and libopenblas.so. The
-// package reads no environment.
+// falls back to the next one in that order. OpenBLAS is found by the
+// dynamic loader's search (LD_LIBRARY_PATH included) for libopenblas.so.0
+// and libopenblas.so. The package reads no environment.
 //
 // The elementwise kernels are plain Go but for those listed below in
 // assembly; exp is a float32 polynomial (relative error ~1e-7).

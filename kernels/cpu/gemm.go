@@ -7,7 +7,10 @@ import (
 
 // GEMM path selection. The path is chosen once (lazily, on first use): the
 // fastest available, unless SetGEMMPath (the command line's --cpu-gemm)
-// chose another.
+// chose another. A path names the float32 GEMM and whether the assembly
+// kernels (bf16, int8, elementwise, sampling) run beside it: "openblas"
+// (OpenBLAS, assembly on), "asm" (plain Go, assembly on) or "go" (plain
+// Go everywhere).
 
 type gemmFunc func(m, n, k int, x, w, y []float32, acc bool)
 
@@ -17,43 +20,50 @@ var (
 	gemmImpl gemmFunc
 )
 
-// Path reports the GEMM path in use: "openblas" or "go".
+// Path reports the GEMM path in use: "openblas", "asm" or "go".
 func Path() string {
 	pathOnce.Do(choosePath)
 	return pathName
 }
 
-// availablePaths lists the GEMM paths usable in this process, fastest first.
+// availablePaths lists the GEMM paths usable in this process, fastest
+// first: "openblas" where OpenBLAS loaded, "asm" where the assembly kernels
+// run (amd64 with AVX2+FMA, which every one of them needs: see
+// bf16AsmAvailable), and "go".
 func availablePaths() []string {
 	var ps []string
 	if blasAvailable() {
 		ps = append(ps, "openblas")
 	}
+	if bf16AsmAvailable() {
+		ps = append(ps, "asm")
+	}
 	return append(ps, "go")
 }
 
-// goForced is whether SetGEMMPath("go") asked for the plain-Go kernels
-// everywhere (CI's pass without vector code). That is not the same as
-// Path() == "go": a machine without OpenBLAS also gets the plain-Go
-// float32 GEMM, and there the assembly kernels (bf16, int8, elementwise,
-// sampling) must stay on.
+// goForced is whether SetGEMMPath set the path "go" (CI's pass without
+// vector code, or no assembly usable here): it keeps the bf16, int8,
+// elementwise and sampling kernels on plain Go. The path chosen without
+// SetGEMMPath is "go" only where no assembly is usable, so it needs none.
 var goForced bool
 
 func choosePath() {
 	setPathLocked(pickPath("", availablePaths()))
 }
 
-// SetGEMMPath selects the float32 GEMM path: "openblas", "simd" or "go"
-// (an unavailable one falls back to the next slower available one; "" or
-// an unknown name = the fastest available). "simd" is never available:
-// it gives "go" with the assembly kernels on. "go" also keeps every other
-// kernel (bf16, int8, elementwise, sampling) on plain Go. It is
-// process-wide: the command line calls it once at start-up, tests from
-// TestMain; not safe concurrently with running kernels.
+// SetGEMMPath selects the GEMM path: "openblas" (float32 GEMMs on
+// OpenBLAS), "asm" (float32 GEMMs in plain Go; the default where OpenBLAS
+// is missing) or "go" (float32 GEMMs and every other kernel, bf16, int8,
+// elementwise and sampling, in plain Go). The first two run the assembly
+// kernels beside the float32 GEMM. An unavailable path falls back to the
+// next slower available one; "" or an unknown name = the fastest
+// available. It is process-wide: the command line calls it once at
+// start-up, tests from TestMain; not safe concurrently with running
+// kernels.
 func SetGEMMPath(name string) {
 	pathOnce.Do(choosePath)
 	setPathLocked(pickPath(name, availablePaths()))
-	goForced = name == "go"
+	goForced = pathName == "go"
 	elem = elemSets[len(elemSets)-1] // the fastest set usable here
 	if goForced {
 		elem = goElem
@@ -61,7 +71,7 @@ func SetGEMMPath(name string) {
 }
 
 // pathOrder is every GEMM path, fastest first.
-var pathOrder = []string{"openblas", "simd", "go"}
+var pathOrder = []string{"openblas", "asm", "go"}
 
 // pickPath returns the path to use given the requested path want and
 // the available paths avail (a subsequence of pathOrder that always ends in
@@ -89,6 +99,8 @@ func setPathLocked(name string) {
 	switch name {
 	case "openblas":
 		gemmImpl = gemmBLAS
+	case "asm":
+		gemmImpl = gemmGo
 	default:
 		pathName = "go"
 		gemmImpl = gemmGo
