@@ -6,9 +6,9 @@ package cpu
 // (elementwise_amd64.s; AVX2+FMA, checked at run time) in place of the
 // plain-Go loops: attention runs them on head-sized vectors (64 floats for
 // the shipped model), once per query head and token for the batched forms,
-// where plain Go is a visible share of a decode step. SwiGLU's SiLU·mul loop is assembly too
-// (siluMulAsm, sample_amd64.s, on the sampler's vector exp): it runs
-// serially on the engine goroutine. The other elementwise kernels
+// where plain Go is a visible share of a decode step. SwiGLU's SiLU·mul
+// loop is assembly too (siluMulAsm, sample_amd64.s, on the sampler's
+// vector exp): it runs serially on the engine goroutine. The other elementwise kernels
 // (RMSNorm's sum of squares and scale, RoPE, Add) stay plain Go here: they
 // barely show in a server profile (docs/DECISIONS.md, "Elementwise
 // kernels in assembly").
