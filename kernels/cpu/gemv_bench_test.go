@@ -21,10 +21,6 @@ var gemvNK = []struct {
 	{"head", 6294, 384},
 }
 
-// bf16Kernels lists the bf16 kernels to compare: each assembly variant
-// and plain Go.
-func bf16Kernels() []bf16Case { return bf16Cases() }
-
 // BenchmarkGEMV compares, in one run, every bf16 kernel (through
 // runGemmBF16, so the pool split and the x permutation are included), the
 // assembly int8 kernels (runGemmInt8) and Gemm on the same weights in float32 (the float32 path in
@@ -64,7 +60,7 @@ func BenchmarkGEMV(b *testing.B) {
 					b.ReportMetric(s*1e6/float64(b.N), "µs/op")
 					b.ReportMetric((processCPU()-cpu0).Seconds()*1e6/float64(b.N), "cpu-µs/op")
 				}
-				for _, c := range bf16Kernels() {
+				for _, c := range bf16Cases() {
 					b.Run(fmt.Sprintf("%s/%s/M=%d/bf16-%s", mode, nk.name, m, c.name), func(b *testing.B) {
 						defer c.set()()
 						cpu0 := processCPU()
