@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -275,9 +276,14 @@ func TestForwardMatchesCPU(t *testing.T) {
 		// first, so the GEMV path reads its bf16 copies (lossless, like
 		// the shipped model). Programmatic dependent launches are on
 		// wherever the device supports them.
-		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w", "bf16", "bf16-eager-bf16w"} {
+		// -bsN: N-token KV blocks instead of 16 (the CUDA default is 4).
+		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w", "bf16", "bf16-eager-bf16w", "bf16-bf16w-bs4", "fp32-bs1"} {
 			prec, _, _ := strings.Cut(variant, "-")
 			eager, bf16w := strings.Contains(variant, "-eager"), strings.Contains(variant, "-bf16w")
+			bs := 16
+			if _, n, ok := strings.Cut(variant, "-bs"); ok {
+				bs, _ = strconv.Atoi(n)
+			}
 			t.Run(name+"/"+variant, func(t *testing.T) {
 				tol := tolFor(prec)
 				m := model.NewRandom(cfg, 7)
@@ -287,7 +293,6 @@ func TestForwardMatchesCPU(t *testing.T) {
 				if bf16w {
 					roundModelBF16(m)
 				}
-				const bs = 16
 				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager})
 				t.Logf("device %+v", g.Info())
 				wantPath := "gemv-fp32"
@@ -301,7 +306,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 					t.Fatalf("small-batch path %q, want %q", got, wantPath)
 				}
 				r := rand.New(rand.NewPCG(1, 2))
-				pool := newBlockPool(64, r)
+				pool := newBlockPool(max(64, 1024/bs), r) // the steps below hold about 150 tokens
 				seqs := []*seqSim{{}, {}, {}, {}}
 				V := cfg.VocabSize
 				steps := [][]chunk{
