@@ -101,8 +101,9 @@
 // assembly kernels split work over a small persistent pool of
 // goroutines (the caller takes part too); parallel calls are serialised,
 // and nothing allocates per call. A worker polls for its next part for
-// 200 µs before parking, so the GEMMs of one forward pass hand off in a
-// few µs at most instead of a futex wake (pool.go). A call is cut into 4
+// 1 ms before parking, so the GEMMs of one forward pass, and of the next
+// one on a busy server, hand off in a few µs at most instead of a futex
+// wake (pool.go). A call is cut into 4
 // chunks per thread that the caller and the workers claim as they go
 // (fixed parts for one-row GEMMs, where that measured faster), and
 // the caller takes back any item a worker has not started by the time it

@@ -57,8 +57,11 @@ var (
 
 // The spin policy. poolSpin is how long an idle worker polls for a next
 // part before it parks: long enough to span the gaps between the GEMMs of
-// a decode step (attention, norms: a few to ~30 µs), short enough that a
-// worker idles only briefly after a step. poolYield is the number of polls
+// a decode step (attention, norms: a few to ~30 µs) and the engine's host
+// work between two steps (sampling, scheduling: ~0.35 ms at 10 users on 2
+// cores), so that a busy server's workers never park; a parked worker
+// woken on a busy 2-core machine often starts too late to help, and the
+// caller runs its part alone. poolYield is the number of polls
 // between runtime.Gosched calls (worker and caller). poolChunks > 1 splits
 // a call of parts parts into parts·poolChunks chunks that the caller and
 // the workers claim as they go (runChunks) instead of one fixed part each;
@@ -68,12 +71,12 @@ var (
 // Chunks (4 per part) and steal-back are the defaults because they served
 // the most couplets end to end, with attention on the pool too (Parallel);
 // shorter spins, PAUSE-based polling and parking between forward passes
-// were no better (docs/DECISIONS.md, "kernel pool hand-off").
+// were no better (docs/DECISIONS.md, "Kernel pool hand-off").
 var (
-	poolSpin   = 200 * time.Microsecond // read by the workers: set only at init
-	poolYield  = 64                     // ditto
-	poolChunks = 4                      // read by callers under poolMu
-	poolSteal  = true                   // ditto
+	poolSpin   = time.Millisecond // read by the workers: set only at init
+	poolYield  = 64               // ditto
+	poolChunks = 4                // read by callers under poolMu
+	poolSteal  = true             // ditto
 
 	nextChunk atomic.Int32 // next chunk to claim (chunked calls); reset under poolMu
 )

@@ -64,7 +64,7 @@ func TestRunPartsEachOnce(t *testing.T) {
 							}
 						}
 						if call%50 == 49 {
-							time.Sleep(time.Millisecond) // let the workers park
+							time.Sleep(poolSpin + time.Millisecond) // let the workers park
 						}
 					}
 				}
@@ -97,7 +97,7 @@ func TestParallel(t *testing.T) {
 					}
 				}
 				if call%50 == 49 {
-					time.Sleep(time.Millisecond)
+					time.Sleep(poolSpin + time.Millisecond) // let the workers park
 				}
 			}
 		}
