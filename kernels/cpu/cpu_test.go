@@ -244,6 +244,26 @@ func TestRoPE(t *testing.T) {
 	})
 }
 
+// TestRoPEKernelsAgree: every implementation set rotates as ropeGo does,
+// bit for bit, with and without a tail after the vector part.
+func TestRoPEKernelsAgree(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{1, 7, 8, 24, 32, 33} {
+		a, b, c, s := randSlice(r, n), randSlice(r, n), randSlice(r, n), randSlice(r, n)
+		wa, wb := slices.Clone(a), slices.Clone(b)
+		ropeGo(wa, wb, c, s)
+		for _, set := range elemSets {
+			ga, gb := slices.Clone(a), slices.Clone(b)
+			set.rope(ga, gb, c, s)
+			for i := range n {
+				if math.Float32bits(ga[i]) != math.Float32bits(wa[i]) || math.Float32bits(gb[i]) != math.Float32bits(wb[i]) {
+					t.Fatalf("%s n=%d i=%d: got (%v, %v), ropeGo (%v, %v)", set.name, n, i, ga[i], gb[i], wa[i], wb[i])
+				}
+			}
+		}
+	}
+}
+
 // TestRoPEStrided: rotating the first heads of wider rows in place gives,
 // bit for bit, RoPE of those heads packed, and leaves the rest of each row
 // (the v heads of a q|k|v row) untouched, on one thread and on the pool.

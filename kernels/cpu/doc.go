@@ -60,7 +60,8 @@
 // assembly versions (elementwise_amd64.s), and so does SwiGLU's SiLU·mul
 // (siluMulAVX2 in sample_amd64.s, on the vector exp below: same formula
 // and order as the Go loop, within 2.4e-7 relative of it and 1.6e-7 of
-// float64 silu).
+// float64 silu), and so does RoPE's rotation (ropeAVX2, equal to the Go
+// loop bit for bit).
 //
 // # Softmax and the sampler's kernels
 //

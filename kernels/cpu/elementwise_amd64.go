@@ -8,10 +8,10 @@ package cpu
 // the shipped model), once per query head and token for the batched forms,
 // where plain Go is a visible share of a decode step. SwiGLU's SiLU·mul
 // loop is assembly too (siluMulAsm, sample_amd64.s, on the sampler's
-// vector exp): it runs serially on the engine goroutine. The other elementwise kernels
-// (RMSNorm's sum of squares and scale, RoPE, Add) stay plain Go here: they
-// barely show in a server profile (docs/DECISIONS.md, "Elementwise
-// kernels in assembly").
+// vector exp): it runs serially on the engine goroutine. RoPE's rotation
+// is assembly too (ropeAsm, bit for bit ropeGo). RMSNorm's sum of squares
+// and scale and Add stay plain Go here: they barely show in a server
+// profile (docs/DECISIONS.md, "Elementwise kernels in assembly").
 
 //go:noescape
 func dotAVX2(a, b *float32, n int) float32
@@ -30,6 +30,11 @@ func dotsAVX2(q, base *float32, offs *int, out *float32, n, cnt int)
 //go:noescape
 func axpysAVX2(alpha, base *float32, offs *int, y *float32, n, cnt int)
 
+// ropeAVX2 is ropeGo on the first n elements, n a positive multiple of 8.
+//
+//go:noescape
+func ropeAVX2(a, b, cos, sin *float32, n int)
+
 var asmElem = func() elemKernels {
 	e := goElem
 	e.name, e.dot, e.axpy = "asm", dotAsm, axpyAsm
@@ -37,6 +42,7 @@ var asmElem = func() elemKernels {
 	e.softmax, e.scanMax, e.expSum, e.exp, e.compact = softmaxAsm, scanMaxAsm, expSumAsm, expAsm, compactAsm
 	e.compactVals = compactValsAsm
 	e.siluMul = siluMulAsm
+	e.rope = ropeAsm
 	return e
 }()
 
@@ -62,6 +68,16 @@ func dotAsm(a, b []float32) float32 {
 		s += a[i] * b[i]
 	}
 	return s
+}
+
+// ropeAsm is ropeGo with the first len(a)&^7 pairs in assembly.
+func ropeAsm(a, b, cos, sin []float32) {
+	b, cos, sin = b[:len(a)], cos[:len(a)], sin[:len(a)]
+	n8 := len(a) &^ 7
+	if n8 > 0 {
+		ropeAVX2(&a[0], &b[0], &cos[0], &sin[0], n8)
+	}
+	ropeGo(a[n8:], b[n8:], cos[n8:], sin[n8:])
 }
 
 // axpyAsm is axpyGo with the first len(x)&^7 elements in assembly.

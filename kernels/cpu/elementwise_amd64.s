@@ -309,3 +309,34 @@ pmloop:
 	VZEROUPPER
 pmdone:
 	RET
+
+// func ropeAVX2(a, b, cos, sin *float32, n int)
+// (a[i], b[i]) ← (a[i]·cos[i] − b[i]·sin[i], b[i]·cos[i] + a[i]·sin[i]) for
+// i < n, n a positive multiple of 8; separate multiplies and adds, as
+// ropeGo rounds them, so the results are ropeGo's bit for bit.
+TEXT ·ropeAVX2(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), DI
+	MOVQ b+8(FP), SI
+	MOVQ cos+16(FP), DX
+	MOVQ sin+24(FP), R8
+	MOVQ n+32(FP), CX
+	SHLQ $2, CX
+	XORQ AX, AX
+ropeloop:
+	VMOVUPS (DI)(AX*1), Y0 // x0
+	VMOVUPS (SI)(AX*1), Y1 // x1
+	VMOVUPS (DX)(AX*1), Y2 // cos
+	VMOVUPS (R8)(AX*1), Y3 // sin
+	VMULPS Y2, Y0, Y4      // x0·cos
+	VMULPS Y3, Y1, Y5      // x1·sin
+	VSUBPS Y5, Y4, Y4      // x0·cos − x1·sin
+	VMULPS Y2, Y1, Y6      // x1·cos
+	VMULPS Y3, Y0, Y7      // x0·sin
+	VADDPS Y7, Y6, Y6      // x1·cos + x0·sin
+	VMOVUPS Y4, (DI)(AX*1)
+	VMOVUPS Y6, (SI)(AX*1)
+	ADDQ $32, AX
+	CMPQ AX, CX
+	JLT ropeloop
+	VZEROUPPER
+	RET
