@@ -256,7 +256,7 @@ func TestRoPEKernelsAgree(t *testing.T) {
 			ga, gb := slices.Clone(a), slices.Clone(b)
 			set.rope(ga, gb, c, s)
 			for i := range n {
-				if math.Float32bits(ga[i]) != math.Float32bits(wa[i]) || math.Float32bits(gb[i]) != math.Float32bits(wb[i]) {
+				if !sameBits(ga[i], wa[i]) || !sameBits(gb[i], wb[i]) {
 					t.Fatalf("%s n=%d i=%d: got (%v, %v), ropeGo (%v, %v)", set.name, n, i, ga[i], gb[i], wa[i], wb[i])
 				}
 			}
