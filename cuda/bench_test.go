@@ -85,18 +85,21 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
 // not), graph-gemm (the GEMM path at the GEMV path's sizes), graph-nospin (plain blocking channel hand-off to the CUDA worker,
 // Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
-// even where bf16 copies are exact). They run in the same process;
+// even where bf16 copies are exact), graph-rope (Options.RoPEInAttention).
+// They run in the same process;
 // -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-gemm", "graph-nospin", "graph-fp32w", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-nospin", "graph-fp32w", "graph-rope", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-nospin":
 			o.HandoffSpin = -1
 		case "graph-fp32w":
 			o.GEMVWeights = "fp32"
+		case "graph-rope":
+			o.RoPEInAttention = true
 		}
 		g, err := New(m, o)
 		if err != nil {

@@ -312,6 +312,161 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
     }
 }
 
+// paged_attention_rope: rope_kv and paged_attention_chunked in one launch
+// (same grid, block and output). The qkv rows hold q, k and v as the QKV
+// GEMM wrote them, not rotated. Warp (t, h) rotates its query; the warp of
+// each KV head's first query head rotates token t's key of that head and
+// stores it, and the value, in t's cache slot (slots as in rope_kv). Keys
+// at positions this launch stores (the sequence's chunk: contiguous in T,
+// consecutive positions) are read from the qkv rows and rotated here, since
+// other warps of the launch are still writing their cache slots; earlier
+// keys come from the cache. The rotation and each dot product are the
+// arithmetic of rope_kv then paged_attention_chunked, term for term.
+// out16 [T, nH*HEAD_DIM] bf16: written instead of out when non-null.
+extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const float* __restrict__ qkv,
+                                                const float* __restrict__ cosSin,
+                                                const int* __restrict__ slots,
+                                                float* __restrict__ kcache, float* __restrict__ vcache,
+                                                const int* __restrict__ tokSeq,
+                                                const int* __restrict__ positions,
+                                                const int* __restrict__ blockTables, int btStride,
+                                                int T, int nH, int nKV, int blockSize, float scale,
+                                                unsigned short* __restrict__ out16) {
+    __shared__ __align__(16) float qs[4][HEAD_DIM]; // blockDim.x == 128: one row per warp
+    const int half = HEAD_DIM / 2;
+    pdl_wait();
+    int wib = threadIdx.x / WARP;
+    int gw = blockIdx.x * (blockDim.x / WARP) + wib;
+    int lane = threadIdx.x & (WARP - 1);
+    if (gw >= T * nH) return; // whole warp exits together; only __syncwarp below
+    int t = gw / nH, h = gw % nH;
+    int group = nH / nKV;
+    int kvh = h / group;
+    int stride = (nH + 2 * nKV) * HEAD_DIM;
+    const float* row = qkv + (i64)t * stride;
+    int pos = positions[t];
+    int seq = tokSeq[t];
+    const float* cs = cosSin + (i64)pos * half * 2;
+    float* qw = qs[wib];
+    for (int i = lane; i < half; i += WARP) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        float x1 = row[h * HEAD_DIM + i], x2 = row[h * HEAD_DIM + i + half];
+        float y1 = x1 * c - x2 * s;
+        float y2 = x2 * c + x1 * s;
+        qw[i] = y1 * scale;
+        qw[i + half] = y2 * scale;
+    }
+    int slot = slots[t];
+    if (slot >= 0 && h % group == 0) {
+        const float* k = row + (nH + kvh) * HEAD_DIM;
+        const float* v = row + (nH + nKV + kvh) * HEAD_DIM;
+        float* kd = kcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
+        float* vd = vcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
+        for (int i = lane; i < half; i += WARP) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x1 = k[i], x2 = k[i + half];
+            kd[i] = x1 * c - x2 * s;
+            kd[i + half] = x2 * c + x1 * s;
+        }
+        for (int d = lane; d < HEAD_DIM; d += WARP) vd[d] = v[d];
+    }
+    __syncwarp();
+    // c0: the first token of t's chunk (32 earlier tokens per round).
+    int c0 = t;
+    for (;;) {
+        int tt = c0 - 1 - lane;
+        unsigned other = __ballot_sync(0xffffffffu, tt < 0 || tokSeq[tt] != seq);
+        if (other) {
+            c0 -= __ffs(other) - 1;
+            break;
+        }
+        c0 -= WARP;
+    }
+    int firstPos = positions[c0];
+    const int* bt = blockTables + (i64)seq * btStride;
+
+    float acc[MAX_LANE_DIMS];
+#pragma unroll
+    for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] = 0.f;
+    float m = NEG_INF, l = 0.f;
+    for (int base = 0; base <= pos; base += WARP) {
+        int j = base + lane;
+        bool valid = j <= pos;
+        float s = NEG_INF;
+        const float* vrow = vcache; // key j's V row
+        if (valid) {
+            float dot = 0.f;
+            if (j < firstPos) {
+                int blk = bt[j / blockSize];
+                i64 r = (((i64)blk * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
+                const float* k = kcache + r;
+                vrow = vcache + r;
+#if HEAD_DIM % 4 == 0
+#pragma unroll
+                for (int d = 0; d < HEAD_DIM; d += 4) {
+                    float4 kv = *reinterpret_cast<const float4*>(k + d);
+                    float4 qv = *reinterpret_cast<const float4*>(qw + d);
+                    dot += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+                }
+#else
+#pragma unroll
+                for (int d = 0; d < HEAD_DIM; d++) dot += k[d] * qw[d];
+#endif
+            } else {
+                const float* kr = qkv + (i64)(c0 + (j - firstPos)) * stride;
+                const float* k = kr + (nH + kvh) * HEAD_DIM;
+                vrow = kr + (nH + nKV + kvh) * HEAD_DIM;
+                const float* cj = cosSin + (i64)j * half * 2;
+                float kd[HEAD_DIM]; // key j rotated, as rope_kv stores it
+#pragma unroll
+                for (int i = 0; i < half; i++) {
+                    float c = cj[2 * i], sn = cj[2 * i + 1];
+                    float x1 = k[i], x2 = k[i + half];
+                    kd[i] = x1 * c - x2 * sn;
+                    kd[i + half] = x2 * c + x1 * sn;
+                }
+#if HEAD_DIM % 4 == 0
+#pragma unroll
+                for (int d = 0; d < HEAD_DIM; d += 4) {
+                    float4 qv = *reinterpret_cast<const float4*>(qw + d);
+                    dot += kd[d] * qv.x + kd[d + 1] * qv.y + kd[d + 2] * qv.z + kd[d + 3] * qv.w;
+                }
+#else
+#pragma unroll
+                for (int d = 0; d < HEAD_DIM; d++) dot += kd[d] * qw[d];
+#endif
+            }
+            s = dot;
+        }
+        float mn = fmaxf(m, warp_max(s)); // finite: key `base` (lane 0) is valid
+        float c = m == NEG_INF ? 0.f : expf(m - mn);
+        float p = valid ? expf(s - mn) : 0.f;
+        l = l * c + warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] *= c;
+        int n = min(WARP, pos - base + 1); // warp-uniform
+#pragma unroll 8
+        for (int u = 0; u < n; u++) {
+            float pu = __shfl_sync(0xffffffffu, p, u);
+            const float* v = reinterpret_cast<const float*>(
+                __shfl_sync(0xffffffffu, reinterpret_cast<long long>(vrow), u));
+#pragma unroll
+            for (int i = 0; i < MAX_LANE_DIMS; i++) {
+                int dd = lane + i * WARP;
+                if (dd < HEAD_DIM) acc[i] += pu * v[dd];
+            }
+        }
+        m = mn;
+    }
+    float inv = 1.0f / l;
+    i64 o = ((i64)t * nH + h) * HEAD_DIM;
+#pragma unroll
+    for (int i = 0; i < MAX_LANE_DIMS; i++) {
+        int dd = lane + i * WARP;
+        if (dd < HEAD_DIM) store_act(out, out16, o + dd, acc[i] * inv);
+    }
+}
+
 // silu_mul: act[t, i] = silu(gu[t, i]) * gu[t, ffn + i].
 // gu [T, 2*ffn] (gate then up, one fused GEMM); act [T, ffn] (or act16
 // [T, ffn] bf16 when non-null). Grid-stride.
