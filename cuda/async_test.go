@@ -143,7 +143,7 @@ func TestLaunchDrawMatchesForwardDraw(t *testing.T) {
 			}
 			t.Run(label, func(t *testing.T) {
 				m := models[name]()
-				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager})
+				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager, BlockSize: 16}) // the steps below lay out 16-token blocks
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -226,7 +226,7 @@ func TestLaunchDrawCopyBlocks(t *testing.T) {
 	for _, tc := range []struct{ eager, noPoll bool }{{false, false}, {true, false}, {false, true}} {
 		t.Run(fmt.Sprintf("eager=%v,noPoll=%v", tc.eager, tc.noPoll), func(t *testing.T) {
 			m := model.NewRandom(model.TestConfig(), 7)
-			g, err := New(m, Options{KVCacheBytes: 16 << 20, EagerOnly: tc.eager})
+			g, err := New(m, Options{KVCacheBytes: 16 << 20, EagerOnly: tc.eager, BlockSize: 16}) // two blocks hold the prefill
 			if err != nil {
 				t.Fatal(err)
 			}

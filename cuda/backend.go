@@ -57,11 +57,6 @@ type Options struct {
 	// a caller for its result, before parking (see handoff.go): 0 means
 	// DefaultHandoffSpin, negative never polls (plain channel hand-off).
 	HandoffSpin time.Duration
-	// RoPEInAttention runs RoPE and the K/V cache store inside the
-	// attention kernel of the cuBLAS path (paged_attention_rope), one
-	// launch per layer fewer; an experiment (--experimental
-	// cuda-rope-attention) until measured.
-	RoPEInAttention bool
 	// MaxBatchTokens is the initial size of the activation buffers in
 	// tokens (default 8192); they grow on demand when a batch is larger.
 	MaxBatchTokens int
@@ -636,23 +631,16 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 }
 
 // attention enqueues one layer's RoPE, K/V cache store and attention for
-// T tokens on the cuBLAS path: rope_kv then paged_attention_chunked, or
-// with Options.RoPEInAttention paged_attention_rope alone. kc, vc are the
-// layer's caches; the metadata pointers are enqueue's.
+// T tokens on the cuBLAS path in one launch (paged_attention_rope: the QKV
+// GEMM's output is not rotated). kc, vc are the layer's caches; the
+// metadata pointers are enqueue's.
 func (b *Backend) attention(T, stride int, kc, vc uintptr, positions, slots, tokSeq, tables, in16 uint64) error {
 	nH, nKV := b.cfg.NumHeads, b.cfg.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
 	u := func(p uintptr) uint64 { return uint64(p) }
-	if b.opt.RoPEInAttention {
-		return b.launch("paged_attention_rope", (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(b.cosSin), slots,
-			u(kc), u(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
-			i32(b.opt.BlockSize), f32(scale), in16)
-	}
-	if err := b.launch("rope_kv", T, 1, 128, u(b.qkv), u(b.cosSin), positions, slots, u(kc), u(vc), i32(nH), i32(nKV)); err != nil {
-		return err
-	}
-	return b.launch(b.attnKernel(), (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
-		tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale), in16)
+	return b.launch("paged_attention_rope", (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(b.cosSin), slots,
+		u(kc), u(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
+		i32(b.opt.BlockSize), f32(scale), in16)
 }
 
 // rmsnormRowsPerBlock: the rmsnorm kernel normalises a row per warp, 8

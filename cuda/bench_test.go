@@ -85,21 +85,18 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
 // not), graph-gemm (the GEMM path at the GEMV path's sizes), graph-nospin (plain blocking channel hand-off to the CUDA worker,
 // Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
-// even where bf16 copies are exact), graph-rope (Options.RoPEInAttention).
-// They run in the same process;
+// even where bf16 copies are exact). They run in the same process;
 // -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-gemm", "graph-nospin", "graph-fp32w", "graph-rope", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-nospin", "graph-fp32w", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-nospin":
 			o.HandoffSpin = -1
 		case "graph-fp32w":
 			o.GEMVWeights = "fp32"
-		case "graph-rope":
-			o.RoPEInAttention = true
 		}
 		g, err := New(m, o)
 		if err != nil {
@@ -202,10 +199,10 @@ func TestFillContext(t *testing.T) {
 
 // TestFillContextGPU is TestFillContext on the GPU backend at the
 // benchmarks' size: each fill step is one prefill of 64 sequences × 23
-// tokens (1,472 rows, the cuBLAS path), where initcheck reports 4-byte
-// reads of qkv rows in rope_kv right after the cuBLAS TF32 GEMM that
-// writes them (its tensor-core stores are invisible to initcheck; at fp32
-// it reports nothing). A row the GEMM left unwritten would put garbage
+// tokens (1,472 rows, the cuBLAS path), where initcheck reported 4-byte
+// reads of qkv rows by the kernel after the cuBLAS TF32 GEMM that writes
+// them (its tensor-core stores are invisible to initcheck; at fp32 it
+// reports nothing). A row the GEMM left unwritten would put garbage
 // keys and values in the cache, and the decode logits would differ from
 // the CPU's whole prefill far beyond the precision's tolerance.
 func TestFillContextGPU(t *testing.T) {

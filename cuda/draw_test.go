@@ -231,7 +231,7 @@ func TestForwardDrawMatchesDrawRow(t *testing.T) {
 				if err != nil {
 					t.Skipf("no trained model: %v", err)
 				}
-				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager})
+				g, err := New(m, Options{KVCacheBytes: 64 << 20, MaxBatchTokens: 64, EagerOnly: eager, BlockSize: 16}) // the steps below lay out 16-token blocks
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -594,17 +594,12 @@ const (
 	// (cuda.Options.EagerOnly): slower, but a kernel profiler can then
 	// attribute the served kernel mix, which graph capture hides from it.
 	featCUDAEager = "cuda-eager"
-	// featCUDARoPEAttention fuses RoPE and the K/V cache store into the
-	// attention kernel of the CUDA backend's cuBLAS path
-	// (cuda.Options.RoPEInAttention): one launch per layer fewer.
-	featCUDARoPEAttention = "cuda-rope-attention"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:           "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCUDAEager:         "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featCUDARoPEAttention: "CUDA backend: RoPE and the K/V cache store inside the attention kernel (one launch per layer fewer)",
+	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
 }
 
 // knownFeatures lists the feature names for help and errors.

@@ -107,55 +107,20 @@ extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restr
     for (int i = lane; i < d; i += WARP) store_act(out, out16, (i64)r * d + i, xr[i] * inv * w[i]);
 }
 
-// rope_kv: applies RoPE (Hugging Face rotate_half convention: dimension i
-// pairs with i + HEAD_DIM/2) in place to the q and k parts of each token's
-// qkv row, then writes k and v to the token's paged cache slot.
-// grid = T, block = 128.
+// Layouts shared by the attention kernels below and gemv_qkv_rope:
 // qkv [T, (nH + 2*nKV) * HEAD_DIM] laid out [q heads | k heads | v heads];
-// cosSin [maxPos, HEAD_DIM/2, 2] (cos, sin); positions [T]; slots [T]
-// (slot = block*blockSize + offset; negative = do not store);
-// kcache, vcache [numBlocks*blockSize, nKV, HEAD_DIM] of this layer.
-extern "C" __global__ void rope_kv(float* __restrict__ qkv, const float* __restrict__ cosSin,
-                                   const int* __restrict__ positions, const int* __restrict__ slots,
-                                   float* __restrict__ kcache, float* __restrict__ vcache,
-                                   int nH, int nKV) {
-    const int half = HEAD_DIM / 2;
-    int t = blockIdx.x;
-    int stride = (nH + 2 * nKV) * HEAD_DIM;
-    float* row = qkv + (i64)t * stride;
-    int pos = positions[t];
-    int slot = slots[t];
-    const float* cs = cosSin + (i64)pos * half * 2;
-    int pairs = (nH + nKV) * half;
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        int head = p / half, i = p % half;
-        float* base = row + head * HEAD_DIM; // q heads then k heads are contiguous
-        float c = cs[2 * i], s = cs[2 * i + 1];
-        float x1 = base[i], x2 = base[i + half];
-        float y1 = x1 * c - x2 * s;
-        float y2 = x2 * c + x1 * s;
-        base[i] = y1;
-        base[i + half] = y2;
-        if (head >= nH && slot >= 0) {
-            float* kd = kcache + ((i64)slot * nKV + (head - nH)) * HEAD_DIM;
-            kd[i] = y1;
-            kd[i + half] = y2;
-        }
-    }
-    if (slot >= 0) {
-        const float* v = row + (nH + nKV) * HEAD_DIM;
-        float* vd = vcache + (i64)slot * nKV * HEAD_DIM;
-        for (int j = threadIdx.x; j < nKV * HEAD_DIM; j += blockDim.x) vd[j] = v[j];
-    }
-}
+// RoPE in the Hugging Face rotate_half convention (dimension i pairs with
+// i + HEAD_DIM/2), cosSin [maxPos, HEAD_DIM/2, 2] (cos, sin);
+// positions [T]; slots [T] (slot = block*blockSize + offset; negative = do
+// not store); kcache, vcache [numBlocks*blockSize, nKV, HEAD_DIM] of one
+// layer; tokSeq [T] batch sequence index of each token; blockTables
+// [S, btStride] physical block ids.
 
 // paged_attention: causal attention of every new token over its sequence's
-// cached keys 0..position (the new tokens' K/V were stored by rope_kv before
-// this launch). One warp per (token, query head); lane l owns dimensions
-// l, l+32, ... Online softmax in float32.
-// out [T, nH*HEAD_DIM]; qkv as in rope_kv (q already rotated);
-// tokSeq [T] batch sequence index of each token; positions [T];
-// blockTables [S, btStride] physical block ids; caches as in rope_kv.
+// cached keys 0..position (the new tokens' K/V were stored, and q rotated
+// in qkv, before this launch: gemv_qkv_rope). One warp per (token, query
+// head); lane l owns dimensions l, l+32, ... Online softmax in float32.
+// out [T, nH*HEAD_DIM]; the other layouts above.
 // grid = ceil(T*nH / 4), block = 128.
 extern "C" __global__ void paged_attention(float* __restrict__ out, const float* __restrict__ qkv,
                                            const float* __restrict__ kcache,
@@ -312,17 +277,18 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
     }
 }
 
-// paged_attention_rope: rope_kv and paged_attention_chunked in one launch
-// (same grid, block and output). The qkv rows hold q, k and v as the QKV
-// GEMM wrote them, not rotated. Warp (t, h) rotates its query; the warp of
-// each KV head's first query head rotates token t's key of that head and
-// stores it, and the value, in t's cache slot (slots as in rope_kv). Keys
-// at positions this launch stores (the sequence's chunk: contiguous in T,
-// consecutive positions) are read from the qkv rows and rotated here, since
-// other warps of the launch are still writing their cache slots; earlier
-// keys come from the cache. The rotation and each dot product are the
-// arithmetic of rope_kv then paged_attention_chunked, term for term.
-// out16 [T, nH*HEAD_DIM] bf16: written instead of out when non-null.
+// paged_attention_rope: RoPE, the K/V cache store and
+// paged_attention_chunked in one launch (same grid, block and output): the
+// attention of the cuBLAS path, whose QKV GEMM leaves q, k and v in qkv
+// not rotated. Warp (t, h) rotates its query; the warp of each KV head's
+// first query head rotates token t's key of that head and stores it, and
+// the value, in t's cache slot. Keys at positions this launch stores (the
+// sequence's chunk: contiguous in T, consecutive positions) are read from
+// the qkv rows and rotated here, since other warps of the launch are still
+// writing their cache slots; earlier keys come from the cache. The
+// rotation is gemv_qkv_rope's and each dot product paged_attention_chunked's,
+// term for term. out16 [T, nH*HEAD_DIM] bf16: written instead of out when
+// non-null.
 extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const float* __restrict__ qkv,
                                                 const float* __restrict__ cosSin,
                                                 const int* __restrict__ slots,
@@ -417,7 +383,7 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
                 const float* k = kr + (nH + kvh) * HEAD_DIM;
                 vrow = kr + (nH + nKV + kvh) * HEAD_DIM;
                 const float* cj = cosSin + (i64)j * half * 2;
-                float kd[HEAD_DIM]; // key j rotated, as rope_kv stores it
+                float kd[HEAD_DIM]; // key j rotated, as stored in the cache
 #pragma unroll
                 for (int i = 0; i < half; i++) {
                     float c = cj[2 * i], sn = cj[2 * i + 1];
@@ -724,11 +690,11 @@ __device__ void gemv_t(float* __restrict__ y, const float* __restrict__ x, const
 // gemv_qkv_rope: the attention input of one layer for M tokens in one
 // launch: RMSNorm (g) of the residual rows, the fused [q|k|v] projection,
 // RoPE on q and k (rotate_half pairs i, i+HEAD_DIM/2 are computed by the
-// same warp), and the K/V cache writes (as rope_kv). For layer 0, ids != 0
+// same warp), and the K/V cache writes. For layer 0, ids != 0
 // makes x the embedding table [V, K] gathered by ids [M], and block 0 writes
 // the raw embeddings to resid [M, K] (the residual stream).
 // W [qkvDim, K] (rows of Wq, Wk, Wv); qkv [M, qkvDim]; cosSin, positions,
-// slots, kcache, vcache as in rope_kv. One warp per row pair:
+// slots, kcache, vcache as above. One warp per row pair:
 // grid = ceil(qkvDim/2 / GEMV_WARPS).
 template <typename WT>
 __device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict__ x,
