@@ -186,6 +186,71 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// dot_q: Σ_d k[d] * qw[d] over HEAD_DIM in the order the attention
+// kernels use (float4 groups in turn). qw in shared memory, 16-byte
+// aligned; k 16-byte aligned when HEAD_DIM % 4 == 0 (cache and qkv rows).
+__device__ __forceinline__ float dot_q(const float* k, const float* qw) {
+    float dot = 0.f;
+#if HEAD_DIM % 4 == 0
+#pragma unroll
+    for (int d = 0; d < HEAD_DIM; d += 4) {
+        float4 kv = *reinterpret_cast<const float4*>(k + d);
+        float4 qv = *reinterpret_cast<const float4*>(qw + d);
+        dot += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+    }
+#else
+#pragma unroll
+    for (int d = 0; d < HEAD_DIM; d++) dot += k[d] * qw[d];
+#endif
+    return dot;
+}
+
+// attend: one warp's causal attention over keys 0..pos, 32 keys at a time
+// (one per lane), online softmax in float32, the result written to
+// out/out16 at o (out16 bf16 instead of out when non-null). key(j, vrow)
+// returns key j's dot product with the warp's scaled query and sets vrow
+// to key j's V row [HEAD_DIM]; lane l accumulates dims l, l+32, ...
+template <typename Key>
+__device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o, int pos, Key key) {
+    int lane = threadIdx.x & (WARP - 1);
+    float acc[MAX_LANE_DIMS];
+#pragma unroll
+    for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] = 0.f;
+    float m = NEG_INF, l = 0.f;
+    for (int base = 0; base <= pos; base += WARP) {
+        int j = base + lane;
+        bool valid = j <= pos;
+        float s = NEG_INF;
+        const float* vrow = 0;
+        if (valid) s = key(j, vrow);
+        float mn = fmaxf(m, warp_max(s)); // finite: key `base` (lane 0) is valid
+        float c = m == NEG_INF ? 0.f : expf(m - mn);
+        float p = valid ? expf(s - mn) : 0.f;
+        l = l * c + warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] *= c;
+        int n = min(WARP, pos - base + 1); // warp-uniform
+#pragma unroll 8
+        for (int u = 0; u < n; u++) {
+            float pu = __shfl_sync(0xffffffffu, p, u);
+            const float* v = reinterpret_cast<const float*>(
+                __shfl_sync(0xffffffffu, reinterpret_cast<long long>(vrow), u));
+#pragma unroll
+            for (int i = 0; i < MAX_LANE_DIMS; i++) {
+                int dd = lane + i * WARP;
+                if (dd < HEAD_DIM) acc[i] += pu * v[dd];
+            }
+        }
+        m = mn;
+    }
+    float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < MAX_LANE_DIMS; i++) {
+        int dd = lane + i * WARP;
+        if (dd < HEAD_DIM) store_act(out, out16, o + dd, acc[i] * inv);
+    }
+}
+
 // paged_attention_chunked: the same contract, grid and block as
 // paged_attention, but the warp takes 32 keys at a time, one per lane,
 // instead of one key at a time across the lanes. paged_attention's loop
@@ -220,61 +285,11 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
     __syncwarp();
     const int* bt = blockTables + (i64)tokSeq[t] * btStride;
     int pos = positions[t];
-
-    float acc[MAX_LANE_DIMS];
-#pragma unroll
-    for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] = 0.f;
-    float m = NEG_INF, l = 0.f;
-    for (int base = 0; base <= pos; base += WARP) {
-        int j = base + lane;
-        bool valid = j <= pos;
-        float s = NEG_INF;
-        long long row = 0; // offset of key j's K/V row in the layer's cache
-        if (valid) {
-            int blk = bt[j / blockSize];
-            row = (((i64)blk * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
-            const float* k = kcache + row;
-            float dot = 0.f;
-#if HEAD_DIM % 4 == 0
-#pragma unroll
-            for (int d = 0; d < HEAD_DIM; d += 4) {
-                float4 kv = *reinterpret_cast<const float4*>(k + d);
-                float4 qv = *reinterpret_cast<const float4*>(qw + d);
-                dot += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
-            }
-#else
-#pragma unroll
-            for (int d = 0; d < HEAD_DIM; d++) dot += k[d] * qw[d];
-#endif
-            s = dot;
-        }
-        float mn = fmaxf(m, warp_max(s)); // finite: key `base` (lane 0) is valid
-        float c = m == NEG_INF ? 0.f : expf(m - mn);
-        float p = valid ? expf(s - mn) : 0.f;
-        l = l * c + warp_sum(p);
-#pragma unroll
-        for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] *= c;
-        int n = min(WARP, pos - base + 1); // warp-uniform
-#pragma unroll 8
-        for (int u = 0; u < n; u++) {
-            float pu = __shfl_sync(0xffffffffu, p, u);
-            long long ru = __shfl_sync(0xffffffffu, row, u);
-            const float* v = vcache + ru;
-#pragma unroll
-            for (int i = 0; i < MAX_LANE_DIMS; i++) {
-                int dd = lane + i * WARP;
-                if (dd < HEAD_DIM) acc[i] += pu * v[dd];
-            }
-        }
-        m = mn;
-    }
-    float inv = 1.0f / l;
-    i64 o = ((i64)t * nH + h) * HEAD_DIM;
-#pragma unroll
-    for (int i = 0; i < MAX_LANE_DIMS; i++) {
-        int dd = lane + i * WARP;
-        if (dd < HEAD_DIM) store_act(out, out16, o + dd, acc[i] * inv);
-    }
+    attend(out, out16, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, const float*& vrow) {
+        i64 r = (((i64)bt[j / blockSize] * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
+        vrow = vcache + r;
+        return dot_q(kcache + r, qw);
+    });
 }
 
 // paged_attention_rope: RoPE, the K/V cache store and
@@ -350,87 +365,37 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
     }
     int firstPos = positions[c0];
     const int* bt = blockTables + (i64)seq * btStride;
-
-    float acc[MAX_LANE_DIMS];
+    attend(out, out16, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, const float*& vrow) {
+        if (j < firstPos) {
+            i64 r = (((i64)bt[j / blockSize] * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
+            vrow = vcache + r;
+            return dot_q(kcache + r, qw);
+        }
+        const float* kr = qkv + (i64)(c0 + (j - firstPos)) * stride;
+        const float* k = kr + (nH + kvh) * HEAD_DIM;
+        vrow = kr + (nH + nKV + kvh) * HEAD_DIM;
+        const float* cj = cosSin + (i64)j * half * 2;
+        float kd[HEAD_DIM]; // key j rotated, as stored in the cache (registers)
 #pragma unroll
-    for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] = 0.f;
-    float m = NEG_INF, l = 0.f;
-    for (int base = 0; base <= pos; base += WARP) {
-        int j = base + lane;
-        bool valid = j <= pos;
-        float s = NEG_INF;
-        const float* vrow = vcache; // key j's V row
-        if (valid) {
-            float dot = 0.f;
-            if (j < firstPos) {
-                int blk = bt[j / blockSize];
-                i64 r = (((i64)blk * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
-                const float* k = kcache + r;
-                vrow = vcache + r;
+        for (int i = 0; i < half; i++) {
+            float c = cj[2 * i], sn = cj[2 * i + 1];
+            float x1 = k[i], x2 = k[i + half];
+            kd[i] = x1 * c - x2 * sn;
+            kd[i + half] = x2 * c + x1 * sn;
+        }
+        float dot = 0.f; // dot_q's order
 #if HEAD_DIM % 4 == 0
 #pragma unroll
-                for (int d = 0; d < HEAD_DIM; d += 4) {
-                    float4 kv = *reinterpret_cast<const float4*>(k + d);
-                    float4 qv = *reinterpret_cast<const float4*>(qw + d);
-                    dot += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
-                }
+        for (int d = 0; d < HEAD_DIM; d += 4) {
+            float4 qv = *reinterpret_cast<const float4*>(qw + d);
+            dot += kd[d] * qv.x + kd[d + 1] * qv.y + kd[d + 2] * qv.z + kd[d + 3] * qv.w;
+        }
 #else
 #pragma unroll
-                for (int d = 0; d < HEAD_DIM; d++) dot += k[d] * qw[d];
+        for (int d = 0; d < HEAD_DIM; d++) dot += kd[d] * qw[d];
 #endif
-            } else {
-                const float* kr = qkv + (i64)(c0 + (j - firstPos)) * stride;
-                const float* k = kr + (nH + kvh) * HEAD_DIM;
-                vrow = kr + (nH + nKV + kvh) * HEAD_DIM;
-                const float* cj = cosSin + (i64)j * half * 2;
-                float kd[HEAD_DIM]; // key j rotated, as stored in the cache
-#pragma unroll
-                for (int i = 0; i < half; i++) {
-                    float c = cj[2 * i], sn = cj[2 * i + 1];
-                    float x1 = k[i], x2 = k[i + half];
-                    kd[i] = x1 * c - x2 * sn;
-                    kd[i + half] = x2 * c + x1 * sn;
-                }
-#if HEAD_DIM % 4 == 0
-#pragma unroll
-                for (int d = 0; d < HEAD_DIM; d += 4) {
-                    float4 qv = *reinterpret_cast<const float4*>(qw + d);
-                    dot += kd[d] * qv.x + kd[d + 1] * qv.y + kd[d + 2] * qv.z + kd[d + 3] * qv.w;
-                }
-#else
-#pragma unroll
-                for (int d = 0; d < HEAD_DIM; d++) dot += kd[d] * qw[d];
-#endif
-            }
-            s = dot;
-        }
-        float mn = fmaxf(m, warp_max(s)); // finite: key `base` (lane 0) is valid
-        float c = m == NEG_INF ? 0.f : expf(m - mn);
-        float p = valid ? expf(s - mn) : 0.f;
-        l = l * c + warp_sum(p);
-#pragma unroll
-        for (int i = 0; i < MAX_LANE_DIMS; i++) acc[i] *= c;
-        int n = min(WARP, pos - base + 1); // warp-uniform
-#pragma unroll 8
-        for (int u = 0; u < n; u++) {
-            float pu = __shfl_sync(0xffffffffu, p, u);
-            const float* v = reinterpret_cast<const float*>(
-                __shfl_sync(0xffffffffu, reinterpret_cast<long long>(vrow), u));
-#pragma unroll
-            for (int i = 0; i < MAX_LANE_DIMS; i++) {
-                int dd = lane + i * WARP;
-                if (dd < HEAD_DIM) acc[i] += pu * v[dd];
-            }
-        }
-        m = mn;
-    }
-    float inv = 1.0f / l;
-    i64 o = ((i64)t * nH + h) * HEAD_DIM;
-#pragma unroll
-    for (int i = 0; i < MAX_LANE_DIMS; i++) {
-        int dd = lane + i * WARP;
-        if (dd < HEAD_DIM) store_act(out, out16, o + dd, acc[i] * inv);
-    }
+        return dot;
+    });
 }
 
 // silu_mul: act[t, i] = silu(gu[t, i]) * gu[t, ffn + i].
