@@ -16,13 +16,13 @@ import (
 //
 //	gemv_qkv_rope  RMSNorm + [q|k|v] projection + RoPE + K/V cache write
 //	               (layer 0 also gathers the embeddings into the residual)
-//	paged_attention
+//	paged_attention_chunked
 //	gemv           attention output projection, added to the residual
 //	gemv_gu_silu   RMSNorm + gate/up projection + SiLU·up
 //	gemv           down projection, added to the residual
 //
 // then one gemv for final RMSNorm + LM head over the sampled rows and
-// row_lse when asked: 5 launches per layer instead of 9 (42 instead of 76
+// row_lse when asked: 5 launches per layer instead of 8 (42 instead of 68
 // for the 8-layer model). At M ≤ 8 a step is bound by launch latency and by
 // reading the weights once, which these kernels do with float4 loads of
 // each weight row shared by all M tokens; they multiply in exact float32

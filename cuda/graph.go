@@ -7,7 +7,7 @@ import (
 
 // CUDA graphs for forward steps.
 //
-// A step of a small model is dominated by launch overhead (about 76 kernel
+// A step of a small model is dominated by launch overhead (about 68 kernel
 // and GEMM launches for 8 layers, each a few µs of CPU and GPU time). No
 // kernel depends on the batch's composition except through the metadata
 // (positions, slots, sequence index and block tables are read on the

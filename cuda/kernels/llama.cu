@@ -116,70 +116,6 @@ extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restr
 // layer; tokSeq [T] batch sequence index of each token; blockTables
 // [S, btStride] physical block ids.
 
-// paged_attention: causal attention of every new token over its sequence's
-// cached keys 0..position (the new tokens' K/V were stored, and q rotated
-// in qkv, before this launch: gemv_qkv_rope). One warp per (token, query
-// head); lane l owns dimensions l, l+32, ... Online softmax in float32.
-// out [T, nH*HEAD_DIM]; the other layouts above.
-// grid = ceil(T*nH / 4), block = 128.
-extern "C" __global__ void paged_attention(float* __restrict__ out, const float* __restrict__ qkv,
-                                           const float* __restrict__ kcache,
-                                           const float* __restrict__ vcache,
-                                           const int* __restrict__ tokSeq,
-                                           const int* __restrict__ positions,
-                                           const int* __restrict__ blockTables, int btStride,
-                                           int T, int nH, int nKV, int blockSize, float scale) {
-    pdl_wait();
-    int gw = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-    int lane = threadIdx.x & (WARP - 1);
-    if (gw >= T * nH) return; // whole warp exits together
-    int t = gw / nH, h = gw % nH;
-    int kvh = h / (nH / nKV);
-    int stride = (nH + 2 * nKV) * HEAD_DIM;
-    const float* q = qkv + (i64)t * stride + h * HEAD_DIM;
-    const int* bt = blockTables + (i64)tokSeq[t] * btStride;
-    int pos = positions[t];
-
-    float qr[MAX_LANE_DIMS], acc[MAX_LANE_DIMS];
-#pragma unroll
-    for (int i = 0; i < MAX_LANE_DIMS; i++) {
-        int dd = lane + i * WARP;
-        qr[i] = dd < HEAD_DIM ? q[dd] * scale : 0.f;
-        acc[i] = 0.f;
-    }
-    float m = NEG_INF, l = 0.f;
-    for (int j = 0; j <= pos; j++) {
-        int blk = bt[j / blockSize];
-        i64 base = (((i64)blk * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
-        const float* k = kcache + base;
-        const float* v = vcache + base;
-        float dot = 0.f;
-#pragma unroll
-        for (int i = 0; i < MAX_LANE_DIMS; i++) {
-            int dd = lane + i * WARP;
-            if (dd < HEAD_DIM) dot += qr[i] * k[dd];
-        }
-        dot = warp_sum(dot);
-        float mn = fmaxf(m, dot);
-        float c = m == NEG_INF ? 0.f : expf(m - mn);
-        float p = expf(dot - mn);
-        l = l * c + p;
-#pragma unroll
-        for (int i = 0; i < MAX_LANE_DIMS; i++) {
-            int dd = lane + i * WARP;
-            if (dd < HEAD_DIM) acc[i] = acc[i] * c + p * v[dd];
-        }
-        m = mn;
-    }
-    float inv = 1.0f / l;
-    float* o = out + ((i64)t * nH + h) * HEAD_DIM;
-#pragma unroll
-    for (int i = 0; i < MAX_LANE_DIMS; i++) {
-        int dd = lane + i * WARP;
-        if (dd < HEAD_DIM) o[dd] = acc[i] * inv;
-    }
-}
-
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -251,17 +187,18 @@ __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o,
     }
 }
 
-// paged_attention_chunked: the same contract, grid and block as
-// paged_attention, but the warp takes 32 keys at a time, one per lane,
-// instead of one key at a time across the lanes. paged_attention's loop
-// is a chain of dependent steps per key (load K, 5 shuffles, exp, load V)
-// of ~0.3 µs each, so a decode token with 40 keys took ~10 µs per layer;
-// here each lane computes its key's whole dot product from the query in
-// shared memory (independent loads), the chunk's softmax update is one
-// max and one sum over the warp, and the V accumulation loops over the
-// chunk's keys with independent loads (lane l owns dims l, l+32, ...).
-// The query is pre-scaled; online softmax in float32 across chunks.
-// out16 [T, nH*HEAD_DIM] bf16: written instead of out when non-null.
+// paged_attention_chunked: causal attention of every new token over its
+// sequence's cached keys 0..position, whose K/V were stored, and q rotated
+// in qkv, before this launch (gemv_qkv_rope: the GEMV path). One warp per
+// (token, query head), taking 32 keys at a time, one per lane (attend): a
+// loop over one key at a time across the lanes was a chain of dependent
+// steps per key (load K, 5 shuffles, exp, load V) of ~0.3 µs each, so a
+// decode token with 40 keys took ~10 µs per layer; here each lane computes
+// its key's whole dot product from the pre-scaled query in shared memory
+// (independent loads), the chunk's softmax update is one max and one sum
+// over the warp, and the V accumulation loops over the chunk's keys with
+// independent loads. out [T, nH*HEAD_DIM] (or out16 bf16 when non-null);
+// the other layouts above. grid = ceil(T*nH / 4), block = 128.
 extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, const float* __restrict__ qkv,
                                                    const float* __restrict__ kcache,
                                                    const float* __restrict__ vcache,
