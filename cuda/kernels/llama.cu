@@ -122,6 +122,20 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// rope_pair: RoPE of one dimension pair (x1 at i, x2 at i + HEAD_DIM/2)
+// with cos c and sin s: the one definition every kernel rotates with, so
+// that keys rotated on the fly equal the keys stored in the cache.
+__device__ __forceinline__ void rope_pair(float x1, float x2, float c, float s, float& y1, float& y2) {
+    y1 = x1 * c - x2 * s;
+    y2 = x2 * c + x1 * s;
+}
+
+// cache_row: the offset of key j's K/V row (KV head kvh) in one layer's
+// cache, through its sequence's block table bt.
+__device__ __forceinline__ i64 cache_row(const int* bt, int j, int blockSize, int nKV, int kvh) {
+    return (((i64)bt[j / blockSize] * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
+}
+
 // dot_q: Σ_d k[d] * qw[d] over HEAD_DIM in the order the attention
 // kernels use (float4 groups in turn). qw in shared memory, 16-byte
 // aligned; k 16-byte aligned when HEAD_DIM % 4 == 0 (cache and qkv rows).
@@ -223,7 +237,7 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
     const int* bt = blockTables + (i64)tokSeq[t] * btStride;
     int pos = positions[t];
     attend(out, out16, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, const float*& vrow) {
-        i64 r = (((i64)bt[j / blockSize] * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
+        i64 r = cache_row(bt, j, blockSize, nKV, kvh);
         vrow = vcache + r;
         return dot_q(kcache + r, qw);
     });
@@ -267,10 +281,8 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
     const float* cs = cosSin + (i64)pos * half * 2;
     float* qw = qs[wib];
     for (int i = lane; i < half; i += WARP) {
-        float c = cs[2 * i], s = cs[2 * i + 1];
-        float x1 = row[h * HEAD_DIM + i], x2 = row[h * HEAD_DIM + i + half];
-        float y1 = x1 * c - x2 * s;
-        float y2 = x2 * c + x1 * s;
+        float y1, y2;
+        rope_pair(row[h * HEAD_DIM + i], row[h * HEAD_DIM + i + half], cs[2 * i], cs[2 * i + 1], y1, y2);
         qw[i] = y1 * scale;
         qw[i + half] = y2 * scale;
     }
@@ -280,12 +292,8 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
         const float* v = row + (nH + nKV + kvh) * HEAD_DIM;
         float* kd = kcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
         float* vd = vcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
-        for (int i = lane; i < half; i += WARP) {
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float x1 = k[i], x2 = k[i + half];
-            kd[i] = x1 * c - x2 * s;
-            kd[i + half] = x2 * c + x1 * s;
-        }
+        for (int i = lane; i < half; i += WARP)
+            rope_pair(k[i], k[i + half], cs[2 * i], cs[2 * i + 1], kd[i], kd[i + half]);
         for (int d = lane; d < HEAD_DIM; d += WARP) vd[d] = v[d];
     }
     __syncwarp();
@@ -304,7 +312,7 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
     const int* bt = blockTables + (i64)seq * btStride;
     attend(out, out16, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, const float*& vrow) {
         if (j < firstPos) {
-            i64 r = (((i64)bt[j / blockSize] * blockSize + (j % blockSize)) * nKV + kvh) * HEAD_DIM;
+            i64 r = cache_row(bt, j, blockSize, nKV, kvh);
             vrow = vcache + r;
             return dot_q(kcache + r, qw);
         }
@@ -314,12 +322,7 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
         const float* cj = cosSin + (i64)j * half * 2;
         float kd[HEAD_DIM]; // key j rotated, as stored in the cache (registers)
 #pragma unroll
-        for (int i = 0; i < half; i++) {
-            float c = cj[2 * i], sn = cj[2 * i + 1];
-            float x1 = k[i], x2 = k[i + half];
-            kd[i] = x1 * c - x2 * sn;
-            kd[i + half] = x2 * c + x1 * sn;
-        }
+        for (int i = 0; i < half; i++) rope_pair(k[i], k[i + half], cj[2 * i], cj[2 * i + 1], kd[i], kd[i + half]);
         float dot = 0.f; // dot_q's order
 #if HEAD_DIM % 4 == 0
 #pragma unroll
@@ -629,11 +632,7 @@ __device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict
             int slot = slots[m];
             if (head < nH + nKV) { // q or k head: rotate
                 const float* cs = cosSin + ((i64)positions[m] * half + i) * 2;
-                float c = cs[0], s = cs[1];
-                float y1 = x1 * c - x2 * s;
-                float y2 = x2 * c + x1 * s;
-                x1 = y1;
-                x2 = y2;
+                rope_pair(x1, x2, cs[0], cs[1], x1, x2); // inputs are copies
             }
             float* row = qkv + (i64)m * qkvDim;
             row[r1] = x1;
