@@ -461,18 +461,21 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 // clients generate couplets (the CUDA default of 5 上联s with the best 4
 // finished, or 1 sample; 横批 scoring) on the
 // shipped model's vocabulary and rules through two engine loops with the
-// CUDA step limits, each on a nullDevice taking 0.25 ms a step. Reports couplets/s and the
-// engine loops' host time (schedule + consume) per step and per logits
-// row: the figures the GPU's bench reports as "host ms per step".
+// CUDA step limits, each on a nullDevice taking 0.25 ms a step, at the CUDA
+// default of 4-token KV blocks or at 1. Reports couplets/s, the engine
+// loops' host time (schedule + consume) per step and per logits row (the
+// figures the GPU's bench reports as "host ms per step") and the mean
+// share of allocated KV slots live.
 func BenchmarkHostLoop(b *testing.B) {
 	m := defaultModel(b)
 	// The CUDA default (5 上联s, the best 4 finished) and one sample.
-	for _, c := range []struct{ users, samples, finish int }{{100, 5, 4}, {1000, 5, 4}, {1000, 1, 0}, {2000, 1, 0}} {
+	// Blocks of 4 tokens are the CUDA default, 1 what fills every slot.
+	for _, c := range []struct{ users, samples, finish, bs int }{{100, 5, 4, 4}, {1000, 5, 4, 4}, {1000, 5, 4, 1}, {1000, 1, 0, 4}, {2000, 1, 0, 4}} {
 		users := c.users
-		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d", users, c.samples, c.finish), func(b *testing.B) {
+		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d/block=%d", users, c.samples, c.finish, c.bs), func(b *testing.B) {
 			var es []engine.Engine
 			for range 2 {
-				dev := newNullDevice(m.Config.VocabSize, 1<<16, 16)
+				dev := newNullDevice(m.Config.VocabSize, 1<<16, c.bs)
 				dev.latency = 250 * time.Microsecond
 				e, err := engine.New(dev, engine.Config{
 					MaxNumSeqs: 4096, MaxNumBatchedTokens: 16384, MaxQueue: 16384, EnablePrefixCaching: true,
@@ -508,11 +511,33 @@ func BenchmarkHostLoop(b *testing.B) {
 			}
 			round(0) // warm-up: masks registered, buffers grown
 			st0 := eng.Stats()
+			// The mean share of allocated KV slots holding a live token,
+			// sampled as the service's metric is.
+			var live, alloc float64
+			stop := make(chan struct{})
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				t := time.NewTicker(20 * time.Millisecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+						s := eng.Stats()
+						live += float64(s.KVSlotsLive)
+						alloc += float64(s.KVSlotsAllocated)
+					}
+				}
+			}()
 			r := 1
 			for b.Loop() {
 				round(r)
 				r++
 			}
+			close(stop)
+			<-sampled
 			st := eng.Stats()
 			steps := float64(st.Steps - st0.Steps)
 			host := (st.StepSeconds.Schedule - st0.StepSeconds.Schedule) + (st.StepSeconds.Consume - st0.StepSeconds.Consume)
@@ -520,6 +545,9 @@ func BenchmarkHostLoop(b *testing.B) {
 			b.ReportMetric(1e3*host/steps, "host-ms/step")
 			b.ReportMetric(1e9*host/float64(st.LogitRows-st0.LogitRows), "host-ns/row")
 			b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/float64(users*perUser*(r-1)), "rows/couplet")
+			if alloc > 0 {
+				b.ReportMetric(100*live/alloc, "%live")
+			}
 			if f := fails.Load(); f > 0 {
 				b.Logf("%d requests failed", f)
 			}
