@@ -19,6 +19,7 @@ const (
 	CodeBadMode     = "bad_mode"
 	CodeBadKeyword  = "bad_keyword"  // keyword/acrostic text is not two Chinese characters
 	CodeSameHeads   = "same_heads"   // acrostic heads are identical (would break rule 3)
+	CodeTabooWord   = "taboo_word"   // keyword/acrostic text holds an ill-omened word (Judge.Taboo)
 	CodeBadChar     = "bad_char"     // a character that is neither Chinese nor couplet punctuation
 	CodeUnknownChar = "unknown_char" // a Chinese character the model does not know
 	CodeBadPunct    = "bad_punct"    // punctuation at a line end or doubled

@@ -109,6 +109,7 @@ type allJudge struct{ bad bool }
 func (allJudge) Parallelism(upper, lower string) float64 { return 0.5 }
 func (allJudge) Festive(string) float64                  { return 0 }
 func (allJudge) OpensWord(string) bool                   { return true }
+func (allJudge) Taboo(string) []string                   { return nil }
 func (j allJudge) Unsuitable(string) []string {
 	if j.bad {
 		return []string{"x"}

@@ -19,6 +19,10 @@ type Judge interface {
 	Parallelism(upper, lower string) float64
 	// Unsuitable lists the words of text that do not belong on a 春联.
 	Unsuitable(text string) []string
+	// Taboo lists the ill-omened words of text (death, illness, grief …)
+	// that no 春联 may hold at all: the blessing-word modes refuse a word
+	// holding one.
+	Taboo(text string) []string
 	// Festive is how much text reads as a Spring Festival couplet (a
 	// log-odds per character; 0 = neutral).
 	Festive(text string) float64

@@ -2,12 +2,14 @@ package couplet
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"chunlian/bench"
 	"chunlian/critic"
 	"chunlian/engine"
 	"chunlian/model"
@@ -84,6 +86,62 @@ func TestHeadsFeature(t *testing.T) {
 	}
 	if DefaultWeights.Score(Features{LogProb: -1, Heads: 1}) >= DefaultWeights.Score(Features{LogProb: -1}) {
 		t.Error("a head that opens no word costs nothing by default")
+	}
+}
+
+// A blessing word holding an ill-omened word is refused in keyword and
+// acrostic mode, before any engine request, with its own code; lower mode
+// (a given 上联), the words visitors type and the 横批 list are not.
+func TestTabooWordRefused(t *testing.T) {
+	fe := &fakeEngine{vocab: testModel.Tok.Size()}
+	g := newFakeGen(t, fe, WithJudge(critic.Judge{}))
+	for _, req := range []Request{
+		{Text: "死亡"},
+		{Text: "死"},
+		{Text: "病痛", Mode: ModeKeyword},
+		{Text: "離婚"}, // traditional: normalised first
+		{Text: "哭笑", Mode: ModeAcrostic},
+		{Text: "春风一度"},
+	} {
+		_, err := g.Generate(context.Background(), req)
+		var ie *InputError
+		if !errors.As(err, &ie) || ie.Code != CodeTabooWord {
+			t.Errorf("%+v: err %v, want code %s", req, err, CodeTabooWord)
+			continue
+		}
+		if err := g.Validate(req); err == nil {
+			t.Errorf("%+v: Validate passes what Generate refuses", req)
+		}
+	}
+	fe.mu.Lock()
+	if n := fe.genCalls + fe.scoreCalls; n != 0 {
+		t.Errorf("%d engine requests for refused words", n)
+	}
+	fe.mu.Unlock()
+	for _, req := range []Request{
+		{Text: "平安"},
+		{Text: "兴亡"}, // 亡 masked by the exception 兴亡
+		{Text: "秋高气爽"},
+		{Text: "生死难忘天地久", Mode: ModeLower},
+	} {
+		// The test model lacks some of these characters: only the
+		// taboo refusal is checked.
+		var ie *InputError
+		if err := g.Validate(req); errors.As(err, &ie) && ie.Code == CodeTabooWord {
+			t.Errorf("%+v refused: %v", req, err)
+		}
+	}
+	words := slices.Clone(bench.BlessingWords)
+	for _, b := range BannerList() {
+		words = append(words, b)
+	}
+	for _, w := range g.t.singles {
+		words = append(words, w)
+	}
+	for _, w := range words {
+		if tw := (critic.Judge{}).Taboo(w); len(tw) > 0 {
+			t.Errorf("blessing word %s would be refused (%s)", w, strings.Join(tw, ","))
+		}
 	}
 }
 

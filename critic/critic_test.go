@@ -214,6 +214,43 @@ func TestUnsuitable(t *testing.T) {
 	}
 }
 
+// Taboo keeps the ill-omened categories only, with their exceptions, and
+// every category it names is a section of unsuitable.txt holding words.
+func TestTaboo(t *testing.T) {
+	for text, want := range map[string][]string{
+		"死亡":   {"死", "亡"},
+		"病痛":   {"病", "病痛"},
+		"离婚":   {"离婚"},
+		"春风一度": {"春风一度"},
+		"破产":   {"破产"},
+		"兴亡":   nil, // an exception masks 亡
+		"无病":   nil,
+		"秋高气爽": nil, // autumn is out of season, not ill-omened
+		"佛光":   nil, // another occasion's couplet
+		"平安":   nil,
+	} {
+		if got := Taboo(text); !slices.Equal(got, want) {
+			t.Errorf("Taboo(%s) = %q, want %q", text, got, want)
+		}
+	}
+	if len(Unsuitable("秋高气爽")) == 0 {
+		t.Errorf("Unsuitable(秋高气爽) is empty: the case above no longer tells Taboo from Unsuitable")
+	}
+	found := map[string]int{}
+	for _, c := range categories(unsuitableTxt) {
+		found[c.name] += len(c.entries)
+	}
+	for _, name := range tabooCategories {
+		if found[name] == 0 {
+			t.Errorf("taboo category %q has no entries in unsuitable.txt", name)
+		}
+	}
+	// Every entry lies in a named section.
+	if n := found[""]; n > 0 {
+		t.Errorf("%d entries of unsuitable.txt precede any section name", n)
+	}
+}
+
 // Every entry is Chinese characters, none repeats, and every exception
 // contains a word it masks.
 func TestListsWellFormed(t *testing.T) {

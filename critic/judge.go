@@ -23,6 +23,9 @@ func (j Judge) Unsuitable(text string) []string {
 	return out
 }
 
+// Taboo is the package function Taboo.
+func (Judge) Taboo(text string) []string { return Taboo(text) }
+
 // Festive is the package function Festive.
 func (Judge) Festive(text string) float64 { return Festive(text) }
 

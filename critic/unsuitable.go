@@ -21,6 +21,7 @@ var (
 type lists struct {
 	words      []string
 	exceptions []string
+	taboo      map[string]bool // words of the tabooCategories
 	banners    map[string]bool
 	// By first rune: indices into words and exceptions, so that a text is
 	// scanned once instead of once per entry.
@@ -35,11 +36,17 @@ var (
 func loadLists() *lists {
 	listsOnce.Do(func() {
 		theLists.banners = map[string]bool{}
-		for _, l := range entries(unsuitableTxt) {
-			if strings.HasPrefix(l, "!") {
-				theLists.exceptions = append(theLists.exceptions, l[1:])
-			} else {
+		theLists.taboo = map[string]bool{}
+		for _, c := range categories(unsuitableTxt) {
+			for _, l := range c.entries {
+				if strings.HasPrefix(l, "!") {
+					theLists.exceptions = append(theLists.exceptions, l[1:])
+					continue
+				}
 				theLists.words = append(theLists.words, l)
+				if slices.Contains(tabooCategories, c.name) {
+					theLists.taboo[l] = true
+				}
 			}
 		}
 		for _, l := range entries(bannersUnsuitableTxt) {
@@ -49,6 +56,51 @@ func loadLists() *lists {
 		theLists.exceptionsAt = byFirstRune(theLists.exceptions)
 	})
 	return &theLists
+}
+
+// tabooCategories are the categories of unsuitable.txt whose words no
+// 春联 holds in any use: death, illness, grief, parting, ruin, crude words,
+// innuendo and war. The others (another occasion, autumn, the prosaic) are
+// out of season or style rather than ill-omened.
+var tabooCategories = []string{
+	"death and funerals",
+	"illness and injury",
+	"grief and tears, sorrow and resentment",
+	"parting and loneliness",
+	"ruin, disaster, poverty, decline",
+	"crude or vulgar words",
+	"innuendo and double meanings",
+	"war and fatalism",
+}
+
+// category is one "# name" section of unsuitable.txt and its entries.
+type category struct {
+	name    string
+	entries []string
+}
+
+// categories splits a list file into its sections: a comment line directly
+// followed by an entry names the section that entry opens; entries before
+// any such line fall in a section named "".
+func categories(txt string) []category {
+	var out []category
+	comment := ""
+	for _, l := range strings.Split(txt, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "":
+			comment = ""
+		case strings.HasPrefix(l, "#"):
+			comment = strings.TrimSpace(strings.TrimPrefix(l, "#"))
+		default:
+			if comment != "" || len(out) == 0 {
+				out = append(out, category{name: comment})
+				comment = ""
+			}
+			out[len(out)-1].entries = append(out[len(out)-1].entries, l)
+		}
+	}
+	return out
 }
 
 // entries are a list file's lines less blanks and # comments.
@@ -113,6 +165,20 @@ func Unsuitable(text string) []string {
 	out := make([]string, len(hits))
 	for j, k := range hits {
 		out[j] = ls.words[k]
+	}
+	return out
+}
+
+// Taboo returns the entries of Unsuitable(text) that belong to the
+// ill-omened categories (tabooCategories): words a blessing word must not
+// hold, since no 春联 can be written with them.
+func Taboo(text string) []string {
+	ls := loadLists()
+	var out []string
+	for _, w := range Unsuitable(text) {
+		if ls.taboo[w] {
+			out = append(out, w)
+		}
 	}
 	return out
 }
