@@ -148,8 +148,9 @@ func benchEngineLines(b *testing.B, m *model.Model, variant string, naive, paged
 // BenchmarkCouplets runs the whole couplet pipeline (package couplet:
 // constrained sampling with oversampling, 横批 retrieval and ranking by
 // prompt log-probs) on the paged engine over this backend, without HTTP,
-// with `users` requests in flight. Run with -test.cpuprofile to see where
-// the host time goes.
+// with `users` requests in flight, at one sample per couplet and at the
+// service's default. Run with -test.cpuprofile to see where the host time
+// goes.
 func BenchmarkCouplets(b *testing.B) {
 	gpuOrSkip(b)
 	m, err := trainedModel()
@@ -173,18 +174,27 @@ func BenchmarkCouplets(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		// The service defaults (chunlian serve): one sample per couplet.
-		gen, err := couplet.New(m, e, couplet.WithOversample(1))
-		if err != nil {
-			b.Fatal(err)
+		// One sample per couplet, and the service's CUDA default (5
+		// 上联s, the best 4 finished under load, every one while idle; 16
+		// while idle for unseeded requests, and these are seeded).
+		for _, k := range []int{1, 5} {
+			gen, err := couplet.New(m, e, couplet.WithOversample(k), couplet.WithFinishers(4),
+				couplet.WithIdleSamples(16, couplet.DefaultIdleBelow))
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchCouplets(b, fmt.Sprintf("%s/samples=%d", v.name, k), gen, e)
 		}
-		benchCouplets(b, v.name, gen)
 		e.Close()
 		g.Close()
 	}
 }
 
-func benchCouplets(b *testing.B, variant string, gen *couplet.Generator) {
+// benchCouplets reports couplets/s and p50 latency at 1 and 100 users;
+// at one user also where a couplet's time goes: engine steps per couplet
+// and the mean wall time of each stage of couplet.Generate (Trace), the
+// rest ("other-ms") being Generate's own work between the stages.
+func benchCouplets(b *testing.B, variant string, gen *couplet.Generator, e engine.Engine) {
 	words := []string{"平安", "富贵", "吉祥", "如意", "春风", "福星", "新年", "团圆"}
 	for _, users := range []int{1, 100} {
 		b.Run(fmt.Sprintf("%s/users=%d", variant, users), func(b *testing.B) {
@@ -192,18 +202,32 @@ func benchCouplets(b *testing.B, variant string, gen *couplet.Generator) {
 			next := make(chan int)
 			var mu sync.Mutex
 			var lat []time.Duration
+			stages := map[string]time.Duration{}
+			steps0 := e.Stats().Steps
 			for u := 0; u < users; u++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					for i := range next {
+						var tr *couplet.Trace
+						if users == 1 {
+							tr = &couplet.Trace{}
+						}
 						t0 := time.Now()
-						_, err := gen.Generate(context.Background(), couplet.Request{Mode: couplet.ModeKeyword, Text: words[i%len(words)], Seed: uint64(i + 1)})
+						_, err := gen.Generate(context.Background(), couplet.Request{Mode: couplet.ModeKeyword, Text: words[i%len(words)], Seed: uint64(i + 1), Trace: tr})
 						if err != nil {
 							b.Error(err)
 						}
+						d := time.Since(t0)
 						mu.Lock()
-						lat = append(lat, time.Since(t0))
+						lat = append(lat, d)
+						if tr != nil {
+							stages["other"] += d
+							for _, st := range tr.Stages {
+								stages[st.Name] += st.Wall
+								stages["other"] -= st.Wall
+							}
+						}
 						mu.Unlock()
 					}
 				}()
@@ -216,8 +240,13 @@ func benchCouplets(b *testing.B, variant string, gen *couplet.Generator) {
 			wg.Wait()
 			b.StopTimer()
 			slices.Sort(lat)
-			b.ReportMetric(float64(len(lat))/b.Elapsed().Seconds(), "couplets/s")
+			n := float64(len(lat))
+			b.ReportMetric(n/b.Elapsed().Seconds(), "couplets/s")
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(e.Stats().Steps-steps0)/n, "steps/couplet")
+			for name, d := range stages {
+				b.ReportMetric(float64(d.Microseconds())/1000/n, name+"-ms")
+			}
 		})
 	}
 }
