@@ -513,31 +513,13 @@ func BenchmarkHostLoop(b *testing.B) {
 			st0 := eng.Stats()
 			// The mean share of allocated KV slots holding a live token,
 			// sampled as the service's metric is.
-			var live, alloc float64
-			stop := make(chan struct{})
-			sampled := make(chan struct{})
-			go func() {
-				defer close(sampled)
-				t := time.NewTicker(20 * time.Millisecond)
-				defer t.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-t.C:
-						s := eng.Stats()
-						live += float64(s.KVSlotsLive)
-						alloc += float64(s.KVSlotsAllocated)
-					}
-				}
-			}()
+			stop := pollKVLive(eng, 20*time.Millisecond)
 			r := 1
 			for b.Loop() {
 				round(r)
 				r++
 			}
-			close(stop)
-			<-sampled
+			live, alloc := stop()
 			st := eng.Stats()
 			steps := float64(st.Steps - st0.Steps)
 			host := (st.StepSeconds.Schedule - st0.StepSeconds.Schedule) + (st.StepSeconds.Consume - st0.StepSeconds.Consume)

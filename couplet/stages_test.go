@@ -150,39 +150,50 @@ func BenchmarkKVEfficiencyCouplets(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			stop := make(chan struct{})
-			var live, alloc float64
-			var polled sync.WaitGroup
-			polled.Add(1)
-			go func() {
-				defer polled.Done()
-				t := time.NewTicker(200 * time.Microsecond)
-				defer t.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-t.C:
-						if st := e.Stats(); st.KVSlotsAllocated > 0 {
-							live += float64(st.KVSlotsLive)
-							alloc += float64(st.KVSlotsAllocated)
-						}
-					}
-				}
-			}()
+			stop := pollKVLive(e, 200*time.Microsecond)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				tenUsers(b, g, i)
 			}
 			b.StopTimer()
-			close(stop)
-			polled.Wait()
+			live, alloc := stop()
 			if alloc == 0 {
 				b.Fatal("no KV usage observed")
 			}
 			b.ReportMetric(float64(b.N*len(tenWords))/b.Elapsed().Seconds(), "couplets/s")
 			b.ReportMetric(100*live/alloc, "live%")
 		})
+	}
+}
+
+// pollKVLive samples e's live and allocated KV slots every period until
+// the returned stop is called, which gives their sums over the samples
+// (the service's metric is their ratio).
+func pollKVLive(e engine.Engine, period time.Duration) (stop func() (live, alloc float64)) {
+	done := make(chan struct{})
+	var live, alloc float64
+	var polled sync.WaitGroup
+	polled.Add(1)
+	go func() {
+		defer polled.Done()
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if st := e.Stats(); st.KVSlotsAllocated > 0 {
+					live += float64(st.KVSlotsLive)
+					alloc += float64(st.KVSlotsAllocated)
+				}
+			}
+		}
+	}()
+	return func() (float64, float64) {
+		close(done)
+		polled.Wait()
+		return live, alloc
 	}
 }
 
