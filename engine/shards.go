@@ -10,9 +10,7 @@ import (
 // backend, KV cache and loop goroutine: several host loops can drive one
 // GPU (the loop's host work per row, not the device, bounds one engine
 // there), or one engine per GPU. A request goes to the engine with the
-// fewest requests in flight (the lowest index on a tie), and stays there;
-// a request of a Group goes where the group's first request went, since
-// the engines' prefix caches are apart.
+// fewest requests in flight (the lowest index on a tie), and stays there.
 type Shards struct {
 	engines  []Engine
 	inflight []atomic.Int64
@@ -31,34 +29,17 @@ func NewShards(engines ...Engine) *Shards {
 // Len is the number of engines.
 func (s *Shards) Len() int { return len(s.engines) }
 
-// Generate runs req on its group's engine, else on the least busy one.
+// Generate runs req on the least busy engine.
 func (s *Shards) Generate(ctx context.Context, req *Request) (*Result, error) {
-	best := s.pick(req.Group)
-	s.inflight[best].Add(1)
-	defer s.inflight[best].Add(-1)
-	return s.engines[best].Generate(ctx, req)
-}
-
-// pick chooses the engine of a request of group g (nil: none).
-func (s *Shards) pick(g *Group) int {
-	if g != nil {
-		if i := int(g.engine.Load()) - 1; i >= 0 && i < len(s.engines) {
-			return i
-		}
-	}
 	best := 0
 	for i := 1; i < len(s.engines); i++ {
 		if s.inflight[i].Load() < s.inflight[best].Load() {
 			best = i
 		}
 	}
-	if g != nil && !g.engine.CompareAndSwap(0, int32(best)+1) {
-		// A request of the group sent at the same time chose first.
-		if i := int(g.engine.Load()) - 1; i >= 0 && i < len(s.engines) {
-			return i
-		}
-	}
-	return best
+	s.inflight[best].Add(1)
+	defer s.inflight[best].Add(-1)
+	return s.engines[best].Generate(ctx, req)
 }
 
 // Stats sums the engines' figures (StepSeconds too: the loops run side by
