@@ -131,10 +131,7 @@ func TestTabooWordRefused(t *testing.T) {
 			t.Errorf("%+v refused: %v", req, err)
 		}
 	}
-	words := slices.Clone(bench.BlessingWords)
-	for _, b := range BannerList() {
-		words = append(words, b)
-	}
+	words := append(slices.Clone(bench.BlessingWords), BannerList()...)
 	for _, w := range g.t.singles {
 		words = append(words, w)
 	}
