@@ -29,6 +29,35 @@ func BenchmarkHTTPOverhead(b *testing.B) {
 	benchPost(b, ts+"/generate", `{"prompt":"平安","seed":3}`)
 }
 
+// BenchmarkHTTPOneClient is BenchmarkHTTPOverhead with one client sending
+// a request at a time: what the HTTP layer adds to a single couplet's
+// latency (ns/op).
+func BenchmarkHTTPOneClient(b *testing.B) {
+	srv, err := New(Config{Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Attach(Backend{Generator: fakeGen{func(context.Context, couplet.Request) ([]couplet.Couplet, error) {
+		return []couplet.Couplet{fakeCouplet}, nil
+	}}})
+	if err := srv.Warmup(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	url := newHTTPTest(b, srv) + "/generate"
+	client := &http.Client{}
+	for b.Loop() {
+		res, err := client.Post(url, "application/json", strings.NewReader(`{"prompt":"平安","seed":3}`))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			b.Fatalf("status %d", res.StatusCode)
+		}
+	}
+}
+
 // BenchmarkGenerateRandomModel is one couplet per op through HTTP on the
 // real stack (random test model, CPU backend), parallel clients.
 func BenchmarkGenerateRandomModel(b *testing.B) {
