@@ -15,6 +15,12 @@ import (
 // once, over real loopback connections with parallel clients. It bounds what
 // the service can add per couplet at high QPS.
 func BenchmarkHTTPOverhead(b *testing.B) {
+	benchPost(b, instantServer(b)+"/generate", `{"prompt":"平安","seed":3}`)
+}
+
+// instantServer serves a generator that answers at once, warmed up; it
+// returns the base URL.
+func instantServer(b *testing.B) string {
 	srv, err := New(Config{Logger: quietLogger()})
 	if err != nil {
 		b.Fatal(err)
@@ -25,25 +31,14 @@ func BenchmarkHTTPOverhead(b *testing.B) {
 	if err := srv.Warmup(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	ts := newHTTPTest(b, srv)
-	benchPost(b, ts+"/generate", `{"prompt":"平安","seed":3}`)
+	return newHTTPTest(b, srv)
 }
 
 // BenchmarkHTTPOneClient is BenchmarkHTTPOverhead with one client sending
 // a request at a time: what the HTTP layer adds to a single couplet's
 // latency (ns/op).
 func BenchmarkHTTPOneClient(b *testing.B) {
-	srv, err := New(Config{Logger: quietLogger()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv.Attach(Backend{Generator: fakeGen{func(context.Context, couplet.Request) ([]couplet.Couplet, error) {
-		return []couplet.Couplet{fakeCouplet}, nil
-	}}})
-	if err := srv.Warmup(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	url := newHTTPTest(b, srv) + "/generate"
+	url := instantServer(b) + "/generate"
 	client := &http.Client{}
 	for b.Loop() {
 		res, err := client.Post(url, "application/json", strings.NewReader(`{"prompt":"平安","seed":3}`))
