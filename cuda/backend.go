@@ -332,6 +332,9 @@ func f32(x float32) uint64 { return uint64(math.Float32bits(x)) }
 // i32 passes a Go int as a C int (low 32 bits; sign kept in two's complement).
 func i32(x int) uint64 { return uint64(uint32(int32(x))) }
 
+// dptr passes a device pointer as a kernel argument.
+func dptr(p uintptr) uint64 { return uint64(p) }
+
 // gemm computes the row-major y[M,N] = x[M,K] · W[N,K]ᵀ + beta·y.
 // cuBLAS is column-major, so this is yᶜ[N,M] = Wᶜᵀ · xᶜ with W as the
 // transposed operand.
@@ -576,7 +579,6 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	tokens, positions, slots, tokSeq, rows, tables := mp(0), mp(1), mp(2), mp(3), mp(4), mp(5)
 	c := b.cfg
 	dm, ffn, nH := c.HiddenSize, c.IntermediateSize, c.NumHeads
-	u := func(p uintptr) uint64 { return uint64(p) }
 	if b.useGEMV(T) {
 		return b.enqueueSmall(T, R, stride, off)
 	}
@@ -585,7 +587,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	// the kernels then write in16 instead) against the bf16 weights.
 	in16, mm := uint64(0), b.gemm
 	if b.bf16GEMM {
-		in16, mm = u(b.in16), b.gemm16
+		in16, mm = dptr(b.in16), b.gemm16
 	}
 	a := func(p uintptr) uintptr {
 		if b.bf16GEMM {
@@ -597,7 +599,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 	if b.bf16GEMM {
 		lmHead = b.lmHeadBF
 	}
-	errs := b.launch("embed_gather", T, 1, 128, u(b.x), u(b.embed), tokens, i32(dm))
+	errs := b.launch("embed_gather", T, 1, 128, dptr(b.x), dptr(b.embed), tokens, i32(dm))
 	for l, L := range b.layers {
 		if errs != nil {
 			return errs
@@ -614,7 +616,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
 			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16),
 			mm(b.gu, a(b.h), wgu, T, 2*ffn, dm, false),
-			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, u(b.act), u(b.gu), i32(T), i32(ffn), in16),
+			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), in16),
 			mm(b.x, a(b.act), down, T, dm, ffn, true),
 		)
 	}
@@ -624,7 +626,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			mm(b.logitBuf, a(b.xs), lmHead, R, c.VocabSize, dm, false),
 		)
 		if errs == nil {
-			errs = b.launch("row_lse", R, 1, rowLSEThreads, u(b.lseBuf), u(b.logitBuf), i32(c.VocabSize))
+			errs = b.launch("row_lse", R, 1, rowLSEThreads, dptr(b.lseBuf), dptr(b.logitBuf), i32(c.VocabSize))
 		}
 	}
 	return errs
@@ -637,9 +639,8 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 func (b *Backend) attention(T, stride int, kc, vc uintptr, positions, slots, tokSeq, tables, in16 uint64) error {
 	nH, nKV := b.cfg.NumHeads, b.cfg.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
-	u := func(p uintptr) uint64 { return uint64(p) }
-	return b.launch("paged_attention_rope", (T*nH+3)/4, 1, 128, u(b.attn), u(b.qkv), u(b.cosSin), slots,
-		u(kc), u(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
+	return b.launch("paged_attention_rope", (T*nH+3)/4, 1, 128, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
+		dptr(kc), dptr(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
 		i32(b.opt.BlockSize), f32(scale), in16)
 }
 

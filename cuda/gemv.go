@@ -150,7 +150,6 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 	nq := nH * b.hd
 	eps := f32(float32(c.RMSNormEps))
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
-	u := func(p uintptr) uint64 { return uint64(p) }
 	grid := func(units int) int { return (units + gemvWarps - 1) / gemvWarps }
 	// Kernel names and weight pointers of the chosen weight format.
 	kGemv, kQKV, kGU := "gemv", "gemv_qkv_rope", "gemv_gu_silu"
@@ -174,22 +173,22 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		}
 		// Layer 0 reads the embedding table through the token ids and
 		// writes the residual stream; later layers read the residual.
-		src, ids := u(b.x), uint64(0)
+		src, ids := dptr(b.x), uint64(0)
 		if l == 0 {
-			src, ids = u(b.embed), tokens
+			src, ids = dptr(b.embed), tokens
 		}
 		errs = errors.Join(
 			qkvLaunch(kQKV, grid(b.qkvDim/2), 1, gemvThreads, T*dm*4,
-				u(b.qkv), src, ids, u(b.x), u(L.attnNorm), eps, u(wqkv), u(b.cosSin), positions, slots,
-				u(kc), u(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
-			b.launchPDL(b.attnKernel(), (T*nH+3)/4, 1, 128, 0, u(b.attn), u(b.qkv), u(kc), u(vc), tokSeq, positions,
+				dptr(b.qkv), src, ids, dptr(b.x), dptr(L.attnNorm), eps, dptr(wqkv), dptr(b.cosSin), positions, slots,
+				dptr(kc), dptr(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
+			b.launchPDL("paged_attention_chunked", (T*nH+3)/4, 1, 128, 0, dptr(b.attn), dptr(b.qkv), dptr(kc), dptr(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale), 0),
 			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
-				u(b.x), u(b.attn), 0, 0, 0, u(wo), i32(T), i32(dm), i32(nq), 1),
+				dptr(b.x), dptr(b.attn), 0, 0, 0, dptr(wo), i32(T), i32(dm), i32(nq), 1),
 			b.launchPDL(kGU, grid(ffn), 1, gemvThreads, T*dm*4,
-				u(b.act), u(b.x), u(L.mlpNorm), eps, u(wgu), i32(T), i32(dm), i32(ffn)),
+				dptr(b.act), dptr(b.x), dptr(L.mlpNorm), eps, dptr(wgu), i32(T), i32(dm), i32(ffn)),
 			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*ffn*4,
-				u(b.x), u(b.act), 0, 0, 0, u(down), i32(T), i32(dm), i32(ffn), 1),
+				dptr(b.x), dptr(b.act), 0, 0, 0, dptr(down), i32(T), i32(dm), i32(ffn), 1),
 		)
 		if errs != nil {
 			return errs
@@ -200,7 +199,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 	}
 	if R <= gemvMaxM {
 		errs = b.launchPDL(kGemv, grid(V), 1, gemvThreads, R*dm*4,
-			u(b.logitBuf), u(b.x), rows, u(b.finalNorm), eps, u(lm), i32(R), i32(V), i32(dm), 0)
+			dptr(b.logitBuf), dptr(b.x), rows, dptr(b.finalNorm), eps, dptr(lm), i32(R), i32(V), i32(dm), 0)
 	} else { // duplicate logits rows can make R > T
 		errs = errors.Join(
 			b.rmsnorm(b.xs, b.x, b.finalNorm, rows, R, 0),
@@ -212,14 +211,10 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 		if R > gemvMaxM {
 			lse = b.launchShm // after cuBLAS
 		}
-		errs = lse("row_lse", R, 1, rowLSEThreads, 0, u(b.lseBuf), u(b.logitBuf), i32(V))
+		errs = lse("row_lse", R, 1, rowLSEThreads, 0, dptr(b.lseBuf), dptr(b.logitBuf), i32(V))
 	}
 	return errs
 }
-
-// attnKernel names the attention kernel: paged_attention_chunked (32 keys
-// per warp step); grid ceil(T·nH/4), block 128.
-func (b *Backend) attnKernel() string { return "paged_attention_chunked" }
 
 // rowLSEThreads is row_lse's block size (one block per logits row).
 const rowLSEThreads = 1024
