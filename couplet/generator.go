@@ -211,7 +211,7 @@ func NewWithVocab(v Vocab, sp Specials, e engine.Engine, opts ...Option) (*Gener
 			g.sources = append(g.sources, "(inline)")
 		}
 	}
-	t.singles = singleWords(g.banners, o.judge)
+	t.singles, t.judge = singleWords(g.banners, o.judge), o.judge
 	return g, nil
 }
 
@@ -233,29 +233,8 @@ func (g *Generator) MaxLength() int { return g.t.maxChars }
 
 // Validate checks a request without generating (for the HTTP layer).
 func (g *Generator) Validate(req Request) error {
-	_, err := g.prepare(req)
+	_, err := g.t.prepare(req, g.o.temperature)
 	return err
-}
-
-// prepare is tables.prepare and, with a Judge, the blessing-word modes'
-// refusal of a word no 春联 can be written with (Judge.Taboo): the model
-// would write it into the 上联 as it writes any keyword.
-// It runs before the other checks, so that 死 is told why, not that no
-// blessing word holds it.
-func (g *Generator) prepare(req Request) (*plan, error) {
-	switch req.Mode {
-	case "", ModeKeyword, ModeAcrostic:
-		if g.o.judge == nil {
-			break
-		}
-		typed := Normalize(req.Text)
-		if w := g.o.judge.Taboo(typed); len(w) > 0 {
-			return nil, inputErr(CodeTabooWord, "“%s”含有不宜写进春联的字词（%s），请换一个吉祥词，例如：平安、富贵、万事如意",
-				"%q holds a word that does not belong on a Spring Festival couplet (%s); try a blessing word such as 平安, 富贵 or 万事如意",
-				typed, strings.Join(w, "、"))
-		}
-	}
-	return g.t.prepare(req, g.o.temperature)
 }
 
 // prompt builds the model input of a plan (model.PromptTokens.Prompt, the
@@ -303,7 +282,7 @@ type candidate struct {
 // request per picked couplet writes the model's own 横批 and scores the
 // best retrieved ones in the same batch (chooseBanners).
 func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error) {
-	p, err := g.prepare(req)
+	p, err := g.t.prepare(req, g.o.temperature)
 	if err != nil {
 		return nil, err
 	}

@@ -129,6 +129,16 @@ func (t *tables) prepare(req Request, temp float32) (*plan, error) {
 	if p.mode == ModeLower {
 		return p, t.prepareLower(p, text)
 	}
+	// A blessing word no 春联 can be written with: the model would write
+	// it into the 上联 as it writes any keyword. Before the checks below,
+	// so that 死 is told why, not that no blessing word holds it.
+	if t.judge != nil {
+		if w := t.judge.Taboo(string(text)); len(w) > 0 {
+			return nil, inputErr(CodeTabooWord, "“%s”含有不宜写进春联的字词（%s），请换一个吉祥词，例如：平安、富贵、万事如意",
+				"%q holds a word that does not belong on a Spring Festival couplet (%s); try a blessing word such as 平安, 富贵 or 万事如意",
+				string(text), strings.Join(w, "、"))
+		}
+	}
 	for _, r := range text {
 		if !IsHan(r) {
 			return nil, inputErr(CodeBadKeyword, "请输入一个、两个或四个汉字（例如：福、平安、万事如意），收到 %q", "please enter one, two or four Chinese characters (e.g. 福, 平安, 万事如意), got %q", string(text))

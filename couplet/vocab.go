@@ -42,6 +42,9 @@ type tables struct {
 	// singles maps a character to the two-character word a one-character
 	// keyword is written with (singleWords over the 横批 list; set by New).
 	singles map[rune]string
+	// judge, when set (by New, from WithJudge), refuses a blessing word
+	// holding a taboo word (Judge.Taboo) in prepare.
+	judge Judge
 	// maxChars is the longest Length whose Layout fits in sp.MaxLine tokens.
 	maxChars int
 	// The processors' allowed sets (processor.go): Han ids, Han ids of
