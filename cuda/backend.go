@@ -48,11 +48,6 @@ type Options struct {
 	// it lossless; float32 otherwise), "fp32", or "bf16" (rounds float32
 	// weights to nearest-even bf16: lossy for such models).
 	GEMVWeights string
-	// SmallStep is how steps of a few tokens run on the GEMV path:
-	// "fused" (default: one small_step launch per step, up to fusedUpTo
-	// tokens) or "kernels" (5 launches per layer, up to gemvUpTo tokens;
-	// slower, but a kernel profiler then attributes each kernel's time).
-	SmallStep string
 	// NVRTCTarget is what NVRTC produces for the device: "" or "cubin"
 	// (machine code for the exact architecture) or "ptx" (the driver
 	// compiles it at load: the way around an NVRTC that fails on a new
@@ -93,9 +88,6 @@ func (o *Options) defaults() error {
 	if o.GEMVWeights == "" {
 		o.GEMVWeights = "auto"
 	}
-	if o.SmallStep == "" {
-		o.SmallStep = "fused"
-	}
 	switch {
 	case o.BlockSize < 1:
 		return fmt.Errorf("cuda: BlockSize %d < 1", o.BlockSize)
@@ -107,8 +99,6 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("cuda: NVRTCTarget %q: want cubin or ptx", o.NVRTCTarget)
 	case o.GEMVWeights != "auto" && o.GEMVWeights != "fp32" && o.GEMVWeights != "bf16":
 		return fmt.Errorf("cuda: GEMVWeights %q: want auto, fp32 or bf16", o.GEMVWeights)
-	case o.SmallStep != "fused" && o.SmallStep != "kernels":
-		return fmt.Errorf("cuda: SmallStep %q: want fused or kernels", o.SmallStep)
 	case o.KVCacheBytes < 0 || o.MaxBlocks < 0 || o.MaxBatchTokens < 1:
 		return errors.New("cuda: negative KVCacheBytes/MaxBlocks or MaxBatchTokens < 1")
 	}
@@ -227,14 +217,6 @@ type Backend struct {
 	// the weights (devLayer.*BF, lmHeadBF; set in uploadWeights).
 	gemvOK, gemvBF bool
 	lmHeadBF       uintptr // [V, d] bf16, when gemvBF or bf16GEMM
-	// gemvUpTo: the largest step on the small-batch path (the gemvUpTo
-	// constant; benchmarks move it). fused: that path runs as the one
-	// small_step launch (initSmallStep: its layer table, barrier words
-	// and parameter block, heap-allocated for a stable address).
-	gemvUpTo             int
-	fused                bool
-	smallTable, smallBar uintptr
-	smallP               *smallParams
 
 	computeType uintptr
 	one, zero   *float32 // host scalars for cuBLAS (heap: stable address)
@@ -295,17 +277,6 @@ func (b *Backend) launchShm(name string, gx, gy, block, shm int, args ...uint64)
 	}
 	d := &b.l.drv
 	r := sc(d.cuLaunchKernel, b.fn[name], uintptr(gx), uintptr(gy), 1, uintptr(block), 1, 1, uintptr(shm), b.stream,
-		uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
-	return d.cuErr("launch "+name, r)
-}
-
-// launchParams starts kernel name whose one parameter is the struct at p
-// (the driver copies it at launch, and into a graph node at capture).
-func (b *Backend) launchParams(name string, grid, block, shm int, p unsafe.Pointer) error {
-	a := b.args
-	a.ptrs[0] = uintptr(p)
-	d := &b.l.drv
-	r := sc(d.cuLaunchKernel, b.fn[name], uintptr(grid), 1, 1, uintptr(block), 1, 1, uintptr(shm), b.stream,
 		uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
 	return d.cuErr("launch "+name, r)
 }

@@ -277,14 +277,9 @@ func TestForwardMatchesCPU(t *testing.T) {
 		// the shipped model). Programmatic dependent launches are on
 		// wherever the device supports them.
 		// -bsN: N-token KV blocks instead of 16 (the CUDA default is 4).
-		// -kernels: small steps as separate kernels (Options.SmallStep).
-		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w", "bf16", "bf16-eager-bf16w", "bf16-bf16w-bs4", "fp32-bs1", "fp32-eager-bs1", "fp32-kernels", "bf16-bf16w-kernels"} {
+		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w", "bf16", "bf16-eager-bf16w", "bf16-bf16w-bs4", "fp32-bs1", "fp32-eager-bs1"} {
 			prec, _, _ := strings.Cut(variant, "-")
 			eager, bf16w := strings.Contains(variant, "-eager"), strings.Contains(variant, "-bf16w")
-			small := "fused"
-			if strings.Contains(variant, "-kernels") {
-				small = "kernels"
-			}
 			bs := 16
 			if _, n, ok := strings.Cut(variant, "-bs"); ok {
 				bs, _ = strconv.Atoi(n)
@@ -298,7 +293,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 				if bf16w {
 					roundModelBF16(m)
 				}
-				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, SmallStep: small})
+				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager})
 				t.Logf("device %+v", g.Info())
 				wantPath := "gemv-fp32"
 				switch {

@@ -157,15 +157,14 @@ func BenchmarkCouplets(b *testing.B) {
 	if err != nil {
 		b.Skipf("no trained model: %v", err)
 	}
-	// default = the serve default, nospin = blocking hand-off (see
-	// BenchmarkEngineLines), kernels = small steps as separate kernels.
+	// default = the serve default, nospin = blocking hand-off; see
+	// BenchmarkEngineLines.
 	for _, v := range []struct {
 		name string
 		o    Options
 	}{
 		{"default", Options{KVCacheBytes: 8 << 30}},
 		{"nospin", Options{KVCacheBytes: 8 << 30, HandoffSpin: -1}},
-		{"kernels", Options{KVCacheBytes: 8 << 30, SmallStep: "kernels"}},
 	} {
 		g, err := New(m, v.o)
 		if err != nil {

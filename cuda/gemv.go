@@ -36,14 +36,10 @@ import (
 // take; it must equal GEMV_MAX_M in kernels/llama.cu.
 const gemvMaxM = 8
 
-// gemvUpTo is the largest step that runs on the GEMV path as separate
-// kernels (Options.SmallStep "kernels"): from 3 tokens on, the GEMM path's
-// step is faster (docs/DECISIONS.md, "GEMV path up to 2 tokens").
-// fusedUpTo is the bound for the fused small step (the default).
-const (
-	gemvUpTo  = 2
-	fusedUpTo = 8
-)
+// gemvUpTo is the largest step that runs on the GEMV path: from 3 tokens
+// on, the GEMM path's step is faster (docs/DECISIONS.md, "GEMV path up to
+// 2 tokens").
+const gemvUpTo = 2
 
 // gemvThreads and gemvWarps: GEMV_THREADS and GEMV_WARPS in llama.cu.
 const (
@@ -70,87 +66,7 @@ func gemvShapesOK(d, ffn, nq int) bool {
 
 // useGEMV says whether a step of T tokens runs on the small-batch path.
 func (b *Backend) useGEMV(T int) bool {
-	return b.gemvOK && T >= 1 && T <= min(b.gemvUpTo, gemvMaxM)
-}
-
-// smallLayer is kernels/llama.cu's SmallLayer: one decoder layer's device
-// pointers for the fused small step.
-type smallLayer struct {
-	wqkv, wo, wgu, down, attnNorm, mlpNorm, kc, vc uintptr
-}
-
-// smallParams is kernels/llama.cu's SmallStep, field for field (18
-// pointers, then 10 ints and 2 floats: 192 bytes, no padding).
-type smallParams struct {
-	layers, x, qkv, attn, act, embed, tokens, cosSin    uintptr
-	positions, slots, tokSeq, tables, logits, lse, rows uintptr
-	finalNorm, lm, bar                                  uintptr
-	nLayers, btStride, T, dm, nH, nKV, ffn, blockSize   int32
-	R, V                                                int32
-	scale, eps                                          float32
-}
-
-// initSmallStep uploads the fused small step's layer table and allocates
-// its barrier words (after the weights and the KV cache: the table holds
-// their addresses, which never change).
-func (b *Backend) initSmallStep() error {
-	tab := make([]smallLayer, len(b.layers))
-	for l, L := range b.layers {
-		t := smallLayer{L.wqkv, L.wo, L.wgu, L.down, L.attnNorm, L.mlpNorm, b.kvSlab(l, 0), b.kvSlab(l, 1)}
-		if b.gemvBF {
-			t.wqkv, t.wo, t.wgu, t.down = L.wqkvBF, L.woBF, L.wguBF, L.downBF
-		}
-		tab[l] = t
-	}
-	words := unsafe.Slice((*float32)(unsafe.Pointer(&tab[0])), len(tab)*int(unsafe.Sizeof(tab[0]))/4)
-	var err error
-	if b.smallTable, err = b.upload(words); err != nil {
-		return err
-	}
-	runtime.KeepAlive(tab)
-	if b.smallBar, err = b.upload(make([]float32, 2)); err != nil { // zero: count and generation
-		return err
-	}
-	b.smallP = new(smallParams)
-	b.fused = true
-	return nil
-}
-
-// enqueueFused is enqueueSmall as one launch of small_step (see the
-// kernel's comment): the same phases with a grid-wide barrier between
-// them, one block per multiprocessor.
-func (b *Backend) enqueueFused(T, R, stride int, off [6]int) error {
-	mp := func(i int) uintptr { return b.meta + uintptr(off[i]*4) }
-	c := b.cfg
-	name, lm := "small_step", b.lmHead
-	if b.gemvBF {
-		name, lm = "small_step_bf16", b.lmHeadBF
-	}
-	headR := R
-	if R > gemvMaxM { // duplicate logits rows can make R > T: the LM head below
-		headR = 0
-	}
-	*b.smallP = smallParams{
-		layers: b.smallTable, x: b.x, qkv: b.qkv, attn: b.attn, act: b.act, embed: b.embed,
-		tokens: mp(0), cosSin: b.cosSin, positions: mp(1), slots: mp(2), tokSeq: mp(3), tables: mp(5),
-		logits: b.logitBuf, lse: b.lseBuf, rows: mp(4), finalNorm: b.finalNorm, lm: lm, bar: b.smallBar,
-		nLayers: int32(len(b.layers)), btStride: int32(stride), T: int32(T), dm: int32(c.HiddenSize),
-		nH: int32(c.NumHeads), nKV: int32(c.NumKVHeads), ffn: int32(c.IntermediateSize),
-		blockSize: int32(b.opt.BlockSize), R: int32(headR), V: int32(c.VocabSize),
-		scale: float32(1 / math.Sqrt(float64(b.hd))), eps: float32(c.RMSNormEps),
-	}
-	shm := max(T, headR) * max(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd) * 4
-	if err := b.launchParams(name, b.info.Multiprocessors, gemvThreads, shm, unsafe.Pointer(b.smallP)); err != nil {
-		return err
-	}
-	if R == 0 || headR > 0 {
-		return nil
-	}
-	return errors.Join(
-		b.rmsnorm(b.xs, b.x, b.finalNorm, uint64(mp(4)), R, 0),
-		b.gemm(b.logitBuf, b.xs, b.lmHead, R, c.VocabSize, c.HiddenSize, false),
-		b.launch("row_lse", R, 1, rowLSEThreads, dptr(b.lseBuf), dptr(b.logitBuf), i32(c.VocabSize)),
-	)
+	return b.gemvOK && T >= 1 && T <= min(gemvUpTo, gemvMaxM)
 }
 
 // gemvBFWanted decides Options.GEMVWeights for model m: the bf16 kernels
@@ -227,9 +143,6 @@ func (b *Backend) uploadBF16(s []float32) (uintptr, error) {
 // Buffers as in enqueue: b.x [T,d] residual, b.qkv [T,qkvDim], b.attn
 // [T,nH*hd], b.act [T,ffn], b.logitBuf [R,V], b.lseBuf [R].
 func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
-	if b.fused {
-		return b.enqueueFused(T, R, stride, off)
-	}
 	mp := func(i int) uint64 { return uint64(b.meta + uintptr(off[i]*4)) }
 	tokens, positions, slots, tokSeq, rows, tables := mp(0), mp(1), mp(2), mp(3), mp(4), mp(5)
 	c := b.cfg
@@ -269,7 +182,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 				dptr(b.qkv), src, ids, dptr(b.x), dptr(L.attnNorm), eps, dptr(wqkv), dptr(b.cosSin), positions, slots,
 				dptr(kc), dptr(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
 			b.launchPDL("paged_attention_chunked", (T*nH+3)/4, 1, 128, 0, dptr(b.attn), dptr(b.qkv), dptr(kc), dptr(vc), tokSeq, positions,
-				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale)),
+				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale), 0),
 			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
 				dptr(b.x), dptr(b.attn), 0, 0, 0, dptr(wo), i32(T), i32(dm), i32(nq), 1),
 			b.launchPDL(kGU, grid(ffn), 1, gemvThreads, T*dm*4,

@@ -1,9 +1,7 @@
 package cuda
 
 import (
-	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -166,68 +164,6 @@ func TestBF16Conversion(t *testing.T) {
 	} {
 		if got := bf16Exact(tc.s); got != tc.want {
 			t.Errorf("bf16Exact(%v) = %v", tc.s, got)
-		}
-	}
-}
-
-// TestFusedSmallStepMatchesKernels runs decode steps of 1 to 8 sequences
-// (prompts of 23 cached tokens, a logits row for each, and a step with a
-// repeated row, R > T) once as the fused small_step launch and once as the
-// GEMV path's separate kernels, on every test shape and on bf16 weights:
-// the phases run the same code, so the logits must agree bit for bit and
-// the log-sum-exps (a 128-thread reduction instead of 1024) to rounding.
-func TestFusedSmallStepMatchesKernels(t *testing.T) {
-	gpuOrSkip(t)
-	for name, cfg := range testConfigs() {
-		for _, bf16w := range []bool{false, true} {
-			if !gemvShapesOK(cfg.HiddenSize, cfg.IntermediateSize, cfg.NumHeads*cfg.HeadDim) {
-				continue
-			}
-			t.Run(fmt.Sprintf("%s/bf16w=%v", name, bf16w), func(t *testing.T) {
-				m := model.NewRandom(cfg, 11)
-				if bf16w {
-					roundModelBF16(m)
-				}
-				g, err := New(m, Options{KVCacheBytes: 64 << 20, EagerOnly: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer g.Close()
-				if !g.fused || g.gemvBF != bf16w {
-					t.Fatalf("fused %v, bf16 weights %v: want true, %v", g.fused, g.gemvBF, bf16w)
-				}
-				if g.gemvUpTo != gemvMaxM {
-					t.Fatalf("fused steps up to %d tokens, want %d", g.gemvUpTo, gemvMaxM)
-				}
-				V := cfg.VocabSize
-				for n := 1; n <= gemvMaxM; n++ {
-					bt := decodeBatch(n, 24, g.BlockSize(), true)
-					if n == 3 { // R > T: the LM head after the fused layers
-						bt.LogitRows = []int{0, 1, 2, 2, 1, 0, 1, 2, 0}
-					}
-					fillContext(t, g, bt)
-					run := func(fused bool) ([]float32, []float32) {
-						g.fused = fused
-						out := make([]float32, len(bt.LogitRows)*V)
-						if err := g.Forward(bt, out); err != nil {
-							t.Fatalf("%d seqs, fused %v: %v", n, fused, err)
-						}
-						return out, slices.Clone(g.LogSumExp())
-					}
-					want, wantLSE := run(false)
-					got, gotLSE := run(true)
-					for i := range want {
-						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-							t.Fatalf("%d seqs: logit %d (row %d) fused %v, kernels %v", n, i%V, i/V, got[i], want[i])
-						}
-					}
-					for r := range wantLSE {
-						if !lseClose(gotLSE[r], float64(wantLSE[r])) {
-							t.Errorf("%d seqs: row %d log-sum-exp fused %v, kernels %v", n, r, gotLSE[r], wantLSE[r])
-						}
-					}
-				}
-			})
 		}
 	}
 }

@@ -82,7 +82,6 @@ func (b *Backend) init(m *model.Model) error {
 	}
 	b.graphsOn = !b.opt.EagerOnly && b.l.drv.cuGraphLaunch != 0
 	b.gemvOK = gemvShapesOK(c.HiddenSize, c.IntermediateSize, c.NumHeads*b.hd)
-	b.gemvUpTo = gemvUpTo
 	b.pdl = b.info.Major >= 9 && b.l.drv.cuLaunchKernelEx != 0
 	b.info.PDL = b.pdl
 
@@ -102,12 +101,6 @@ func (b *Backend) init(m *model.Model) error {
 	}
 	if err := b.allocCache(); err != nil {
 		return err
-	}
-	if b.gemvOK && b.opt.SmallStep == "fused" {
-		if err := b.initSmallStep(); err != nil {
-			return err
-		}
-		b.gemvUpTo = fusedUpTo
 	}
 	return b.sync()
 }

@@ -594,17 +594,12 @@ const (
 	// (cuda.Options.EagerOnly): slower, but a kernel profiler can then
 	// attribute the served kernel mix, which graph capture hides from it.
 	featCUDAEager = "cuda-eager"
-	// featCUDASmallKernels runs CUDA steps of one or two tokens as separate
-	// kernels instead of the fused small step (cuda.Options.SmallStep
-	// "kernels"): slower, for kernel profilers.
-	featCUDASmallKernels = "cuda-small-kernels"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:          "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCUDAEager:        "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featCUDASmallKernels: "CUDA backend: small steps as separate kernels instead of one fused launch (slower; for kernel profilers)",
+	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
 }
 
 // knownFeatures lists the feature names for help and errors.

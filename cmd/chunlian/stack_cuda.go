@@ -58,7 +58,6 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		MaxBlocks:      cfg.CUDA.MaxBlocks,
 		Precision:      cfg.CUDA.Precision,
 		EagerOnly:      cfg.Experimental.Has(featCUDAEager),
-		SmallStep:      smallStep(cfg.Experimental.Has(featCUDASmallKernels)),
 		HandoffSpin:    cfg.CUDA.HandoffSpin,
 		NVRTCTarget:    cfg.CUDA.NVRTCTarget,
 		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
@@ -139,12 +138,4 @@ func gpuHook(st *stack) func() (server.GPUStats, bool) {
 		}
 		return server.GPUStats{UtilizationPerc: float64(s.UtilGPU), MemoryUsedBytes: s.MemUsed, MemoryTotalBytes: s.MemTotal}, true
 	}
-}
-
-// smallStep names cuda.Options.SmallStep for --experimental cuda-small-kernels.
-func smallStep(kernels bool) string {
-	if kernels {
-		return "kernels"
-	}
-	return "fused"
 }

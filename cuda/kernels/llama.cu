@@ -213,57 +213,34 @@ __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o,
 // over the warp, and the V accumulation loops over the chunk's keys with
 // independent loads. out [T, nH*HEAD_DIM] (or out16 bf16 when non-null);
 // the other layouts above. grid = ceil(T*nH / 4), block = 128.
-// attention_small is paged_attention_chunked's body, a grid-stride loop
-// over warps (the fused small step runs it on a grid of any size). No
-// __restrict__ on the activations and the cache: in the fused step other
-// blocks wrote them earlier in the same launch, so they must not be read
-// through the non-coherent path.
-__device__ void attention_small(float* out, const float* qkv, const float* kcache, const float* vcache,
-                                const int* tokSeq, const int* positions, const int* blockTables,
-                                int btStride, int T, int nH, int nKV, int blockSize, float scale) {
+extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, const float* __restrict__ qkv,
+                                                   const float* __restrict__ kcache,
+                                                   const float* __restrict__ vcache,
+                                                   const int* __restrict__ tokSeq,
+                                                   const int* __restrict__ positions,
+                                                   const int* __restrict__ blockTables, int btStride,
+                                                   int T, int nH, int nKV, int blockSize, float scale,
+                                                   unsigned short* __restrict__ out16) {
     __shared__ __align__(16) float qs[4][HEAD_DIM]; // blockDim.x == 128: one row per warp
     pdl_wait();
     int wib = threadIdx.x / WARP;
+    int gw = blockIdx.x * (blockDim.x / WARP) + wib;
     int lane = threadIdx.x & (WARP - 1);
+    if (gw >= T * nH) return; // whole warp exits together; only __syncwarp below
+    int t = gw / nH, h = gw % nH;
+    int kvh = h / (nH / nKV);
     int stride = (nH + 2 * nKV) * HEAD_DIM;
+    const float* q = qkv + (i64)t * stride + h * HEAD_DIM;
     float* qw = qs[wib];
-    // The loop bound is warp-uniform: whole warps leave together.
-    for (int gw = blockIdx.x * 4 + wib; gw < T * nH; gw += gridDim.x * 4) {
-        int t = gw / nH, h = gw % nH;
-        int kvh = h / (nH / nKV);
-        const float* q = qkv + (i64)t * stride + h * HEAD_DIM;
-        __syncwarp(); // the previous unit's attend has finished reading qw
-        for (int d = lane; d < HEAD_DIM; d += WARP) qw[d] = q[d] * scale;
-        __syncwarp();
-        const int* bt = blockTables + (i64)tokSeq[t] * btStride;
-        int pos = positions[t];
-        attend(out, 0, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, const float*& vrow) {
-            i64 r = cache_row(bt, j, blockSize, nKV, kvh);
-            vrow = vcache + r;
-            return dot_q(kcache + r, qw);
-        });
-    }
-}
-
-// paged_attention_chunked: causal attention of every new token over its
-// sequence's cached keys 0..position, whose K/V were stored, and q rotated
-// in qkv, before this launch (gemv_qkv_rope: the unfused GEMV path). One
-// warp per (token, query head), taking 32 keys at a time, one per lane
-// (attend): a loop over one key at a time across the lanes was a chain of
-// dependent steps per key (load K, 5 shuffles, exp, load V) of ~0.3 µs
-// each, so a decode token with 40 keys took ~10 µs per layer; here each
-// lane computes its key's whole dot product from the pre-scaled query in
-// shared memory (independent loads), the chunk's softmax update is one max
-// and one sum over the warp, and the V accumulation loops over the chunk's
-// keys with independent loads. out [T, nH*HEAD_DIM]; the other layouts
-// above. grid = ceil(T*nH / 4), block = 128.
-extern "C" __global__ void paged_attention_chunked(float* out, const float* qkv, const float* kcache,
-                                                   const float* vcache, const int* tokSeq,
-                                                   const int* positions, const int* blockTables,
-                                                   int btStride, int T, int nH, int nKV, int blockSize,
-                                                   float scale) {
-    attention_small(out, qkv, kcache, vcache, tokSeq, positions, blockTables, btStride, T, nH, nKV, blockSize,
-                    scale);
+    for (int d = lane; d < HEAD_DIM; d += WARP) qw[d] = q[d] * scale;
+    __syncwarp();
+    const int* bt = blockTables + (i64)tokSeq[t] * btStride;
+    int pos = positions[t];
+    attend(out, out16, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, const float*& vrow) {
+        i64 r = cache_row(bt, j, blockSize, nKV, kvh);
+        vrow = vcache + r;
+        return dot_q(kcache + r, qw);
+    });
 }
 
 // paged_attention_rope: RoPE, the K/V cache store and
@@ -431,15 +408,15 @@ __device__ float block_max(float v) {
 // logits [R, V]; out [R]. grid = R, block = 1024 (rowLSEThreads; any
 // multiple of 32 up to 1024 works). The loops are unrolled so that each
 // thread has several loads in flight.
-// lse_row: *out = log Σ_i exp(row[i]) over one logits row of V, computed
-// by the whole block (row_lse's contract); every thread must call it.
-__device__ void lse_row(float* out, const float* row, int V) {
+extern "C" __global__ void row_lse(float* __restrict__ out, const float* __restrict__ logits, int V) {
+    pdl_wait();
+    const float* row = logits + (i64)blockIdx.x * V;
     float m = NEG_INF;
 #pragma unroll 8
     for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, row[i]);
     m = block_max(m);
-    if (m == NEG_INF || m == -NEG_INF) { // uniform over the block
-        if (threadIdx.x == 0) *out = m;
+    if (m == NEG_INF || m == -NEG_INF) { // uniform over the block: every thread returns here
+        if (threadIdx.x == 0) out[blockIdx.x] = m;
         return;
     }
     float s = 0.f;
@@ -449,12 +426,7 @@ __device__ void lse_row(float* out, const float* row, int V) {
         if (v == v) s += expf(v - m);
     }
     s = block_sum(s);
-    if (threadIdx.x == 0) *out = m + logf(s);
-}
-
-extern "C" __global__ void row_lse(float* out, const float* logits, int V) {
-    pdl_wait();
-    lse_row(out + blockIdx.x, logits + (i64)blockIdx.x * V, V);
+    if (threadIdx.x == 0) out[blockIdx.x] = m + logf(s);
 }
 
 // ---------------------------------------------------------------------------
@@ -479,8 +451,9 @@ extern "C" __global__ void row_lse(float* out, const float* logits, int V) {
 // Row m comes from x + src*K with src = rows ? rows[m] : m. When copy_to != 0,
 // block 0 also writes the raw rows to copy_to [M, K] (the embedding gather of
 // layer 0 writing the residual stream). Ends with __syncthreads().
-__device__ void load_rows(float* xs, const float* x, const int* rows, float* copy_to,
-                          const float* __restrict__ g, float eps, int M, int K) {
+__device__ void load_rows(float* xs, const float* __restrict__ x, const int* __restrict__ rows,
+                          float* __restrict__ copy_to, const float* __restrict__ g, float eps,
+                          int M, int K) {
     __shared__ float inv[GEMV_MAX_M];
     __shared__ int src[GEMV_MAX_M];
     pdl_wait();
@@ -598,23 +571,23 @@ __device__ __forceinline__ void warp_dot(const unsigned short* __restrict__ w, c
 // Used for the attention output and down projections (accumulate into the
 // residual stream) and for the LM head (rows = sampled rows, g = final norm).
 template <typename WT>
-__device__ void gemv_t(float* y, const float* x, const int* rows, const float* __restrict__ g, float eps,
-                       const WT* __restrict__ W, int M, int N, int K, int accumulate) {
+__device__ void gemv_t(float* __restrict__ y, const float* __restrict__ x, const int* __restrict__ rows,
+                       const float* __restrict__ g, float eps, const WT* __restrict__ W, int M, int N, int K,
+                       int accumulate) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    int first = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP, step = gridDim.x * GEMV_WARPS;
-    for (int n = first; n < N; n += step) prefetch_l2(W + (i64)n * K, K * (int)sizeof(WT));
+    int n = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (n < N) prefetch_l2(W + (i64)n * K, K * (int)sizeof(WT));
     load_rows(xs, x, rows, 0, g, eps, M, K);
+    if (n >= N) return;
+    float acc[GEMV_MAX_M];
+    warp_dot(W + (i64)n * K, xs, M, K, acc);
     int lane = threadIdx.x & (WARP - 1);
-    for (int n = first; n < N; n += step) {
-        float acc[GEMV_MAX_M];
-        warp_dot(W + (i64)n * K, xs, M, K, acc);
 #pragma unroll
-        for (int m = 0; m < GEMV_MAX_M; m++) {
-            if (m < M && lane == m) {
-                float* o = y + (i64)m * N + n;
-                *o = accumulate ? *o + acc[m] : acc[m];
-            }
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m < M && lane == m) {
+            float* o = y + (i64)m * N + n;
+            *o = accumulate ? *o + acc[m] : acc[m];
         }
     }
 }
@@ -629,47 +602,46 @@ __device__ void gemv_t(float* y, const float* x, const int* rows, const float* _
 // slots, kcache, vcache as above. One warp per row pair:
 // grid = ceil(qkvDim/2 / GEMV_WARPS).
 template <typename WT>
-__device__ void gemv_qkv_rope_t(float* qkv, const float* x, const int* ids, float* resid,
+__device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict__ x,
+                                const int* __restrict__ ids, float* __restrict__ resid,
                                 const float* __restrict__ g, float eps, const WT* __restrict__ W,
-                                const float* __restrict__ cosSin, const int* positions, const int* slots,
-                                float* kcache, float* vcache, int M, int K, int nH, int nKV) {
+                                const float* __restrict__ cosSin, const int* __restrict__ positions,
+                                const int* __restrict__ slots, float* __restrict__ kcache,
+                                float* __restrict__ vcache, int M, int K, int nH, int nKV) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     const int half = HEAD_DIM / 2;
     int qkvDim = (nH + 2 * nKV) * HEAD_DIM;
-    int first = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP, step = gridDim.x * GEMV_WARPS;
-    for (int u = first; u < qkvDim / 2; u += step) {
-        int head = u / half, i = u - head * half;
-        int r1 = head * HEAD_DIM + i;
+    int u = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    int head = u / half, i = u - head * half;
+    int r1 = head * HEAD_DIM + i, r2 = r1 + half;
+    if (u < qkvDim / 2) {
         prefetch_l2(W + (i64)r1 * K, K * (int)sizeof(WT));
-        prefetch_l2(W + (i64)(r1 + half) * K, K * (int)sizeof(WT));
+        prefetch_l2(W + (i64)r2 * K, K * (int)sizeof(WT));
     }
     load_rows(xs, x, ids, ids ? resid : 0, g, eps, M, K);
+    if (u >= qkvDim / 2) return;
+    float a1[GEMV_MAX_M], a2[GEMV_MAX_M];
+    warp_dot(W + (i64)r1 * K, xs, M, K, a1);
+    warp_dot(W + (i64)r2 * K, xs, M, K, a2);
     int lane = threadIdx.x & (WARP - 1);
-    for (int u = first; u < qkvDim / 2; u += step) {
-        int head = u / half, i = u - head * half;
-        int r1 = head * HEAD_DIM + i, r2 = r1 + half;
-        float a1[GEMV_MAX_M], a2[GEMV_MAX_M];
-        warp_dot(W + (i64)r1 * K, xs, M, K, a1);
-        warp_dot(W + (i64)r2 * K, xs, M, K, a2);
 #pragma unroll
-        for (int m = 0; m < GEMV_MAX_M; m++) {
-            if (m < M && lane == m) {
-                float x1 = a1[m], x2 = a2[m];
-                int slot = slots[m];
-                if (head < nH + nKV) { // q or k head: rotate
-                    const float* cs = cosSin + ((i64)positions[m] * half + i) * 2;
-                    rope_pair(x1, x2, cs[0], cs[1], x1, x2); // inputs are copies
-                }
-                float* row = qkv + (i64)m * qkvDim;
-                row[r1] = x1;
-                row[r2] = x2;
-                if (head >= nH && slot >= 0) {
-                    int kv = head < nH + nKV ? head - nH : head - nH - nKV;
-                    float* dst = (head < nH + nKV ? kcache : vcache) + ((i64)slot * nKV + kv) * HEAD_DIM;
-                    dst[i] = x1;
-                    dst[i + half] = x2;
-                }
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m < M && lane == m) {
+            float x1 = a1[m], x2 = a2[m];
+            int slot = slots[m];
+            if (head < nH + nKV) { // q or k head: rotate
+                const float* cs = cosSin + ((i64)positions[m] * half + i) * 2;
+                rope_pair(x1, x2, cs[0], cs[1], x1, x2); // inputs are copies
+            }
+            float* row = qkv + (i64)m * qkvDim;
+            row[r1] = x1;
+            row[r2] = x2;
+            if (head >= nH && slot >= 0) {
+                int kv = head < nH + nKV ? head - nH : head - nH - nKV;
+                float* dst = (head < nH + nKV ? kcache : vcache) + ((i64)slot * nKV + kv) * HEAD_DIM;
+                dst[i] = x1;
+                dst[i + half] = x2;
             }
         }
     }
@@ -680,34 +652,34 @@ __device__ void gemv_qkv_rope_t(float* qkv, const float* x, const int* ids, floa
 // W [2*ffn, K] in the same warp, act[m, i] = silu(gate) * up.
 // act [M, ffn]. grid = ceil(ffn / GEMV_WARPS).
 template <typename WT>
-__device__ void gemv_gu_silu_t(float* act, const float* x, const float* __restrict__ g, float eps,
-                               const WT* __restrict__ W, int M, int K, int ffn) {
+__device__ void gemv_gu_silu_t(float* __restrict__ act, const float* __restrict__ x,
+                               const float* __restrict__ g, float eps, const WT* __restrict__ W, int M,
+                               int K, int ffn) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    int first = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP, step = gridDim.x * GEMV_WARPS;
-    for (int i = first; i < ffn; i += step) {
+    int i = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (i < ffn) {
         prefetch_l2(W + (i64)i * K, K * (int)sizeof(WT));
         prefetch_l2(W + (i64)(ffn + i) * K, K * (int)sizeof(WT));
     }
     load_rows(xs, x, 0, 0, g, eps, M, K);
+    if (i >= ffn) return;
+    float ag[GEMV_MAX_M], au[GEMV_MAX_M];
+    warp_dot(W + (i64)i * K, xs, M, K, ag);
+    warp_dot(W + (i64)(ffn + i) * K, xs, M, K, au);
     int lane = threadIdx.x & (WARP - 1);
-    for (int i = first; i < ffn; i += step) {
-        float ag[GEMV_MAX_M], au[GEMV_MAX_M];
-        warp_dot(W + (i64)i * K, xs, M, K, ag);
-        warp_dot(W + (i64)(ffn + i) * K, xs, M, K, au);
 #pragma unroll
-        for (int m = 0; m < GEMV_MAX_M; m++) {
-            if (m < M && lane == m) {
-                float gt = ag[m];
-                act[(i64)m * ffn + i] = gt / (1.0f + expf(-gt)) * au[m];
-            }
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m < M && lane == m) {
+            float gt = ag[m];
+            act[(i64)m * ffn + i] = gt / (1.0f + expf(-gt)) * au[m];
         }
     }
 }
 
 #define GEMV_ENTRY(NAME, WT)                                                                          \
-    extern "C" __global__ void NAME(float* y, const float* x, const int* rows,                        \
-                                    const float* __restrict__ g,                                      \
+    extern "C" __global__ void NAME(float* __restrict__ y, const float* __restrict__ x,               \
+                                    const int* __restrict__ rows, const float* __restrict__ g,        \
                                     float eps, const WT* __restrict__ W, int M, int N, int K,         \
                                     int accumulate) {                                                 \
         gemv_t<WT>(y, x, rows, g, eps, W, M, N, K, accumulate);                                       \
@@ -716,11 +688,12 @@ GEMV_ENTRY(gemv, float)
 GEMV_ENTRY(gemv_bf16, unsigned short)
 
 #define QKV_ENTRY(NAME, WT)                                                                           \
-    extern "C" __global__ void NAME(float* qkv, const float* x, const int* ids, float* resid,          \
+    extern "C" __global__ void NAME(float* __restrict__ qkv, const float* __restrict__ x,             \
+                                    const int* __restrict__ ids, float* __restrict__ resid,           \
                                     const float* __restrict__ g, float eps, const WT* __restrict__ W, \
                                     const float* __restrict__ cosSin,                                 \
-                                    const int* positions, const int* slots, float* kcache,            \
-                                    float* vcache, int M,                                             \
+                                    const int* __restrict__ positions, const int* __restrict__ slots, \
+                                    float* __restrict__ kcache, float* __restrict__ vcache, int M,    \
                                     int K, int nH, int nKV) {                                         \
         gemv_qkv_rope_t<WT>(qkv, x, ids, resid, g, eps, W, cosSin, positions, slots, kcache, vcache, \
                             M, K, nH, nKV);                                                           \
@@ -729,117 +702,13 @@ QKV_ENTRY(gemv_qkv_rope, float)
 QKV_ENTRY(gemv_qkv_rope_bf16, unsigned short)
 
 #define GU_ENTRY(NAME, WT)                                                                            \
-    extern "C" __global__ void NAME(float* act, const float* x,                                       \
+    extern "C" __global__ void NAME(float* __restrict__ act, const float* __restrict__ x,             \
                                     const float* __restrict__ g, float eps, const WT* __restrict__ W, \
                                     int M, int K, int ffn) {                                          \
         gemv_gu_silu_t<WT>(act, x, g, eps, W, M, K, ffn);                                             \
     }
 GU_ENTRY(gemv_gu_silu, float)
 GU_ENTRY(gemv_gu_silu_bf16, unsigned short)
-
-// ---------------------------------------------------------------------------
-// The fused small step: the whole forward pass of a step of at most
-// GEMV_MAX_M tokens in one launch (the GEMV path's 5 kernels per layer, the
-// LM head and row_lse run as phases of one grid, with a grid-wide barrier
-// between phases). At these sizes a step was bound by ~5 µs per launch, not
-// by the work. Each phase is the unfused kernel's body run as a grid-stride
-// loop, so the arithmetic, and the logits, are the same.
-// ---------------------------------------------------------------------------
-
-// SmallLayer is one decoder layer's pointers (uploaded once by the host,
-// cuda/gemv.go smallLayer): weight matrices of the GEMV weight type, the
-// norms, and the layer's K and V cache slabs.
-struct SmallLayer {
-    const void *wqkv, *wo, *wgu, *down;
-    const float *attnNorm, *mlpNorm;
-    float *kc, *vc;
-};
-
-// SmallStep is the fused step's one parameter (cuda/gemv.go smallParams:
-// the same fields in the same order). Activations x [T, d], qkv, attn
-// [T, nH*HEAD_DIM], act [T, ffn]; logits [R, V] and lse [R] of rows [R]
-// (R = 0: no LM head); bar: two words of device memory, zero before the
-// first launch, that the barrier leaves as it found them (count 0).
-struct SmallStep {
-    const SmallLayer* layers;
-    float *x, *qkv, *attn, *act;
-    const float* embed;
-    const int *tokens;
-    const float* cosSin;
-    const int *positions, *slots, *tokSeq, *tables;
-    float *logits, *lse;
-    const int* rows;
-    const float* finalNorm;
-    const void* lm;
-    unsigned int* bar;
-    int nLayers, btStride, T, dm, nH, nKV, ffn, blockSize, R, V;
-    float scale, eps;
-};
-
-// grid_sync: every block of the grid waits here until all have arrived,
-// and writes before it are visible to reads after it in any block. Every
-// block must be resident at once (the host launches at most one block per
-// multiprocessor). bar[0] counts arrivals, bar[1] is the generation; the
-// last arrival resets the count before it opens the next generation.
-__device__ __forceinline__ void grid_sync(unsigned int* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned int* gen = bar + 1;
-        unsigned int g0 = *gen;
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            while (*gen == g0) {
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-template <typename WT>
-__device__ void small_step_t(const SmallStep& p) {
-    int nq = p.nH * HEAD_DIM;
-    for (int l = 0; l < p.nLayers; l++) {
-        SmallLayer L = p.layers[l];
-        // Layer 0 gathers the embeddings (ids) and writes the residual x.
-        gemv_qkv_rope_t<WT>(p.qkv, l == 0 ? p.embed : p.x, l == 0 ? p.tokens : 0, p.x, L.attnNorm, p.eps,
-                            (const WT*)L.wqkv, p.cosSin, p.positions, p.slots, L.kc, L.vc, p.T, p.dm, p.nH,
-                            p.nKV);
-        grid_sync(p.bar);
-        attention_small(p.attn, p.qkv, L.kc, L.vc, p.tokSeq, p.positions, p.tables, p.btStride, p.T, p.nH,
-                        p.nKV, p.blockSize, p.scale);
-        grid_sync(p.bar);
-        gemv_t<WT>(p.x, p.attn, 0, 0, 0.f, (const WT*)L.wo, p.T, p.dm, nq, 1);
-        grid_sync(p.bar);
-        gemv_gu_silu_t<WT>(p.act, p.x, L.mlpNorm, p.eps, (const WT*)L.wgu, p.T, p.dm, p.ffn);
-        grid_sync(p.bar);
-        gemv_t<WT>(p.x, p.act, 0, 0, 0.f, (const WT*)L.down, p.T, p.dm, p.ffn, 1);
-        grid_sync(p.bar);
-    }
-    if (p.R == 0) return;
-    gemv_t<WT>(p.logits, p.x, p.rows, p.finalNorm, p.eps, (const WT*)p.lm, p.R, p.V, p.dm, 0);
-    grid_sync(p.bar);
-    for (int r = blockIdx.x; r < p.R; r += gridDim.x) {
-        lse_row(p.lse + r, p.logits + (i64)r * p.V, p.V);
-        __syncthreads();
-    }
-}
-
-// small_step / small_step_bf16: grid = at most one block per
-// multiprocessor (grid_sync), block = GEMV_THREADS, dynamic shared memory
-// for GEMV_MAX_M rows of the widest K (max(T, R) * max(d, nH*HEAD_DIM, ffn)
-// floats). Launched without programmatic dependent launch: it follows the
-// step's metadata copy.
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 4) small_step(SmallStep p) {
-    small_step_t<float>(p);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 4) small_step_bf16(SmallStep p) {
-    small_step_t<unsigned short>(p);
-}
 
 // mark_done: flag[0] = v (one thread). Enqueued after a LaunchDraw's copies
 // back (cuda/async.go): the stream runs it only when they are complete,
