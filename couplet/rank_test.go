@@ -232,3 +232,46 @@ func TestRecentWindowInGenerate(t *testing.T) {
 		t.Errorf("seeded requests differ: %s / %s", a[0].Upper, b[0].Upper)
 	}
 }
+
+// groupEngine records the Group of every request it passes on.
+type groupEngine struct {
+	engine.Engine
+	mu     sync.Mutex
+	groups []*engine.Group
+}
+
+func (g *groupEngine) Generate(ctx context.Context, req *engine.Request) (*engine.Result, error) {
+	g.mu.Lock()
+	g.groups = append(g.groups, req.Group)
+	g.mu.Unlock()
+	return g.Engine.Generate(ctx, req)
+}
+
+// Every engine request of one couplet (the 上联s, the 下联s that continue
+// the best of them, the 横批) carries the couplet's Group, so that Shards
+// keeps them on the engine whose prefix cache holds what they continue;
+// another couplet has another Group.
+func TestRequestsOfACoupletShareAGroup(t *testing.T) {
+	ge := &groupEngine{Engine: &fakeEngine{vocab: testModel.Tok.Size()}}
+	g := newFakeGen(t, ge, WithOversample(4), WithFinishers(2))
+	var first *engine.Group
+	for i, text := range []string{"平安", "吉祥"} {
+		ge.groups = nil
+		if _, err := g.Generate(context.Background(), Request{Text: text, Seed: uint64(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+		if len(ge.groups) < 3 {
+			t.Fatalf("%s: %d engine requests, want the 上联s, at least one 下联 and the 横批", text, len(ge.groups))
+		}
+		for k, gr := range ge.groups {
+			if gr == nil || gr != ge.groups[0] {
+				t.Fatalf("%s: request %d has group %p, the first %p", text, k, gr, ge.groups[0])
+			}
+		}
+		if i == 0 {
+			first = ge.groups[0]
+		} else if ge.groups[0] == first {
+			t.Fatal("two couplets share a group")
+		}
+	}
+}
