@@ -252,7 +252,6 @@ func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool [
 		own = 1
 	}
 	req = &engine.Request{
-		Group:  p.group,
 		Prompt: full,
 		Params: sampler.Params{
 			Temperature: p.temp, TopP: p.topP, TopK: p.topK,

@@ -462,7 +462,6 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan,
 		next := &engine.Request{
 			Prompt: append(slices.Clip(prompt), u.comp.Tokens...),
 			Params: req.Params,
-			Group:  req.Group,
 		}
 		next.Params.N, next.Params.MaxTokens = 1, linesMax-L
 		next.Params.Seed = seedFor(req.Params.Seed, 1+u.comp.Index)
@@ -570,7 +569,6 @@ func (g *Generator) engineRequest(p *plan, prompt []int32, attempt, m int, const
 			MaxTokens: maxTok, StopTokens: []int32{g.t.sp.EOS},
 			Seed: seedFor(p.seed, attempt), N: m,
 		},
-		Group: p.group,
 	}
 	if constrained {
 		free, head := newConstraint(g.t, p), newConstraint(g.t, p, true)

@@ -7,8 +7,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/longbridgeapp/opencc"
-
-	"chunlian/engine"
 )
 
 // asciiPunct maps ASCII punctuation users type to the full-width marks of
@@ -71,9 +69,6 @@ func toSimplified(s string) string {
 
 // plan is a validated, normalised request.
 type plan struct {
-	// group keeps the request's engine requests on one engine of a
-	// Shards, where the later ones find the earlier ones' prefix blocks.
-	group    *engine.Group
 	mode     Mode
 	heads    [2]int32 // keyword or acrostic characters (ids)
 	headText string   // the normalised Text for keyword/acrostic
@@ -99,7 +94,7 @@ type plan struct {
 // (temp: the temperature of a request that leaves it unset). Every
 // rejection is an *InputError.
 func (t *tables) prepare(req Request, temp float32) (*plan, error) {
-	p := &plan{group: &engine.Group{}, mode: req.Mode, n: req.N, temp: req.Temperature, topP: req.TopP, topK: req.TopK,
+	p := &plan{mode: req.Mode, n: req.N, temp: req.Temperature, topP: req.TopP, topK: req.TopK,
 		seed: req.Seed, unconstr: req.Unconstrained, onToken: req.OnToken}
 	if p.mode == "" {
 		p.mode = ModeKeyword

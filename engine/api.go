@@ -6,7 +6,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"chunlian/sampler"
@@ -33,18 +32,6 @@ type Request struct {
 	// OnEvent, if set, is called on the engine goroutine for every generated
 	// token and for each sample's end. It must not block.
 	OnEvent func(Event)
-	// Group, when set, makes Shards run the request on the engine that the
-	// group's first request went to while that engine is lightly loaded,
-	// so that a follow-up request finds the blocks of the prompt it
-	// continues in that engine's prefix cache. Single engines ignore it.
-	Group *Group
-}
-
-// Group ties the requests of one task (a couplet's 上联, 下联 and 横批
-// requests) to one engine of a Shards. The zero value is ready; a Group
-// serves one task and one Shards.
-type Group struct {
-	engine atomic.Int32 // 1 + the chosen engine's index; 0 until the first request
 }
 
 // FinishReason says why a sample ended.

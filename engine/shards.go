@@ -11,13 +11,6 @@ import (
 // GPU (the loop's host work per row, not the device, bounds one engine
 // there), or one engine per GPU. A request goes to the engine with the
 // fewest requests in flight (the lowest index on a tie), and stays there.
-// A request of a Group goes where the group's first request went while
-// that engine has fewer than pinBelow requests in flight: the engines'
-// prefix caches are apart, and at low load one engine serving the whole
-// task finds its earlier blocks cached and batches its requests into one
-// step stream; under load the least busy engine takes it, since pinning
-// there cannot follow the load (docs/DECISIONS.md, "A couplet's requests
-// on one engine").
 type Shards struct {
 	engines  []Engine
 	inflight []atomic.Int64
@@ -36,38 +29,17 @@ func NewShards(engines ...Engine) *Shards {
 // Len is the number of engines.
 func (s *Shards) Len() int { return len(s.engines) }
 
-// Generate runs req on its group's engine, else on the least busy one.
+// Generate runs req on the least busy engine.
 func (s *Shards) Generate(ctx context.Context, req *Request) (*Result, error) {
-	best := s.pick(req.Group)
-	s.inflight[best].Add(1)
-	defer s.inflight[best].Add(-1)
-	return s.engines[best].Generate(ctx, req)
-}
-
-// pinBelow is the load (requests in flight on the group's engine) under
-// which a Group's requests stay on one engine.
-const pinBelow = 32
-
-// pick chooses the engine of a request of group g (nil: none).
-func (s *Shards) pick(g *Group) int {
-	if g != nil {
-		if i := int(g.engine.Load()) - 1; i >= 0 && i < len(s.engines) && s.inflight[i].Load() < pinBelow {
-			return i
-		}
-	}
 	best := 0
 	for i := 1; i < len(s.engines); i++ {
 		if s.inflight[i].Load() < s.inflight[best].Load() {
 			best = i
 		}
 	}
-	if g != nil && !g.engine.CompareAndSwap(0, int32(best)+1) {
-		// A request of the group sent at the same time chose first.
-		if i := int(g.engine.Load()) - 1; i >= 0 && i < len(s.engines) && s.inflight[i].Load() < pinBelow {
-			return i
-		}
-	}
-	return best
+	s.inflight[best].Add(1)
+	defer s.inflight[best].Add(-1)
+	return s.engines[best].Generate(ctx, req)
 }
 
 // Stats sums the engines' figures (StepSeconds too: the loops run side by

@@ -89,69 +89,6 @@ func TestShardsPickLeastBusy(t *testing.T) {
 	}
 }
 
-// A group's requests follow its first request even when another engine
-// is less busy, and requests without a group still go to the least busy:
-// engine 0 holds a request of group g, and three more of g join it while
-// an ungrouped request goes to idle engine 1.
-func TestShardsGroupStaysOnOneEngine(t *testing.T) {
-	release := make(chan struct{})
-	gs := []*gateEngine{{release: release}, {release: release}}
-	sh := NewShards(gs[0], gs[1])
-	var g Group
-	var wg sync.WaitGroup
-	send := func(req *Request, want int64) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := sh.Generate(context.Background(), req); err != nil {
-				t.Error(err)
-			}
-		}()
-		for gs[0].calls.Load()+gs[1].calls.Load() < want {
-			runtime.Gosched()
-		}
-	}
-	send(&Request{Group: &g}, 1)
-	for n := int64(2); n <= 4; n++ {
-		send(&Request{Group: &g}, n)
-	}
-	send(&Request{}, 5)
-	got := []int64{gs[0].calls.Load(), gs[1].calls.Load()}
-	close(release)
-	wg.Wait()
-	if want := []int64{4, 1}; !slices.Equal(got, want) {
-		t.Errorf("requests per engine %v, want %v", got, want)
-	}
-	// Under load (pinBelow requests in flight on the group's engine) a
-	// request of the group goes to the least busy engine instead.
-	sh.inflight[0].Store(pinBelow - 1)
-	if got := sh.pick(&g); got != 0 {
-		t.Errorf("group engine below the pin load: picked %d, want 0", got)
-	}
-	sh.inflight[0].Store(pinBelow)
-	if got := sh.pick(&g); got != 1 {
-		t.Errorf("group engine at the pin load: picked %d, want the idle engine 1", got)
-	}
-	sh.inflight[0].Store(0)
-	// Requests of one group sent at the same time agree on an engine.
-	var h Group
-	var picked [8]int
-	var pw sync.WaitGroup
-	for i := range picked {
-		pw.Add(1)
-		go func() {
-			defer pw.Done()
-			picked[i] = sh.pick(&h)
-		}()
-	}
-	pw.Wait()
-	for _, p := range picked {
-		if p != picked[0] {
-			t.Fatalf("concurrent first requests of a group picked %v", picked)
-		}
-	}
-}
-
 // statsEngine reports fixed Stats.
 type statsEngine struct{ st Stats }
 
