@@ -9,12 +9,20 @@ import (
 // Shards spreads requests over several engines, each with its own
 // backend, KV cache and loop goroutine: several host loops can drive one
 // GPU (the loop's host work per row, not the device, bounds one engine
-// there), or one engine per GPU. A request goes to the engine with the
-// fewest requests in flight (the lowest index on a tie), and stays there.
+// there), or one engine per GPU. A request goes to the first engine with
+// fewer than packBelow requests in flight, else to the one with the fewest
+// (the lowest index on a tie), and stays there: at low load one engine's
+// steps batch every request, which serves more than two engines' half-size
+// steps contending for one device (docs/DECISIONS.md, "Engines per GPU").
 type Shards struct {
-	engines  []Engine
-	inflight []atomic.Int64
+	engines   []Engine
+	inflight  []atomic.Int64
+	packBelow int64
 }
+
+// PackBelow is the load (requests in flight) up to which Shards keeps
+// filling its first engines before it spreads requests by load.
+const PackBelow = 64
 
 var _ Engine = (*Shards)(nil)
 
@@ -23,23 +31,35 @@ func NewShards(engines ...Engine) *Shards {
 	if len(engines) == 0 {
 		panic("engine: NewShards of no engines")
 	}
-	return &Shards{engines: engines, inflight: make([]atomic.Int64, len(engines))}
+	return &Shards{engines: engines, inflight: make([]atomic.Int64, len(engines)), packBelow: PackBelow}
 }
 
 // Len is the number of engines.
 func (s *Shards) Len() int { return len(s.engines) }
 
-// Generate runs req on the least busy engine.
+// Generate runs req on the first engine below packBelow, else on the
+// least busy one.
 func (s *Shards) Generate(ctx context.Context, req *Request) (*Result, error) {
+	best := s.pick()
+	s.inflight[best].Add(1)
+	defer s.inflight[best].Add(-1)
+	return s.engines[best].Generate(ctx, req)
+}
+
+// pick chooses the engine of the next request.
+func (s *Shards) pick() int {
+	for i := range s.engines {
+		if s.inflight[i].Load() < s.packBelow {
+			return i
+		}
+	}
 	best := 0
 	for i := 1; i < len(s.engines); i++ {
 		if s.inflight[i].Load() < s.inflight[best].Load() {
 			best = i
 		}
 	}
-	s.inflight[best].Add(1)
-	defer s.inflight[best].Add(-1)
-	return s.engines[best].Generate(ctx, req)
+	return best
 }
 
 // Stats sums the engines' figures (StepSeconds too: the loops run side by

@@ -56,15 +56,40 @@ func (g *gateEngine) Generate(context.Context, *Request) (*Result, error) {
 func (g *gateEngine) Stats() Stats { return Stats{} }
 func (g *gateEngine) Close() error { return nil }
 
-// A request goes to the engine with the fewest in flight: with requests
-// held open, three engines take 2, 2 and 1 of five requests sent one after
-// another (the lowest index on a tie).
+// Requests fill the engines in order up to packBelow each, then go to the
+// engine with the fewest in flight (the lowest index on a tie). With
+// requests held open, sent one after another to three engines: nothing
+// packed spreads five as 2, 2, 1; packBelow 3 puts three on the first
+// engine and two on the second; packBelow 2 fills each to 2, then spreads
+// the last two by load.
 func TestShardsPickLeastBusy(t *testing.T) {
+	for _, tc := range []struct {
+		pack int64
+		n    int
+		want []int64
+	}{
+		{0, 5, []int64{2, 2, 1}},
+		{1, 5, []int64{2, 2, 1}},
+		{3, 5, []int64{3, 2, 0}},
+		{2, 8, []int64{3, 3, 2}},
+	} {
+		got := sendHeld(t, tc.pack, tc.n)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("packBelow %d, %d requests: per engine %v, want %v", tc.pack, tc.n, got, tc.want)
+		}
+	}
+}
+
+// sendHeld sends n requests one after another to three gate engines
+// behind a Shards with the given packBelow, holding them all open, and
+// returns how many each engine took.
+func sendHeld(t *testing.T, pack int64, n int) []int64 {
 	release := make(chan struct{})
 	gs := []*gateEngine{{release: release}, {release: release}, {release: release}}
 	sh := NewShards(gs[0], gs[1], gs[2])
+	sh.packBelow = pack
 	var wg sync.WaitGroup
-	for n := 1; n <= 5; n++ {
+	for k := 1; k <= n; k++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -73,7 +98,7 @@ func TestShardsPickLeastBusy(t *testing.T) {
 			}
 		}()
 		// Wait until this request is in flight before sending the next.
-		for sum := int64(0); sum < int64(n); {
+		for sum := int64(0); sum < int64(k); {
 			sum = 0
 			for _, g := range gs {
 				sum += g.calls.Load()
@@ -84,9 +109,7 @@ func TestShardsPickLeastBusy(t *testing.T) {
 	got := []int64{gs[0].calls.Load(), gs[1].calls.Load(), gs[2].calls.Load()}
 	close(release)
 	wg.Wait()
-	if want := []int64{2, 2, 1}; !slices.Equal(got, want) {
-		t.Errorf("requests per engine %v, want %v", got, want)
-	}
+	return got
 }
 
 // statsEngine reports fixed Stats.
