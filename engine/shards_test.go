@@ -24,6 +24,7 @@ func TestShardsMatchNaive(t *testing.T) {
 		es = append(es, e)
 	}
 	sh := NewShards(es[0], es[1])
+	sh.packBelow = 0 // least busy: the requests spread over both engines
 	got := runConcurrent(t, sh, reqs)
 	for i := range reqs {
 		if err := sameResult(got[i], want[i]); err != nil {
