@@ -22,7 +22,7 @@ type Shards struct {
 
 // PackBelow is the load (requests in flight) up to which Shards keeps
 // filling its first engines before it spreads requests by load.
-const PackBelow = 256
+const PackBelow = 64
 
 var _ Engine = (*Shards)(nil)
 
