@@ -63,7 +63,7 @@ func (g *gateEngine) Close() error { return nil }
 // packed spreads five as 2, 2, 1; packBelow 3 puts three on the first
 // engine and two on the second; packBelow 2 fills each to 2, then spreads
 // the last two by load.
-func TestShardsPickLeastBusy(t *testing.T) {
+func TestShardsPackThenLeastBusy(t *testing.T) {
 	for _, tc := range []struct {
 		pack int64
 		n    int
