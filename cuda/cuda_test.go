@@ -361,6 +361,8 @@ func TestForwardMatchesCPU(t *testing.T) {
 				for i := 0; i < 3; i++ {
 					run(fmt.Sprintf("fork %d", i), buildBatch(seqs, []chunk{{0, 1, []int{0}}, {4, 1, []int{0}}}, bs, pool, r, V))
 				}
+				// One sequence alone: a one-token step (the GEMV path).
+				run("decode 1", buildBatch(seqs, []chunk{{4, 1, []int{0}}}, bs, pool, r, V))
 				// Batches of 3 and 5 tokens pad to graph buckets 4 and 8;
 				// logits rows only for some of them.
 				run("decode 3", buildBatch(seqs, []chunk{{1, 1, []int{0}}, {2, 1, nil}, {3, 1, []int{0}}}, bs, pool, r, V))

@@ -47,8 +47,8 @@
 // output as bf16, with float32 accumulation; TF32 tensor cores with
 // Options.Precision "tf32", or strict float32); the residual adds ride on the GEMMs
 // (beta = 1). Steps of up to 8192 tokens
-// run as CUDA graphs captured per padded size (graph.go). Steps of at most
-// 2 tokens (gemvUpTo) run instead on fused GEMV kernels, 5 launches per
+// run as CUDA graphs captured per padded size (graph.go). Steps of one
+// token (gemvUpTo) run instead on fused GEMV kernels, 5 launches per
 // layer (gemv.go), with programmatic dependent launches where the device
 // has them.
 //

@@ -36,10 +36,10 @@ import (
 // take; it must equal GEMV_MAX_M in kernels/llama.cu.
 const gemvMaxM = 8
 
-// gemvUpTo is the largest step that runs on the GEMV path: from 3 tokens
-// on, the GEMM path's step is faster (docs/DECISIONS.md, "GEMV path up to
-// 2 tokens").
-const gemvUpTo = 2
+// gemvUpTo is the largest step that runs on the GEMV path: from 2 tokens
+// on, the GEMM path's step is faster (docs/DECISIONS.md, "GEMV path for
+// one token").
+const gemvUpTo = 1
 
 // gemvThreads and gemvWarps: GEMV_THREADS and GEMV_WARPS in llama.cu.
 const (
