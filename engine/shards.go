@@ -9,11 +9,12 @@ import (
 // Shards spreads requests over several engines, each with its own
 // backend, KV cache and loop goroutine: several host loops can drive one
 // GPU (the loop's host work per row, not the device, bounds one engine
-// there), or one engine per GPU. A request goes to the first engine with
-// fewer than packBelow requests in flight, else to the one with the fewest
-// (the lowest index on a tie), and stays there: at low load one engine's
-// steps batch every request, which serves more than two engines' half-size
-// steps contending for one device (docs/DECISIONS.md, "Engines per GPU").
+// there; several GPUs run as replicas, one process each). A request goes
+// to the first engine with fewer than packBelow requests in flight, else
+// to the one with the fewest (the lowest index on a tie), and stays there:
+// at low load one engine's steps batch every request, which serves more
+// than two engines' half-size steps contending for one device
+// (docs/DECISIONS.md, "Engines per GPU").
 type Shards struct {
 	engines   []Engine
 	inflight  []atomic.Int64
