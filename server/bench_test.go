@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -41,14 +42,8 @@ func BenchmarkHTTPOneClient(b *testing.B) {
 	url := instantServer(b) + "/generate"
 	client := &http.Client{}
 	for b.Loop() {
-		res, err := client.Post(url, "application/json", strings.NewReader(`{"prompt":"平安","seed":3}`))
-		if err != nil {
+		if err := postOK(client, url, `{"prompt":"平安","seed":3}`); err != nil {
 			b.Fatal(err)
-		}
-		io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		if res.StatusCode != 200 {
-			b.Fatalf("status %d", res.StatusCode)
 		}
 	}
 }
@@ -66,17 +61,25 @@ func benchPost(b *testing.B, url, body string) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			res, err := client.Post(url, "application/json", strings.NewReader(body))
-			if err != nil {
+			if err := postOK(client, url, body); err != nil {
 				b.Error(err)
-				return
-			}
-			io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			if res.StatusCode != 200 {
-				b.Errorf("status %d", res.StatusCode)
 				return
 			}
 		}
 	})
+}
+
+// postOK posts a JSON body to url and reads the answer to its end; an
+// error unless the status is 200.
+func postOK(client *http.Client, url, body string) error {
+	res, err := client.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		return fmt.Errorf("status %d", res.StatusCode)
+	}
+	return nil
 }
