@@ -113,8 +113,8 @@ type Info struct {
 	TotalMemory     int64
 	KVCacheBytes    int64
 	WeightBytes     int64
-	// SmallBatchPath says how steps of ≤ 8 tokens run: "gemv-bf16",
-	// "gemv-fp32" (the fused GEMV kernels) or "cublas".
+	// SmallBatchPath says how steps of at most gemvUpTo tokens run:
+	// "gemv-bf16", "gemv-fp32" (the fused GEMV kernels) or "cublas".
 	SmallBatchPath       string
 	PDL                  bool // programmatic dependent launches in use (compute capability 9.0+)
 	NVRTCMajor, NVRTCMin int

@@ -9,10 +9,10 @@ import (
 	"chunlian/model"
 )
 
-// The small-batch path: steps of at most gemvMaxM tokens (single-sequence
-// decode and small batches; graph buckets 1, 2, 4 and 8) run through the
-// hand-written GEMV kernels of kernels/llama.cu instead of cuBLAS plus
-// separate element-wise kernels. Per decoder layer:
+// The small-batch path: steps of at most gemvUpTo tokens (single-sequence
+// decode; the kernels take up to gemvMaxM) run through the hand-written
+// GEMV kernels of kernels/llama.cu instead of cuBLAS plus separate
+// element-wise kernels. Per decoder layer:
 //
 //	gemv_qkv_rope  RMSNorm + [q|k|v] projection + RoPE + K/V cache write
 //	               (layer 0 also gathers the embeddings into the residual)
