@@ -83,16 +83,20 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // BenchmarkDecodeStep times one engine decode step (Forward over nSeq
 // single-token sequences with ~24 tokens of context, logits copied back
 // for every row unless "nologits"). Modes: graph / eager (CUDA graphs or
-// not), graph-gemm (the GEMM path at the GEMV path's sizes), graph-nospin (plain blocking channel hand-off to the CUDA worker,
+// not), graph-gemm (the GEMM path at the GEMV path's sizes), graph-bs1
+// (KV blocks of one token instead of DefaultBlockSize), graph-nospin
+// (plain blocking channel hand-off to the CUDA worker,
 // Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
 // even where bf16 copies are exact). They run in the same process;
 // -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-gemm", "graph-nospin", "graph-fp32w", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
+		case "graph-bs1": // one-token KV blocks (every slot live) against the default
+			o.BlockSize = 1
 		case "graph-nospin":
 			o.HandoffSpin = -1
 		case "graph-fp32w":
@@ -108,6 +112,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 		case "graph-gemm": // the GEMM path where the GEMV path would run
 			g.gemvOK = false
 			sizes = []int{1, 2, 3, 4, 5, 6, 7, 8}
+		case "graph-bs1":
+			sizes = []int{1, 16, 256, 1024, 4096}
 		case "graph":
 		default:
 			sizes = []int{1, 8, 1024}
