@@ -433,36 +433,73 @@ func TestHashPrefixes(t *testing.T) {
 
 // TestBlockIndex drives the pool's hash index through random registrations
 // and removals against a Go map: small tables so that runs wrap around the
-// end and deletions shift entries back, and hashes that share home slots.
+// end and deletions shift entries back, hashes that share home slots, and
+// hashes that share the whole 32-bit tag (told apart only by the block's
+// own hash).
 func TestBlockIndex(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
+	// cInv is the inverse of the tag's multiplier mod 2^64: h + k·cInv has
+	// the tag of h (for small k, barring a carry into the top half).
+	const c = uint64(0x9E3779B97F4A7C15)
+	cInv := c
+	for range 5 {
+		cInv *= 2 - c*cInv
+	}
+	if c*cInv != 1 {
+		t.Fatalf("inverse: %x", c*cInv)
+	}
+	tagTwins := 0
 	for _, n := range []int{1, 5, 8, 100} {
 		x := newBlockIndex(n)
+		blocks := make([]block, 4*n)
 		ref := map[uint64]int32{}
+		byID := map[int32]uint64{}
 		keys := []uint64{}
 		for step := range 20000 {
 			if len(ref) < n && r.IntN(2) == 0 {
 				var h uint64
-				if len(keys) > 0 && r.IntN(3) == 0 {
+				switch {
+				case len(keys) > 0 && r.IntN(4) == 0:
+					h = keys[r.IntN(len(keys))] + uint64(1+r.IntN(3))*cInv // same tag
+				case len(keys) > 0 && r.IntN(3) == 0:
 					h = keys[r.IntN(len(keys))] ^ uint64(r.IntN(4)) // near misses
-				} else {
+				default:
 					h = r.Uint64() >> uint(r.IntN(60)) // small and large values
 				}
 				if _, ok := ref[h]; ok {
 					continue
 				}
-				id := int32(r.IntN(1 << 20))
-				x.put(h, id)
-				ref[h] = id
+				id := int32(r.IntN(len(blocks)))
+				for _, used := byID[id]; used; _, used = byID[id] {
+					id = int32(r.IntN(len(blocks)))
+				}
+				if got := x.insert(blocks, h, id); got != id {
+					t.Fatalf("n=%d step %d: insert(%x, %d) found %d", n, step, h, id, got)
+				}
+				blocks[id].hash = h
+				for _, k := range keys {
+					if k != h && indexTag(k) == indexTag(h) {
+						tagTwins++
+						break
+					}
+				}
+				// A second registration under h keeps the first.
+				if got := x.insert(blocks, h, (id+1)%int32(len(blocks))); got != id {
+					t.Fatalf("n=%d step %d: duplicate insert returned %d, want %d", n, step, got, id)
+				}
+				ref[h], byID[id] = id, h
 				keys = append(keys, h)
 			} else if len(keys) > 0 {
 				i := r.IntN(len(keys))
 				h := keys[i]
 				keys[i] = keys[len(keys)-1]
 				keys = keys[:len(keys)-1]
-				x.del(h)
-				x.del(h) // absent: no-op
+				id := ref[h]
+				x.del(h, id)
+				x.del(h, id) // absent: no-op
 				delete(ref, h)
+				delete(byID, id)
+				blocks[id].hash = r.Uint64() // stale hashes must not match
 			}
 			if x.n != len(ref) {
 				t.Fatalf("n=%d step %d: index counts %d, want %d", n, step, x.n, len(ref))
@@ -472,14 +509,23 @@ func TestBlockIndex(t *testing.T) {
 					t.Fatalf("n=%d step %d: %v", n, step, err)
 				}
 				for h, id := range ref {
-					if got, ok := x.get(h); !ok || got != id {
+					if got, ok := x.get(blocks, h); !ok || got != id {
 						t.Fatalf("n=%d step %d: get(%x) = %d,%v; want %d", n, step, h, got, ok, id)
 					}
 				}
-				if _, ok := x.get(r.Uint64()); ok && len(ref) == 0 {
-					t.Fatalf("n=%d: empty index found a key", n)
+				for _, h := range keys {
+					miss := h + cInv
+					if _, in := ref[miss]; in {
+						continue
+					}
+					if id, ok := x.get(blocks, miss); ok {
+						t.Fatalf("n=%d step %d: get(%x), a tag twin of %x, found %d", n, step, miss, h, id)
+					}
 				}
 			}
 		}
+	}
+	if tagTwins == 0 {
+		t.Fatal("no two keys shared a tag: the verification path went untested")
 	}
 }

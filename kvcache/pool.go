@@ -101,7 +101,7 @@ func (p *BlockPool) Get() (id int32, ok bool) {
 	p.unlink(id)
 	b := &p.blocks[id]
 	if b.cached {
-		p.index.del(b.hash)
+		p.index.del(b.hash, id)
 		b.cached, b.plen = false, 0
 	}
 	b.ref = 1
@@ -133,7 +133,7 @@ func (p *BlockPool) Release(id int32) {
 
 // Lookup finds the cached block holding the full block whose chain hash is h.
 func (p *BlockPool) Lookup(h uint64) (int32, bool) {
-	id, ok := p.index.get(h)
+	id, ok := p.index.get(p.blocks, h)
 	if ok && p.blocks[id].plen != 0 {
 		return 0, false // a partial block under a colliding hash
 	}
@@ -143,7 +143,7 @@ func (p *BlockPool) Lookup(h uint64) (int32, bool) {
 // LookupPartial finds the cached partial block holding exactly n leading
 // tokens whose chain hash (HashBlock over those n tokens) is h.
 func (p *BlockPool) LookupPartial(h uint64, n int) (int32, bool) {
-	id, ok := p.index.get(h)
+	id, ok := p.index.get(p.blocks, h)
 	if !ok || int(p.blocks[id].plen) != n {
 		return 0, false
 	}
@@ -159,11 +159,10 @@ func (p *BlockPool) Register(id int32, h uint64) bool {
 	if b.cached {
 		return b.hash == h
 	}
-	if _, dup := p.index.get(h); dup {
+	if p.index.insert(p.blocks, h, id) != id {
 		return false
 	}
 	b.hash, b.cached, b.plen = h, true, 0
-	p.index.put(h, id)
 	return true
 }
 
@@ -180,11 +179,10 @@ func (p *BlockPool) RegisterPartial(id int32, h uint64, n int) bool {
 	if b.cached {
 		return b.hash == h && int(b.plen) == n
 	}
-	if _, dup := p.index.get(h); dup {
+	if p.index.insert(p.blocks, h, id) != id {
 		return false
 	}
 	b.hash, b.cached, b.plen = h, true, uint8(n)
-	p.index.put(h, id)
 	return true
 }
 
@@ -224,7 +222,7 @@ func (p *BlockPool) CheckInvariants(refs []int) error {
 			return fmt.Errorf("block %d: ref %d but held by %d block tables", id, b.ref, refs[id])
 		}
 		if b.cached {
-			if got, ok := p.index.get(b.hash); !ok || got != int32(id) {
+			if got, ok := p.index.get(p.blocks, b.hash); !ok || got != int32(id) {
 				return fmt.Errorf("block %d cached under %x but the index says %d,%v", id, b.hash, got, ok)
 			}
 		}
@@ -235,8 +233,8 @@ func (p *BlockPool) CheckInvariants(refs []int) error {
 			continue
 		}
 		n++
-		if b := &p.blocks[e.id]; !b.cached || b.hash != e.h {
-			return fmt.Errorf("index entry %x → %d not matched by the block", e.h, e.id)
+		if b := &p.blocks[e.id]; !b.cached || indexTag(b.hash) != e.tag {
+			return fmt.Errorf("index entry %x → %d not matched by the block", e.tag, e.id)
 		}
 	}
 	if n != p.index.n {
@@ -247,23 +245,27 @@ func (p *BlockPool) CheckInvariants(refs []int) error {
 
 // blockIndex maps a chain hash to the block registered under it, in place
 // of a Go map: the pool's registrations are a large, churning set (every
-// computed block, until Get evicts it), and each map operation there cost a
-// cache miss or two on the engine goroutine (docs/DECISIONS.md, "The
-// prefix cache's hash index"). Open addressing with linear probing over a
+// computed block, until Get evicts it), and each operation costs the
+// engine goroutine a cache miss or two (docs/DECISIONS.md, "The prefix
+// cache's hash index"). Open addressing with linear probing over a
 // power-of-two table of at least twice the pool's size (each block is
 // registered under at most one hash, so the table never fills past half);
-// deletion shifts the following run back, so no tombstones build up. The
-// home slot is the top bits of h times a Fibonacci constant, since FNV's
-// low bits alone are not uniform enough.
+// deletion shifts the following run back, so no tombstones build up.
+//
+// A slot holds 8 bytes: the block id and a 32-bit tag, the top half of h
+// times a Fibonacci constant (FNV's low bits alone are not uniform
+// enough). The tag's top bits are the home slot; a tag match is confirmed
+// against the block's own hash (blocks[id].hash), which the pool keeps for
+// every registered block, so the index needs no copy of h.
 type blockIndex struct {
 	slots []indexSlot
-	shift uint // 64 - log2(len(slots))
+	shift uint // 32 - log2(len(slots)): home = tag >> shift
 	n     int  // entries
 }
 
 type indexSlot struct {
-	h  uint64
-	id int32 // none: empty
+	tag uint32
+	id  int32 // none: empty
 }
 
 func newBlockIndex(numBlocks int) blockIndex {
@@ -271,50 +273,68 @@ func newBlockIndex(numBlocks int) blockIndex {
 	for size < 2*numBlocks {
 		size, bits = size*2, bits+1
 	}
-	x := blockIndex{slots: make([]indexSlot, size), shift: 64 - bits}
+	if bits > 32 {
+		panic(fmt.Sprintf("kvcache: %d blocks are too many for the index", numBlocks))
+	}
+	x := blockIndex{slots: make([]indexSlot, size), shift: 32 - bits}
 	for i := range x.slots {
 		x.slots[i].id = none
 	}
 	return x
 }
 
-func (x *blockIndex) home(h uint64) int { return int((h * 0x9E3779B97F4A7C15) >> x.shift) }
+// indexTag is h's tag (see blockIndex).
+func indexTag(h uint64) uint32 { return uint32((h * 0x9E3779B97F4A7C15) >> 32) }
 
-// get returns the block registered under h.
-func (x *blockIndex) get(h uint64) (int32, bool) {
+func (x *blockIndex) home(tag uint32) int { return int(tag >> x.shift) }
+
+// get returns the block registered under h; blocks holds every registered
+// block's hash.
+func (x *blockIndex) get(blocks []block, h uint64) (int32, bool) {
+	id, i := x.find(blocks, h)
+	return id, i < 0
+}
+
+// find looks h up: it returns (id, -1) when h is registered to id, else
+// (none, i) with i the empty slot where h would go.
+func (x *blockIndex) find(blocks []block, h uint64) (int32, int) {
 	mask := len(x.slots) - 1
-	for i := x.home(h); ; i = (i + 1) & mask {
-		e := &x.slots[i]
+	t := indexTag(h)
+	for i := x.home(t); ; i = (i + 1) & mask {
+		e := x.slots[i]
 		if e.id == none {
-			return 0, false
+			return none, i
 		}
-		if e.h == h {
-			return e.id, true
+		if e.tag == t && blocks[e.id].hash == h {
+			return e.id, -1
 		}
 	}
 }
 
-// put registers id under h, which must be absent.
-func (x *blockIndex) put(h uint64, id int32) {
-	mask := len(x.slots) - 1
-	i := x.home(h)
-	for x.slots[i].id != none {
-		i = (i + 1) & mask
+// insert registers id under h unless h is registered already; it returns
+// the block registered under h afterwards (id, or the one that was there).
+// The caller sets blocks[id].hash = h when id is returned.
+func (x *blockIndex) insert(blocks []block, h uint64, id int32) int32 {
+	got, i := x.find(blocks, h)
+	if i < 0 {
+		return got
 	}
-	x.slots[i] = indexSlot{h, id}
+	x.slots[i] = indexSlot{indexTag(h), id}
 	x.n++
+	return id
 }
 
-// del removes h if present, moving back every later entry of its run
-// that may move (Knuth's algorithm R for linear probing).
-func (x *blockIndex) del(h uint64) {
+// del removes block id, registered under h, moving back every later entry
+// of its run that may move (Knuth's algorithm R for linear probing). It is
+// a no-op when id is not there.
+func (x *blockIndex) del(h uint64, id int32) {
 	mask := len(x.slots) - 1
-	i := x.home(h)
+	i := x.home(indexTag(h))
 	for {
 		if x.slots[i].id == none {
 			return
 		}
-		if x.slots[i].h == h {
+		if x.slots[i].id == id {
 			break
 		}
 		i = (i + 1) & mask
@@ -323,7 +343,7 @@ func (x *blockIndex) del(h uint64) {
 	for j := (i + 1) & mask; x.slots[j].id != none; j = (j + 1) & mask {
 		// The entry at j may fill the hole at i unless its home lies
 		// cyclically in (i, j].
-		k := x.home(x.slots[j].h)
+		k := x.home(x.slots[j].tag)
 		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
 			x.slots[i] = x.slots[j]
 			i = j
@@ -340,9 +360,9 @@ func (x *blockIndex) check() error {
 		if e.id == none {
 			continue
 		}
-		for k := x.home(e.h); k != i; k = (k + 1) & mask {
+		for k := x.home(e.tag); k != i; k = (k + 1) & mask {
 			if x.slots[k].id == none {
-				return fmt.Errorf("index entry %x at slot %d unreachable: slot %d is empty", e.h, i, k)
+				return fmt.Errorf("index entry %x → %d at slot %d unreachable: slot %d is empty", e.tag, e.id, i, k)
 			}
 		}
 	}
