@@ -92,7 +92,7 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-gemm", "graph-nopdl", "graph-bs1", "graph-nospin", "graph-fp32w", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-bs1": // one-token KV blocks (every slot live) against the default
@@ -114,9 +114,6 @@ func BenchmarkDecodeStep(b *testing.B) {
 			sizes = []int{1, 2, 3, 4, 5, 6, 7, 8}
 		case "graph-bs1":
 			sizes = []int{1, 16, 256, 1024, 4096}
-		case "graph-nopdl":
-			g.noGEMMPDL = true
-			sizes = []int{2, 4, 8, 16, 64, 256, 1024, 4096}
 		case "graph":
 		default:
 			sizes = []int{1, 8, 1024}
