@@ -616,7 +616,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
 			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16),
 			mm(b.gu, a(b.h), wgu, T, 2*ffn, dm, false),
-			b.launchPDL("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, 0, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), in16),
+			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), in16),
 			mm(b.x, a(b.act), down, T, dm, ffn, true),
 		)
 	}
@@ -626,7 +626,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			mm(b.logitBuf, a(b.xs), lmHead, R, c.VocabSize, dm, false),
 		)
 		if errs == nil {
-			errs = b.launchPDL("row_lse", R, 1, rowLSEThreads, 0, dptr(b.lseBuf), dptr(b.logitBuf), i32(c.VocabSize))
+			errs = b.launch("row_lse", R, 1, rowLSEThreads, dptr(b.lseBuf), dptr(b.logitBuf), i32(c.VocabSize))
 		}
 	}
 	return errs
@@ -639,7 +639,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 func (b *Backend) attention(T, stride int, kc, vc uintptr, positions, slots, tokSeq, tables, in16 uint64) error {
 	nH, nKV := b.cfg.NumHeads, b.cfg.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
-	return b.launchPDL("paged_attention_rope", (T*nH+3)/4, 1, 128, 0, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
+	return b.launch("paged_attention_rope", (T*nH+3)/4, 1, 128, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
 		dptr(kc), dptr(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
 		i32(b.opt.BlockSize), f32(scale), in16)
 }
@@ -652,7 +652,7 @@ const rmsnormRowsPerBlock = 8
 // (rows: a device pointer to n row indices, or 0), written as bf16 into
 // out16 instead when out16 is not 0.
 func (b *Backend) rmsnorm(out, x, w uintptr, rows uint64, n int, out16 uint64) error {
-	return b.launchPDL("rmsnorm", (n+rmsnormRowsPerBlock-1)/rmsnormRowsPerBlock, 1, 32*rmsnormRowsPerBlock, 0,
+	return b.launch("rmsnorm", (n+rmsnormRowsPerBlock-1)/rmsnormRowsPerBlock, 1, 32*rmsnormRowsPerBlock,
 		uint64(out), uint64(x), uint64(w), rows, i32(b.cfg.HiddenSize), f32(float32(b.cfg.RMSNormEps)), i32(n), out16)
 }
 

@@ -95,7 +95,6 @@ extern "C" __global__ void embed_gather(float* __restrict__ out, const float* __
 extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restrict__ x,
                                    const float* __restrict__ w, const int* __restrict__ rows,
                                    int d, float eps, int n, unsigned short* __restrict__ out16) {
-    pdl_wait();
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (r >= n) return;
     int lane = threadIdx.x & (WARP - 1);
@@ -346,7 +345,6 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
 // sizes): a 64-bit division per element is slow on the GPU.
 extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __restrict__ gu,
                                     int T, int ffn, unsigned short* __restrict__ act16) {
-    pdl_wait();
     i64 n = (i64)T * ffn;
     if (n <= 0x7fffffffLL) { // e + the grid stride stays below 2^32
         unsigned un = (unsigned)n, uf = (unsigned)ffn;
