@@ -181,8 +181,18 @@ func TestComputeSignals(t *testing.T) {
 	if s.N != 4 || s.Banners != 4 {
 		t.Fatalf("%+v", s)
 	}
-	if s.Unsuitable != 0.5 {
-		t.Errorf("unsuitable share %v, want 2/4 (谁 of the rhetorical question; 离别, 愁)", s.Unsuitable)
+	if s.Unsuitable != 0.5 || s.UnsuitableAdded != 0.5 {
+		t.Errorf("unsuitable share %v (added %v), want 2/4 (谁 of the rhetorical question; 离别, 愁)", s.Unsuitable, s.UnsuitableAdded)
+	}
+	// A word the visitor typed does not count as added; one the writer
+	// put beside it does.
+	typed := []Couplet{
+		{SourceOurs, "秋高气爽", "秋高气爽迎新岁", "国泰民安庆有余", ""},
+		{SourceOurs, "秋高气爽", "秋高气爽迎新岁", "离愁别绪满心头", ""},
+		{SourceOurs, "春花秋月", "春花秋月今宵好", "玉宇琼楼此夜明", ""},
+	}
+	if k := ComputeSignals(SourceOurs, typed, nil, nil); math.Abs(k.Unsuitable-1) > 1e-12 || math.Abs(k.UnsuitableAdded-1.0/3) > 1e-12 {
+		t.Errorf("typed words: unsuitable %v, added %v; want 1 and 1/3", k.Unsuitable, k.UnsuitableAdded)
 	}
 	if s.BannerReal != 0.5 || s.BannerUnsuitable != 0.5 { // 富贵在天, 一路平安
 		t.Errorf("banner real %v unsuitable %v, want 1/2 and 1/2", s.BannerReal, s.BannerUnsuitable)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"chunlian/critic"
 )
@@ -22,6 +23,11 @@ type Signals struct {
 	// Unsuitable is the share of couplets with a critic.Unsuitable word
 	// in a line or the 横批.
 	Unsuitable float64
+	// UnsuitableAdded is Unsuitable with the couplet's blessing word
+	// (Couplet.Word) left out wherever it occurs: what the writer added,
+	// not what the visitor typed (秋高气爽 holds 秋, which every couplet for
+	// it, ours or people's, must hold too).
+	UnsuitableAdded float64
 	// Banners counts the couplets with a 横批; the next three are over them.
 	Banners int
 	// BannerReal is the share of 横批 that isRealBanner accepts (−1 when
@@ -60,8 +66,12 @@ func ComputeSignals(source string, cs []Couplet, isRealBanner func(string) bool,
 	for _, c := range cs {
 		par += critic.Parallelism(c.Upper, c.Lower)
 		fest += critic.Festive(c.Upper + "\t" + c.Lower)
-		if len(critic.Unsuitable(c.Upper+"\t"+c.Lower+"\t"+c.Banner)) > 0 {
+		text := c.Upper + "\t" + c.Lower + "\t" + c.Banner
+		if len(critic.Unsuitable(text)) > 0 {
 			s.Unsuitable++
+			if len(critic.Unsuitable(withoutWord(text, c.Word))) > 0 {
+				s.UnsuitableAdded++
+			}
 		}
 		if train != nil && train[c.Upper+"\t"+c.Lower] {
 			copied++
@@ -82,7 +92,7 @@ func ComputeSignals(source string, cs []Couplet, isRealBanner func(string) bool,
 		byWord[c.Word] = append(byWord[c.Word], c)
 	}
 	n := float64(len(cs))
-	s.Parallelism, s.Festive, s.Unsuitable = par/n, fest/n, s.Unsuitable/n
+	s.Parallelism, s.Festive, s.Unsuitable, s.UnsuitableAdded = par/n, fest/n, s.Unsuitable/n, s.UnsuitableAdded/n
 	if train != nil {
 		s.Copied = float64(copied) / n
 	}
@@ -105,6 +115,16 @@ func ComputeSignals(source string, cs []Couplet, isRealBanner func(string) bool,
 	s.Distinct2 /= float64(len(words))
 	s.Distinct2Per = n / float64(len(words))
 	return s
+}
+
+// withoutWord blanks every occurrence of word in text with ideographic
+// spaces, one per character, so that no list entry can match across or
+// inside it.
+func withoutWord(text, word string) string {
+	if word == "" {
+		return text
+	}
+	return strings.ReplaceAll(text, word, strings.Repeat("\u3000", utf8.RuneCountInString(word)))
 }
 
 // Distinct2 is the number of distinct character bigrams over the number
@@ -167,6 +187,7 @@ func WriteSignals(w io.Writer, sides []Signals) {
 	row("couplets", func(s Signals) string { return fmt.Sprint(s.N) })
 	row("POS parallelism (mean)", func(s Signals) string { return fmt.Sprintf("%.3f", s.Parallelism) })
 	row("with an unsuitable word", func(s Signals) string { return pct(s.Unsuitable) })
+	row("… not inside the blessing word", func(s Signals) string { return pct(s.UnsuitableAdded) })
 	row("with a 横批", func(s Signals) string { return fmt.Sprint(s.Banners) })
 	row("横批 a real phrase", func(s Signals) string { return pct(s.BannerReal) })
 	row("横批 unsuitable", func(s Signals) string { return pct(s.BannerUnsuitable) })
