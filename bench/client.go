@@ -36,6 +36,7 @@ type sample struct {
 	start    time.Time
 	latency  time.Duration // send → last byte of the response
 	ttft     time.Duration // send → first generated text; 0 when unknown (no streaming)
+	server   time.Duration // the server's own time for the request (chunlian's latency_ms); 0 when not reported
 	tokens   int           // output tokens (usage when reported, else Han characters)
 	couplets int           // couplets / choices returned
 	outcome  outcome
@@ -183,6 +184,7 @@ func (c *client) do(ctx context.Context, p Prompt, timeout time.Duration) sample
 		var acc accum
 		acc.add(&ch)
 		s.tokens, s.couplets = acc.result()
+		s.server = acc.server
 	}
 	s.latency = time.Since(s.start)
 	return s
@@ -231,6 +233,7 @@ func (c *client) readStream(r io.Reader, s *sample) string {
 		}
 	}
 	s.tokens, s.couplets = acc.result()
+	s.server = acc.server
 	return ""
 }
 
@@ -242,7 +245,10 @@ func (c *client) readStream(r io.Reader, s *sample) string {
 type chunk struct {
 	Error         json.RawMessage `json:"error"`
 	GeneratedText string          `json:"generated_text"`
-	Couplets      []struct {
+	// LatencyMS is chunlian's latency_ms: the time the server spent
+	// generating, without the network and its own HTTP handling.
+	LatencyMS float64 `json:"latency_ms"`
+	Couplets  []struct {
 		Upper  string `json:"upper"`
 		Lower  string `json:"lower"`
 		Banner string `json:"banner"`
@@ -293,10 +299,11 @@ type accum struct {
 	hasUsage    bool
 	finalHan    int // Han characters of final couplets / generated_text
 	hasFinal    bool
-	streamHan   int          // Han characters of streamed text pieces
-	tokenEvents int          // events that carried generated text or a token id
-	couplets    int          // couplets of the final object
-	choices     map[int]bool // choice indexes that carried text
+	streamHan   int           // Han characters of streamed text pieces
+	tokenEvents int           // events that carried generated text or a token id
+	couplets    int           // couplets of the final object
+	choices     map[int]bool  // choice indexes that carried text
+	server      time.Duration // the final object's latency_ms, 0 if absent
 }
 
 var labelReplacer = strings.NewReplacer("上联：", "", "下联：", "", "横批：", "", "上联:", "", "下联:", "", "横批:", "")
@@ -307,6 +314,9 @@ func (a *accum) add(ch *chunk) bool {
 	carried := false
 	if ch.Usage != nil {
 		a.usage, a.hasUsage = ch.Usage.CompletionTokens, true
+	}
+	if ch.LatencyMS > 0 {
+		a.server = time.Duration(ch.LatencyMS * float64(time.Millisecond))
 	}
 	if len(ch.Couplets) > 0 {
 		a.hasFinal = true

@@ -37,6 +37,11 @@ const fakeCoupletHan = 10
 const fakeRSS = 2e8       // process_resident_memory_bytes in the fake's /metrics
 const fakeUsageTokens = 9 // what /v1/completions reports as completion_tokens
 
+// fakeServerMS is the latency_ms every /generate answer reports (the
+// server's own time; /v1/completions reports none, as OpenAI's API has
+// no such field).
+const fakeServerMS = 2.5
+
 func (f *fakeService) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })
@@ -91,7 +96,7 @@ func (f *fakeService) handler() http.Handler {
 			for _, ch := range []string{"春", "回", "大", "地"} {
 				writeSSEEvent(w, "token", map[string]any{"attempt": 0, "sample": 0, "part": "upper", "text": ch})
 			}
-			writeSSEEvent(w, "result", map[string]any{"generated_text": "上联：春回大地\n下联：福满人间\n横批：吉祥", "couplets": []any{fakeCouplet}})
+			writeSSEEvent(w, "result", map[string]any{"generated_text": "上联：春回大地\n下联：福满人间\n横批：吉祥", "couplets": []any{fakeCouplet}, "latency_ms": fakeServerMS})
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -99,6 +104,7 @@ func (f *fakeService) handler() http.Handler {
 			"generated_text": "上联：春回大地\n下联：福满人间\n横批：吉祥",
 			"prompt":         req.Prompt,
 			"couplets":       []any{fakeCouplet},
+			"latency_ms":     fakeServerMS,
 		})
 	})
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {

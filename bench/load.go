@@ -220,7 +220,7 @@ func closedUser(ctx context.Context, cl *client, src *promptSource, o Options, c
 // counting rules above.
 func summarizeLevel(lv Level, counted, early []sample, t0, stop time.Time) LevelResult {
 	res := LevelResult{Level: lv, Errors: map[string]int{}}
-	var lat, ttft, tpot []time.Duration
+	var lat, ttft, tpot, server []time.Duration
 	for _, s := range counted {
 		res.Sent++
 		switch s.outcome {
@@ -229,6 +229,9 @@ func summarizeLevel(lv Level, counted, early []sample, t0, stop time.Time) Level
 			res.OutputTokens += s.tokens
 			res.Couplets += s.couplets
 			lat = append(lat, s.latency)
+			if s.server > 0 {
+				server = append(server, s.server)
+			}
 			if s.ttft > 0 {
 				ttft = append(ttft, s.ttft)
 				if s.tokens > 1 {
@@ -261,6 +264,7 @@ func summarizeLevel(lv Level, counted, early []sample, t0, stop time.Time) Level
 	res.Latency = Summarize(lat)
 	res.TTFT = Summarize(ttft)
 	res.TPOT = Summarize(tpot)
+	res.Server = Summarize(server)
 	res.LatencyHistogram = Histogram(lat, DefaultBucketsMS)
 	if len(res.Errors) == 0 {
 		res.Errors = nil

@@ -37,6 +37,11 @@ type LevelResult struct {
 	Latency           Summary        `json:"latency"`
 	TTFT              Summary        `json:"ttft"` // N = 0 without --stream
 	TPOT              Summary        `json:"tpot"` // time per output token after the first
+	// Server is the time the server reported spending on each completed
+	// request (chunlian's latency_ms: generation only, no network or HTTP
+	// handling); N = 0 when the target does not report it. Latency minus
+	// Server is what the transport and the server's HTTP layer add.
+	Server Summary `json:"server"`
 	// LatencyHistogram: cumulative buckets over DefaultBucketsMS, then +Inf.
 	LatencyHistogram []Bucket `json:"latency_histogram"`
 	// CPUCores is the server's CPU-seconds per wall-second over the window
@@ -297,12 +302,12 @@ func (r *Report) WriteSeedTable(w io.Writer) {
 
 // WriteLevelTable writes one row per target and level.
 func (r *Report) WriteLevelTable(w io.Writer) {
-	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | TTFT p50 | TPOT p50 | server CPU | bench CPU | GPU | server RSS | KV slots live | rows/couplet | host / forward ms per step |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintln(w, "| target | load | sent | ok | failed | 503 | req/s | couplets/s | tokens/s | mean | p50 | p90 | p99 | max | server p50 | TTFT p50 | TPOT p50 | server CPU | bench CPU | GPU | server RSS | KV slots live | rows/couplet | host / forward ms per step |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, tr := range r.Targets {
 		if tr.Error != "" {
 			first, _, _ := strings.Cut(tr.Error, "\n")
-			fmt.Fprintf(w, "| %s | — | not measured: %s ||||||||||||||||||||\n", tr.Name, mdEscape(first))
+			fmt.Fprintf(w, "| %s | — | not measured: %s |||||||||||||||||||||\n", tr.Name, mdEscape(first))
 			continue
 		}
 		for _, l := range tr.Levels {
@@ -314,7 +319,10 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 			if l.Dropped > 0 {
 				failed += fmt.Sprintf(" (+%d dropped)", l.Dropped)
 			}
-			ttft, tpot := "—", "—"
+			server, ttft, tpot := "—", "—", "—"
+			if l.Server.N > 0 {
+				server = fmtMS(l.Server.P50)
+			}
 			if l.TTFT.N > 0 {
 				ttft = fmtMS(l.TTFT.P50)
 			}
@@ -358,11 +366,11 @@ func (r *Report) WriteLevelTable(w io.Writer) {
 				}
 				step = fmt.Sprintf("%.3f / %.3f", e.HostMSPerStep, e.ForwardMSPerStep)
 			}
-			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				tr.Name, load, l.Sent, l.Completed, failed, l.Rejected,
 				fmtRate(l.ReqPerSec), fmtRate(l.CoupletsPerSec), fmtRate(l.TokensPerSec),
 				lat(l.Latency.Mean), lat(l.Latency.P50), lat(l.Latency.P90), lat(l.Latency.P99), lat(l.Latency.Max),
-				ttft, tpot, cpu, self, gpu, rss, live, rows, step)
+				server, ttft, tpot, cpu, self, gpu, rss, live, rows, step)
 		}
 	}
 }

@@ -79,6 +79,9 @@ func TestRunClosedLoopGenerate(t *testing.T) {
 		if l.TTFT.N != 0 {
 			t.Errorf("TTFT measured without streaming: %+v", l.TTFT)
 		}
+		if l.Server.N != l.Completed || l.Server.P50 != fakeServerMS || l.Server.Max != fakeServerMS {
+			t.Errorf("level %v: server time %+v, want %d × %g ms", l.Level, l.Server, l.Completed, fakeServerMS)
+		}
 		if h := l.LatencyHistogram; len(h) == 0 || h[len(h)-1].Count != l.Completed {
 			t.Errorf("histogram +Inf bucket %v, want %d", h, l.Completed)
 		}
@@ -188,6 +191,9 @@ func TestRunOpenLoopOpenAIStream(t *testing.T) {
 	if l.TTFT.Max > l.Latency.Max {
 		t.Errorf("TTFT max %g > latency max %g", l.TTFT.Max, l.Latency.Max)
 	}
+	if l.Server.N != 0 {
+		t.Errorf("server time from a target that reports none: %+v", l.Server)
+	}
 }
 
 func TestRunGenerateStream(t *testing.T) {
@@ -206,6 +212,15 @@ func TestRunGenerateStream(t *testing.T) {
 	// tokens from the final couplets.
 	if l.Completed != 6 || l.TTFT.N != 6 || l.OutputTokens != 6*fakeCoupletHan {
 		t.Errorf("completed %d TTFT N %d tokens %d", l.Completed, l.TTFT.N, l.OutputTokens)
+	}
+	// The stream's result event carries latency_ms as the plain answer does.
+	if l.Server.N != 6 || l.Server.P50 != fakeServerMS {
+		t.Errorf("server time %+v, want 6 × %g ms", l.Server, fakeServerMS)
+	}
+	var b strings.Builder
+	rep.WriteLevelTable(&b)
+	if !strings.Contains(b.String(), "| server p50 |") || !strings.Contains(b.String(), fmtMS(fakeServerMS)) {
+		t.Errorf("level table lacks the server time:\n%s", b.String())
 	}
 }
 
