@@ -253,6 +253,7 @@ func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool [
 	}
 	req = &engine.Request{
 		Prompt: full,
+		From:   cd.handle, // the couplet's kept sample, when the engine kept it
 		Params: sampler.Params{
 			Temperature: p.temp, TopP: p.topP, TopK: p.topK,
 			MaxTokens: 4, N: own + k,

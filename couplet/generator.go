@@ -266,6 +266,44 @@ type candidate struct {
 	lineLP             float64 // mean raw log-prob of the generated line tokens
 	key                float64 // selection key: c.Score + Gumbel noise (selectDiverse)
 	attempt, sample    int     // where it came from (streaming)
+	// handle is the engine's kept cache of the sample (engine.Request.Keep),
+	// which the 横批 request continues; 0 when not kept.
+	handle engine.Handle
+}
+
+// keptSamples collects the handles of one Generate call's kept samples
+// and gives back, when the call ends, every one not continued (a
+// continued handle is spent, and releasing it does nothing).
+type keptSamples struct {
+	k  engine.Keeper // nil: the engine keeps nothing, and requests do not ask
+	mu sync.Mutex    // the 上联 continuations run concurrently
+	hs []engine.Handle
+}
+
+func newKeptSamples(eng engine.Engine) *keptSamples {
+	k, _ := eng.(engine.Keeper)
+	return &keptSamples{k: k}
+}
+
+// on reports whether requests should ask to keep their samples.
+func (ks *keptSamples) on() bool { return ks.k != nil }
+
+// add records res's handles.
+func (ks *keptSamples) add(res *engine.Result) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	for _, c := range res.Completions {
+		if c.Handle != 0 {
+			ks.hs = append(ks.hs, c.Handle)
+		}
+	}
+}
+
+// release gives back every handle recorded.
+func (ks *keptSamples) release() {
+	if ks.k != nil && len(ks.hs) > 0 {
+		ks.k.Release(ks.hs...)
+	}
 }
 
 // Generate writes req.N couplets (fewer only if the attempt budget runs out
@@ -330,6 +368,8 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		return g.o.judge != nil && clean < p.n && attempt <= cleanRounds && p.topK != 1
 	}
 	eng := g.engine(p)
+	ks := newKeptSamples(eng)
+	defer ks.release()
 	stage := startStage(req.Trace, eng, StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {
 		m := (p.n - clean) * oversample
@@ -343,7 +383,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		if finishers > 0 && finishers < oversample {
 			keep = max((p.n-clean)*finishers, 1)
 		}
-		comps, err := g.sampleLines(ctx, eng, p, prompt, attempt, m, keep, stage)
+		comps, err := g.sampleLines(ctx, eng, ks, p, prompt, attempt, m, keep, stage)
 		if err != nil {
 			return nil, err
 		}
@@ -352,7 +392,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 			if cd == nil {
 				continue
 			}
-			cd.attempt, cd.sample = attempt, comp.Index
+			cd.attempt, cd.sample, cd.handle = attempt, comp.Index, comp.Handle
 			key := linesKey(cd.c)
 			if seen[key] {
 				continue
@@ -418,14 +458,16 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 // 上联's last token is computed again. A continued sample keeps its
 // index's constraint (keyword placement) and a seed of its own, so seeded
 // requests stay reproducible.
-func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan, prompt []int32, attempt, m, keep int, stage *stageTimer) ([]engine.Completion, error) {
+func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *keptSamples, p *plan, prompt []int32, attempt, m, keep int, stage *stageTimer) ([]engine.Completion, error) {
 	req := g.engineRequest(p, prompt, attempt, m, true)
+	req.Keep = ks.on() // continued by the 上联's finisher or the 横批 request
 	L := p.lineLen
 	if keep >= m {
 		res, err := eng.Generate(ctx, req)
 		if err != nil {
 			return nil, err
 		}
+		ks.add(res)
 		stage.addResult(res)
 		return res.Completions, nil
 	}
@@ -435,6 +477,7 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan,
 	if err != nil {
 		return nil, err
 	}
+	ks.add(res)
 	stage.addResult(res)
 	type upper struct {
 		comp  engine.Completion
@@ -462,6 +505,8 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan,
 		next := &engine.Request{
 			Prompt: append(slices.Clip(prompt), u.comp.Tokens...),
 			Params: req.Params,
+			Keep:   ks.on(),
+			From:   u.comp.Handle,
 		}
 		next.Params.N, next.Params.MaxTokens = 1, linesMax-L
 		next.Params.Seed = seedFor(req.Params.Seed, 1+u.comp.Index)
@@ -475,6 +520,7 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan,
 				errs[k] = err
 				return
 			}
+			ks.add(r)
 			stage.addResult(r)
 			if len(r.Completions) == 0 {
 				return // parseConstrained drops the empty completion
@@ -485,6 +531,7 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, p *plan,
 				Tokens:   append(slices.Clip(u.comp.Tokens), c.Tokens...),
 				LogProbs: append(slices.Clip(u.comp.LogProbs), c.LogProbs...),
 				Finish:   c.Finish,
+				Handle:   c.Handle,
 			}
 		}()
 	}

@@ -11,6 +11,7 @@ import (
 
 	"chunlian/engine"
 	"chunlian/forward"
+	"chunlian/model"
 )
 
 // cpuTime is the process's user + system CPU time so far. On a shared
@@ -219,4 +220,58 @@ func tenUsers(b *testing.B, g *Generator, i int) int {
 	}
 	wg.Wait()
 	return int(ok.Load())
+}
+
+// TestKeptSamplesReleased: the generator keeps its 上联 requests' samples
+// (engine.Request.Keep), continues the best through their handles, and
+// gives every other one back, so that once a couplet is served the engine
+// holds no block, on the finisher path (5 上联s, the best 3 finished) and
+// on the idle path (every sample written whole, the chosen one continued
+// by the 横批 request); and the continued requests read the kept samples
+// instead of the prefix cache.
+func TestKeptSamplesReleased(t *testing.T) {
+	m, err := model.Default()
+	if err != nil {
+		t.Skipf("default model not available: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		seed uint64
+	}{
+		{"finishers", []Option{WithOversample(5), WithFinishers(3)}, 7},
+		{"idle", []Option{WithOversample(2), WithIdleSamples(6, DefaultIdleBelow), WithFinishers(3)}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := realStack(t, m)
+			g, err := New(m, e, append(tc.opts, WithBannerSources(testBannerSources()...))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reqs, prompt, cached int
+			for _, w := range []string{"平安", "春风", "如意", "新年"} {
+				var tr Trace
+				if _, err := g.Generate(context.Background(), Request{Text: w, Seed: tc.seed, Trace: &tr}); err != nil {
+					t.Fatal(err)
+				}
+				st := tr.Stage(StageBannerScoring)
+				reqs, prompt, cached = reqs+st.EngineRequests, prompt+st.PromptTokens, cached+st.CachedTokens
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for st := e.Stats(); st.KVBlocksUsed != 0 || st.Running != 0; st = e.Stats() {
+				if time.Now().After(deadline) {
+					t.Fatalf("blocks still held after the couplet: %+v", st)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			// The 横批 request continues the couplet's kept sample: of its
+			// prompt only the 下联's last character (drawn, never fed) and
+			// <ban> are computed. Through the prefix cache it would find
+			// nothing past the keyword's prompt, since kept requests do not
+			// register what they generate.
+			if reqs == 0 || prompt-cached != 2*reqs {
+				t.Errorf("横批 stage: %d requests, %d prompt tokens, %d cached; want 2 uncached each", reqs, prompt, cached)
+			}
+		})
+	}
 }

@@ -32,6 +32,29 @@ type Request struct {
 	// OnEvent, if set, is called on the engine goroutine for every generated
 	// token and for each sample's end. It must not block.
 	OnEvent func(Event)
+	// Keep asks an engine that implements Keeper to hold each sample's
+	// cache after the request completes (stopped or at MaxTokens) and
+	// return a Handle for it in the Completion, so that a later request
+	// can continue it (From) without the prefix cache; the caller gives
+	// back every handle it does not continue (Keeper.Release). The
+	// generated tokens of a kept request are not registered in the
+	// prefix cache. Other engines ignore it.
+	Keep bool
+	// From continues a kept sample: Prompt must begin with that sample's
+	// prompt and generated tokens; the kept cache becomes this request's
+	// (the handle is used up). An unknown or spent handle, or a prompt
+	// that does not extend the sample, falls back to the prefix cache.
+	From Handle
+}
+
+// Handle names a sample's cache held by Request.Keep (0: none).
+type Handle uint64
+
+// Keeper is implemented by engines that keep samples (Request.Keep).
+type Keeper interface {
+	// Release frees the caches of kept samples that will not be
+	// continued; unknown and spent handles are ignored. It does not block.
+	Release(hs ...Handle)
 }
 
 // FinishReason says why a sample ended.
@@ -60,6 +83,8 @@ type Completion struct {
 	// processors, penalties and temperature) at Tokens[i].
 	LogProbs []float32
 	Finish   FinishReason
+	// Handle is the sample's kept cache (Request.Keep), 0 when not kept.
+	Handle Handle
 }
 
 // Timings of one request, measured by the engine.

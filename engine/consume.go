@@ -23,6 +23,10 @@ func (e *Paged) fail(r *request, err error, reason FinishReason) {
 		if s.state != stDone {
 			e.finish(s, reason)
 		}
+		if s.handle != 0 { // kept before the request failed: nobody will continue it
+			e.dropKept(s.handle)
+			s.handle = 0
+		}
 	}
 	// Samples never forked end too, so the caller sees n Done events.
 	if !r.forked {
@@ -51,9 +55,13 @@ func (e *Paged) finish(s *sequence, reason FinishReason) {
 	}
 	s.state = stDone
 	s.finish = reason
-	e.mgr.Free(s.id)
-	e.freeIDs = append(e.freeIDs, s.id)
 	r := s.r
+	if r.req.Keep && (reason == FinishStop || reason == FinishLength) && r.err == nil && e.mgr.Has(s.id) {
+		s.handle = e.keep(s)
+	} else {
+		e.mgr.Free(s.id)
+		e.freeIDs = append(e.freeIDs, s.id)
+	}
 	e.emit(r, Event{Index: s.index, Token: -1, Done: true, Finish: reason})
 	r.live--
 	if r.live == 0 && !r.complete {
@@ -76,7 +84,7 @@ func (e *Paged) completeRequest(r *request) {
 		for i := 0; i < r.n; i++ {
 			if i < len(r.seqs) {
 				s := r.seqs[i]
-				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clip(s.generated()), LogProbs: slices.Clip(s.logprobs), Finish: s.finish})
+				res.Completions = append(res.Completions, Completion{Index: i, Tokens: slices.Clip(s.generated()), LogProbs: slices.Clip(s.logprobs), Finish: s.finish, Handle: s.handle})
 			} else { // MaxTokens == 0: scored only, never forked
 				res.Completions = append(res.Completions, Completion{Index: i, Tokens: []int32{}, Finish: FinishLength})
 			}

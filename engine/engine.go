@@ -122,6 +122,17 @@ type Paged struct {
 	sampledTokens, jumpTokens              int64
 	jumpMask                               sampler.Mask // jumpForward's
 	phases                                 StepPhases
+
+	// Kept samples (Request.Keep, keep.go): the cache of each, by handle,
+	// and the order they were kept in (oldest first; spent handles are
+	// skipped). released holds the handles Release was given, freed by
+	// the loop at its next iteration (relMu guards it).
+	kept      map[Handle]keptSeq
+	keptOrder []Handle
+	lastKept  Handle
+	relMu     sync.Mutex
+	released  []Handle
+	relWake   chan struct{} // capacity 1: Release wakes an idle loop
 }
 
 // usageEvery bounds the age of Stats' live-slot count under load.
@@ -167,6 +178,11 @@ type sequence struct {
 	// inflight: in a launched step not yet consumed (overlapRunner); it is
 	// neither scheduled again nor preempted until then.
 	inflight bool
+	// adopted is the number of computed tokens of the kept sample this
+	// prompt sequence took over (Request.From), 0 when none.
+	adopted int
+	// handle is the sequence's kept cache once it finished (Request.Keep).
+	handle Handle
 }
 
 func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
@@ -268,6 +284,7 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 		submit:    make(chan *request, cfg.MaxQueue),
 		quit:      make(chan struct{}),
 		stopped:   make(chan struct{}),
+		relWake:   make(chan struct{}, 1),
 		mgr:       kvcache.NewManager(b.NumBlocks(), cfg.BlockSize, cfg.EnablePrefixCaching),
 	}
 	if db, ok := b.(forward.DrawBackend); ok && db.DrawVocab() {
@@ -376,6 +393,10 @@ func (e *Paged) loop() {
 			select {
 			case r := <-e.submit:
 				e.add(r)
+			case <-e.relWake: // kept samples released while idle
+				e.freeReleased()
+				e.publishAndWake()
+				continue
 			case <-e.quit:
 				e.shutdown()
 				return
@@ -397,6 +418,7 @@ func (e *Paged) loop() {
 		default:
 		}
 		e.reapAborted()
+		e.freeReleased()
 		e.run.iterate(e)
 		e.publishAndWake()
 	}
@@ -434,6 +456,9 @@ func (e *Paged) add(r *request) {
 	tokens := make([]int32, len(prompt), len(prompt)+min(r.req.Params.MaxTokens, 64))
 	copy(tokens, prompt)
 	s := e.newSeq(r, 0, tokens)
+	if r.req.From != 0 {
+		e.adopt(s, r.req.From)
+	}
 	r.seqs = []*sequence{s}
 	r.live = 1
 	if r.req.PromptLogProbs {
@@ -490,6 +515,8 @@ func (e *Paged) shutdown() {
 		}
 	}
 	e.compact()
+	for e.dropOldestKept() {
+	}
 	e.publishAndWake()
 }
 

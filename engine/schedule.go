@@ -17,7 +17,7 @@ import (
 // waiting with nothing computed.
 func (e *Paged) preempt(s *sequence) {
 	e.mgr.Free(s.id)
-	s.numComputed = 0
+	s.numComputed, s.adopted = 0, 0
 	s.state = stWaiting
 	e.waiting = slices.Insert(e.waiting, 0, s)
 	e.preemptions++
@@ -86,6 +86,9 @@ func (e *Paged) scheduleRunning(budget, maxSeqs int) (int, bool) {
 		}
 		n := min(s.want()-s.numComputed, budget)
 		for !e.mgr.Allocate(s.id, n, kvcache.Computed{}) {
+			if e.dropOldestKept() { // kept samples go before running ones
+				continue
+			}
 			// Out of blocks: preempt the most recently admitted running
 			// sequence not in flight (possibly s itself). Scheduled ones
 			// sit before i, so they are never victims.
@@ -114,15 +117,30 @@ func (e *Paged) admitWaiting(budget, maxSeqs int) {
 		s := e.waiting[0]
 		r := s.r
 		var hit kvcache.Computed
-		if !r.wantsPromptRows() {
+		cached := 0
+		switch {
+		case s.adopted > 0: // a kept sample's cache (Request.From)
+			e.mgr.Truncate(s.id, s.adopted)
+			cached = s.adopted
+		case !r.wantsPromptRows():
 			// Pending jump-forward tokens need the rows before them
 			// computed: the hit stops short of them.
 			hit = e.mgr.ComputedBlocks(s.tokens[:len(s.tokens)-s.pend])
+			cached = hit.Tokens(e.cfg.BlockSize)
 		}
-		cached := hit.Tokens(e.cfg.BlockSize)
 		n := min(s.want()-cached, budget)
-		if !e.mgr.Allocate(s.id, n, hit) {
-			return
+		for !e.mgr.Allocate(s.id, n, hit) {
+			// Freeing a kept sample only releases blocks (hit's stay
+			// findable until a Get), so hit is still good.
+			if !e.dropOldestKept() {
+				return
+			}
+		}
+		if r.req.Keep && s.adopted == 0 {
+			// What a kept request generates is continued through its
+			// handle, not found by hash (an adopted sequence keeps the
+			// bound it was kept with).
+			e.mgr.SetCacheLimit(s.id, len(r.req.Prompt))
 		}
 		e.waiting = e.waiting[1:]
 		s.numComputed = cached

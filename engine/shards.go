@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 )
 
@@ -25,12 +26,15 @@ type Shards struct {
 // filling its first engines before it spreads requests by load.
 const PackBelow = 64
 
-var _ Engine = (*Shards)(nil)
+var (
+	_ Engine = (*Shards)(nil)
+	_ Keeper = (*Shards)(nil)
+)
 
 // NewShards returns the engines as one; it owns them (Close closes them).
 func NewShards(engines ...Engine) *Shards {
-	if len(engines) == 0 {
-		panic("engine: NewShards of no engines")
+	if len(engines) == 0 || len(engines) >= 1<<shardBits {
+		panic(fmt.Sprintf("engine: NewShards of %d engines", len(engines)))
 	}
 	return &Shards{engines: engines, inflight: make([]atomic.Int64, len(engines)), packBelow: PackBelow}
 }
@@ -39,12 +43,54 @@ func NewShards(engines ...Engine) *Shards {
 func (s *Shards) Len() int { return len(s.engines) }
 
 // Generate runs req on the first engine below packBelow, else on the
-// least busy one.
+// least busy one; a request that continues a kept sample (From) runs on
+// the engine that keeps it.
 func (s *Shards) Generate(ctx context.Context, req *Request) (*Result, error) {
-	best := s.pick()
+	best := -1
+	if req.From != 0 {
+		if i, h, ok := s.split(req.From); ok {
+			r := *req
+			r.From, req, best = h, &r, i
+		}
+	}
+	if best < 0 {
+		best = s.pick()
+	}
 	s.inflight[best].Add(1)
 	defer s.inflight[best].Add(-1)
-	return s.engines[best].Generate(ctx, req)
+	res, err := s.engines[best].Generate(ctx, req)
+	if res != nil {
+		for i := range res.Completions {
+			if h := res.Completions[i].Handle; h != 0 {
+				res.Completions[i].Handle = h<<shardBits | Handle(best+1)
+			}
+		}
+	}
+	return res, err
+}
+
+// A Shards handle is the engine's handle shifted left by shardBits, with
+// the engine's index + 1 below (so that no handle is 0).
+const shardBits = 8
+
+// split returns the engine and engine handle of Shards handle h.
+func (s *Shards) split(h Handle) (int, Handle, bool) {
+	i := int(h&(1<<shardBits-1)) - 1
+	if i < 0 || i >= len(s.engines) {
+		return 0, 0, false
+	}
+	return i, h >> shardBits, true
+}
+
+// Release implements Keeper: each handle goes to the engine that keeps it.
+func (s *Shards) Release(hs ...Handle) {
+	for _, h := range hs {
+		if i, eh, ok := s.split(h); ok {
+			if k, isKeeper := s.engines[i].(Keeper); isKeeper {
+				k.Release(eh)
+			}
+		}
+	}
 }
 
 // pick chooses the engine of the next request.

@@ -529,3 +529,58 @@ func TestBlockIndex(t *testing.T) {
 		t.Fatal("no two keys shared a tag: the verification path went untested")
 	}
 }
+
+// TestCacheLimitAndTruncate: a sequence bounded by SetCacheLimit registers
+// only the blocks below the bound (and no partial tail past it), its
+// forks inherit the bound, and Truncate gives back the blocks past the cut
+// and takes a partly kept block out of the cache.
+func TestCacheLimitAndTruncate(t *testing.T) {
+	m := NewManager(16, 4, true)
+	toks := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	if !m.Allocate(1, len(toks), Computed{}) {
+		t.Fatal("allocate")
+	}
+	m.SetCacheLimit(1, 6)
+	m.CacheBlocks(1, toks, len(toks))
+	if n := m.Pool().NumCached(); n != 1 {
+		t.Fatalf("%d blocks cached under a limit of 6 tokens, want 1 (tokens 0-3)", n)
+	}
+	m.Fork(1, 2)
+	m.CacheBlocks(2, toks, len(toks))
+	if n := m.Pool().NumCached(); n != 1 {
+		t.Errorf("the fork registered past its parent's limit: %d cached", n)
+	}
+	m.Free(2)
+	if n := m.Pool().NumCached(); n != 1 {
+		t.Errorf("freeing the fork registered its tail past the limit: %d cached", n)
+	}
+	// A sequence without a limit: three blocks, two full ones cached.
+	if !m.Allocate(3, len(toks), Computed{}) {
+		t.Fatal("allocate")
+	}
+	m.CacheBlocks(3, toks, len(toks))
+	cached := m.Pool().NumCached()
+	free := m.Pool().NumFree()
+	m.Truncate(3, 5) // keeps block 0 whole and block 1 in part
+	if got := len(m.BlockTable(3)); got != 2 || m.Slots(3) != 5 {
+		t.Fatalf("after Truncate(5): %d blocks, %d slots; want 2 and 5", got, m.Slots(3))
+	}
+	if m.Pool().NumFree() != free+1 {
+		t.Errorf("Truncate freed %d blocks, want 1", m.Pool().NumFree()-free)
+	}
+	if m.Pool().NumCached() != cached-1 {
+		t.Errorf("the partly kept block stayed in the cache: %d cached, want %d", m.Pool().NumCached(), cached-1)
+	}
+	// Appending from the cut writes position 5 onwards into block 1.
+	if !m.Allocate(3, 3, Computed{}) || m.Slots(3) != 8 || len(m.BlockTable(3)) != 2 {
+		t.Errorf("append after Truncate: %d slots in %d blocks", m.Slots(3), len(m.BlockTable(3)))
+	}
+	m.Free(1)
+	m.Free(3)
+	if err := m.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	if m.Pool().NumFree() != 16 {
+		t.Errorf("%d of 16 blocks free after every sequence left", m.Pool().NumFree())
+	}
+}

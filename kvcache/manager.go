@@ -1,6 +1,9 @@
 package kvcache
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // SeqID names a sequence inside a Manager: a small non-negative integer.
 // The manager indexes a slice by it, so its memory grows with the largest
@@ -21,6 +24,9 @@ type seqState struct {
 	// SnapshotTail read the tokens of the partial last block from it.
 	computed int
 	toks     []int32
+	// limit bounds what CacheBlocks and Free register: only blocks whose
+	// tokens all lie below it (SetCacheLimit; no bound by default).
+	limit int
 }
 
 // Manager keeps the block table of every live sequence on top of a
@@ -228,7 +234,7 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 		return false
 	}
 	if isNew {
-		s = &seqState{slots: slots}
+		s = &seqState{slots: slots, limit: math.MaxInt}
 		for _, id := range computed.Blocks {
 			m.pool.Acquire(id)
 		}
@@ -289,7 +295,7 @@ func (m *Manager) CacheBlocks(seq SeqID, tokens []int32, numComputed int) {
 		return
 	}
 	s.computed, s.toks = min(numComputed, s.slots), tokens
-	full := s.computed / m.blockSize
+	full := min(s.computed, s.limit) / m.blockSize
 	for i := len(s.hashes); i < full; i++ {
 		var parent uint64
 		if i > 0 {
@@ -299,6 +305,40 @@ func (m *Manager) CacheBlocks(seq SeqID, tokens []int32, numComputed int) {
 		s.hashes = append(s.hashes, h)
 		m.pool.Register(s.blocks[i], h)
 	}
+}
+
+// SetCacheLimit bounds the prefix cache's share of seq (and of the
+// sequences forked from it from now on): only blocks whose tokens all lie
+// below position n are registered. A request whose continuations keep its
+// sequences (the engine's Request.Keep) needs no hash of what it
+// generates, and registering and evicting those blocks is most of the
+// cache's host work.
+func (m *Manager) SetCacheLimit(seq SeqID, n int) {
+	if s := m.seq(seq); s != nil {
+		s.limit = max(n, 0)
+	}
+}
+
+// Truncate drops seq's tokens from position n on (n ≤ Slots(seq)): blocks
+// wholly past n go back to the pool, last first, and a partly kept last
+// block leaves the prefix cache if it was registered (its slots from n on
+// will be written again). Computed tokens past n are forgotten.
+func (m *Manager) Truncate(seq SeqID, n int) {
+	s := m.seq(seq)
+	if s == nil || n >= s.slots {
+		return
+	}
+	n = max(n, 0)
+	keep := m.blocksFor(n)
+	for i := len(s.blocks) - 1; i >= keep; i-- {
+		m.pool.Release(s.blocks[i])
+	}
+	s.blocks = s.blocks[:keep]
+	if n%m.blockSize != 0 {
+		m.pool.Unregister(s.blocks[keep-1])
+	}
+	s.hashes = s.hashes[:min(len(s.hashes), n/m.blockSize)]
+	s.slots, s.computed = n, min(s.computed, n)
 }
 
 // Fork makes child share every block of parent (n > 1 parallel sampling):
@@ -312,7 +352,7 @@ func (m *Manager) Fork(parent, child SeqID) {
 	if m.seq(child) != nil {
 		panic(fmt.Sprintf("kvcache: fork into live seq %d", child))
 	}
-	c := &seqState{slots: p.slots, blocks: append([]int32(nil), p.blocks...), hashes: append([]uint64(nil), p.hashes...), computed: p.computed, toks: p.toks}
+	c := &seqState{slots: p.slots, blocks: append([]int32(nil), p.blocks...), hashes: append([]uint64(nil), p.hashes...), computed: p.computed, toks: p.toks, limit: p.limit}
 	for _, id := range c.blocks {
 		m.pool.Acquire(id)
 	}
@@ -348,7 +388,7 @@ func (m *Manager) Free(seq SeqID) {
 func (m *Manager) tail(s *seqState) (id int32, h uint64, n int, ok bool) {
 	bs := m.blockSize
 	i, n := s.computed/bs, s.computed%bs
-	if !m.caching || n == 0 || s.toks == nil || bs > maxPartial || len(s.hashes) < i {
+	if !m.caching || n == 0 || s.toks == nil || bs > maxPartial || len(s.hashes) < i || s.computed > s.limit {
 		return 0, 0, 0, false
 	}
 	var parent uint64

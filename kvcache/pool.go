@@ -131,6 +131,16 @@ func (p *BlockPool) Release(id int32) {
 	}
 }
 
+// Unregister takes block id out of the prefix cache (a no-op when it is
+// not registered): its slots are about to be written again.
+func (p *BlockPool) Unregister(id int32) {
+	b := &p.blocks[id]
+	if b.cached {
+		p.index.del(b.hash, id)
+		b.cached, b.plen = false, 0
+	}
+}
+
 // Lookup finds the cached block holding the full block whose chain hash is h.
 func (p *BlockPool) Lookup(h uint64) (int32, bool) {
 	id, ok := p.index.get(p.blocks, h)

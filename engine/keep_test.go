@@ -1,0 +1,184 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"chunlian/sampler"
+)
+
+// waitFor polls cond until it holds or a second passes (a Release is freed
+// by the loop asynchronously).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestKeepAndContinue: a request continued from a kept sample (From)
+// produces what the same prompt produces through the prefix cache, takes
+// over every computed token of the sample, and the samples not continued
+// are freed by Release; at every block size, so that the kept sample ends
+// on and off a block boundary.
+func TestKeepAndContinue(t *testing.T) {
+	const vocab = 24
+	for _, bs := range []int{1, 4, 16} {
+		prompt := []int32{1, 2, 3, 4, 5, 6}
+		first := &Request{Prompt: prompt, Params: sampler.Params{MaxTokens: 7, N: 3, Temperature: 1, Seed: 5}, Keep: true}
+		ctx := context.Background()
+		e, err := New(newFake(64, bs, vocab), Config{EnablePrefixCaching: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := e.Generate(ctx, first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hs []Handle
+		for _, c := range a.Completions {
+			if c.Handle == 0 || slices.Contains(hs, c.Handle) {
+				t.Fatalf("bs %d: handles %v, then %d", bs, hs, c.Handle)
+			}
+			hs = append(hs, c.Handle)
+		}
+		// Continue sample 1 with its tokens and two more.
+		c1 := a.Completions[1]
+		cont := append(slices.Clone(prompt), c1.Tokens...)
+		cont = append(cont, 7, 8)
+		next := &Request{Prompt: cont, Params: sampler.Params{MaxTokens: 5, Temperature: 1, Seed: 9}, From: hs[1]}
+		b, err := e.Generate(ctx, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The sample's last token was drawn, never fed: every token before
+		// it is taken over.
+		if want := len(prompt) + len(c1.Tokens) - 1; b.CachedTokens != want {
+			t.Errorf("bs %d: continued with %d cached tokens, want %d", bs, b.CachedTokens, want)
+		}
+		// The same prompt on a fresh engine, no handle.
+		ref, err := New(newFake(64, bs, vocab), Config{EnablePrefixCaching: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := ref.Generate(ctx, &Request{Prompt: cont, Params: next.Params})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sameResult(r, b); err != nil {
+			t.Errorf("bs %d: continuation differs from a fresh run: %v", bs, err)
+		}
+		checkDrained(t, ref)
+		// The continued handle is spent: From falls back to the prefix
+		// cache, and releasing it does nothing.
+		again, err := e.Generate(ctx, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sameResult(again, b); err != nil {
+			t.Errorf("bs %d: spent handle: %v", bs, err)
+		}
+		e.Release(hs...)
+		waitFor(t, "the released samples' blocks", func() bool { return e.Stats().KVBlocksUsed == 0 })
+		checkDrained(t, e)
+	}
+}
+
+// TestKeepBounds: kept samples never outnumber MaxNumSeqs (the oldest go
+// first), a failed request keeps nothing, and a request that runs short
+// of blocks frees kept samples before it preempts anyone.
+func TestKeepBounds(t *testing.T) {
+	ctx := context.Background()
+	e, err := New(newFake(16, 4, 24), Config{EnablePrefixCaching: true, MaxNumSeqs: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []Handle
+	for i := range 3 {
+		res, err := e.Generate(ctx, &Request{Prompt: []int32{int32(i + 1), 2, 3}, Params: sampler.Params{MaxTokens: 2, N: 2, Temperature: 1, Seed: uint64(i + 1)}, Keep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range res.Completions {
+			hs = append(hs, c.Handle)
+		}
+	}
+	waitFor(t, "kept samples", func() bool { return e.Stats().Running == 0 })
+	if got := len(e.kept); got > 4 {
+		t.Errorf("%d samples kept, want at most MaxNumSeqs = 4", got)
+	}
+	// The two oldest are gone: continuing one falls back to the cache.
+	if _, ok := e.kept[hs[0]]; ok {
+		t.Errorf("the oldest sample is still kept")
+	}
+	// 16 blocks of 4: a 54-token prompt needs 14 of them, more than the
+	// kept samples leave free; without freeing them it would wait forever.
+	long := make([]int32, 54)
+	for i := range long {
+		long[i] = int32(i % 24)
+	}
+	tctx, stop := context.WithTimeout(ctx, 5*time.Second)
+	defer stop()
+	if _, err := e.Generate(tctx, &Request{Prompt: long, Params: sampler.Params{MaxTokens: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.Stats(); st.Preemptions != 0 {
+		t.Errorf("%d preemptions while kept samples held blocks", st.Preemptions)
+	}
+	// A request whose context ends keeps nothing.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := e.Generate(cctx, &Request{Prompt: []int32{5, 6, 7}, Params: sampler.Params{MaxTokens: 3}, Keep: true}); err == nil {
+		t.Errorf("a cancelled request succeeded")
+	}
+	e.Release(hs...)
+	waitFor(t, "the released samples' blocks", func() bool { return e.Stats().KVBlocksUsed == 0 })
+	checkDrained(t, e)
+}
+
+// TestShardsKeep: a Shards handle names its engine, a From request runs
+// there, and Release reaches it.
+func TestShardsKeep(t *testing.T) {
+	ctx := context.Background()
+	var ps []*Paged
+	var es []Engine
+	for range 3 {
+		p, err := New(newFake(64, 4, 24), Config{EnablePrefixCaching: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, es = append(ps, p), append(es, p)
+	}
+	s := NewShards(es...)
+	s.packBelow = 0 // least busy: the first engine
+	// Hold engine 0 busy so that the kept request goes to engine 1.
+	s.inflight[0].Add(1)
+	prompt := []int32{3, 1, 4, 1, 5}
+	a, err := s.Generate(ctx, &Request{Prompt: prompt, Params: sampler.Params{MaxTokens: 6, N: 2, Temperature: 1, Seed: 3}, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.inflight[0].Add(-1)
+	h := a.Completions[0].Handle
+	if i, _, ok := s.split(h); !ok || i != 1 {
+		t.Fatalf("handle %#x names engine %d (ok %v), want 1", h, i, ok)
+	}
+	cont := append(slices.Clone(prompt), a.Completions[0].Tokens...)
+	b, err := s.Generate(ctx, &Request{Prompt: cont, Params: sampler.Params{MaxTokens: 2}, From: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(cont) - 1; b.CachedTokens != want {
+		t.Errorf("continued through Shards with %d cached tokens, want %d", b.CachedTokens, want)
+	}
+	s.Release(a.Completions[1].Handle, 0, 1<<shardBits|9) // unknown engines are ignored
+	waitFor(t, "the released sample's blocks", func() bool { return ps[1].Stats().KVBlocksUsed == 0 })
+	for _, p := range ps {
+		checkDrained(t, p)
+	}
+}
