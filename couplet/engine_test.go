@@ -519,7 +519,7 @@ func BenchmarkHostLoop(b *testing.B) {
 				round(r)
 				r++
 			}
-			live, alloc := stop()
+			live, alloc, polls := stop()
 			st := eng.Stats()
 			steps := float64(st.Steps - st0.Steps)
 			host := (st.StepSeconds.Schedule - st0.StepSeconds.Schedule) + (st.StepSeconds.Consume - st0.StepSeconds.Consume)
@@ -529,6 +529,10 @@ func BenchmarkHostLoop(b *testing.B) {
 			b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/float64(users*perUser*(r-1)), "rows/couplet")
 			if alloc > 0 {
 				b.ReportMetric(100*live/alloc, "%live")
+				// The share alone rises when the cache holds more full
+				// blocks; the empty slots are the waste itself.
+				b.ReportMetric((alloc-live)/float64(polls), "empty-slots")
+				b.ReportMetric(live/float64(polls), "live-slots")
 			}
 			if f := fails.Load(); f > 0 {
 				b.Logf("%d requests failed", f)

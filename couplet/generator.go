@@ -306,6 +306,15 @@ func (ks *keptSamples) release() {
 	}
 }
 
+// drop gives back hs now (samples the ranking passed over), so that
+// their blocks do not wait for the end of the call; release gives them
+// again, which does nothing.
+func (ks *keptSamples) drop(hs ...engine.Handle) {
+	if ks.k != nil && len(hs) > 0 {
+		ks.k.Release(hs...)
+	}
+}
+
 // Generate writes req.N couplets (fewer only if the attempt budget runs out
 // after at least one). Input problems are *InputError; ctx and engine
 // errors are returned as they are; ErrNoCouplet if every sample of every
@@ -428,6 +437,11 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		g.recent.demote(recentKey, cands)
 	}
 	chosen := selectDiverse(cands, p.n)
+	for _, cd := range cands { // only the chosen couplets' samples are continued (the 横批)
+		if cd.handle != 0 && !slices.Contains(chosen, cd) {
+			ks.drop(cd.handle)
+		}
+	}
 	stage.end()
 	if req.Trace != nil && req.Trace.Explain {
 		req.Trace.Candidates = explain(cands, feats, chosen)
@@ -497,6 +511,13 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *kept
 		ups = append(ups, upper{c, g.upperScore(text, c.LogProbs)})
 	}
 	slices.SortStableFunc(ups, func(a, b upper) int { return cmp.Compare(b.score, a.score) })
+	var passed []engine.Handle // the 上联s not continued
+	for _, c := range res.Completions {
+		if c.Handle != 0 && !slices.ContainsFunc(ups[:min(keep, len(ups))], func(u upper) bool { return u.comp.Handle == c.Handle }) {
+			passed = append(passed, c.Handle)
+		}
+	}
+	ks.drop(passed...)
 	ups = ups[:min(keep, len(ups))]
 	out := make([]engine.Completion, len(ups))
 	errs := make([]error, len(ups))

@@ -157,7 +157,7 @@ func BenchmarkKVEfficiencyCouplets(b *testing.B) {
 				tenUsers(b, g, i)
 			}
 			b.StopTimer()
-			live, alloc := stop()
+			live, alloc, _ := stop()
 			if alloc == 0 {
 				b.Fatal("no KV usage observed")
 			}
@@ -170,9 +170,10 @@ func BenchmarkKVEfficiencyCouplets(b *testing.B) {
 // pollKVLive samples e's live and allocated KV slots every period until
 // the returned stop is called, which gives their sums over the samples
 // (the service's metric is their ratio).
-func pollKVLive(e engine.Engine, period time.Duration) (stop func() (live, alloc float64)) {
+func pollKVLive(e engine.Engine, period time.Duration) (stop func() (live, alloc float64, polls int)) {
 	done := make(chan struct{})
 	var live, alloc float64
+	var polls int
 	var polled sync.WaitGroup
 	polled.Add(1)
 	go func() {
@@ -187,14 +188,15 @@ func pollKVLive(e engine.Engine, period time.Duration) (stop func() (live, alloc
 				if st := e.Stats(); st.KVSlotsAllocated > 0 {
 					live += float64(st.KVSlotsLive)
 					alloc += float64(st.KVSlotsAllocated)
+					polls++
 				}
 			}
 		}
 	}()
-	return func() (float64, float64) {
+	return func() (float64, float64, int) {
 		close(done)
 		polled.Wait()
-		return live, alloc
+		return live, alloc, polls
 	}
 }
 
