@@ -464,8 +464,8 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 // CUDA step limits, each on a nullDevice taking 0.25 ms a step, at the CUDA
 // default of 4-token KV blocks or at 1. Reports couplets/s, the engine
 // loops' host time (schedule + consume) per step and per logits row (the
-// figures the GPU's bench reports as "host ms per step") and the mean
-// share of allocated KV slots live.
+// figures the GPU's bench reports as "host ms per step"), the mean
+// share of allocated KV slots live and the mean empty and live slots.
 func BenchmarkHostLoop(b *testing.B) {
 	m := defaultModel(b)
 	// The CUDA default (5 上联s, the best 4 finished) and one sample.
