@@ -182,3 +182,65 @@ func TestShardsKeep(t *testing.T) {
 		checkDrained(t, p)
 	}
 }
+
+// TestKeptMatchesNaive: in every engine configuration of TestMatchesNaive
+// (chunked prefill, one-token blocks, a cache small enough to preempt),
+// kept requests give what the naive engine gives, and so do their
+// continuations: half the samples are continued through their handles
+// with a few more prompt tokens, concurrently, the others released.
+func TestKeptMatchesNaive(t *testing.T) {
+	const vocab = 24
+	for _, tc := range engineCases {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs := genRequests(tc.seed, tc.k, vocab, 20, 12)
+			for _, rq := range reqs {
+				rq.Keep = true
+			}
+			naive := NewNaive(newFake(tc.blocks, tc.bs, vocab))
+			e, err := New(newFake(tc.blocks, tc.bs, vocab), tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runConcurrent(t, e, reqs)
+			want := runConcurrent(t, naive, reqs)
+			var next []*Request
+			var released []Handle
+			for i, res := range got {
+				if err := sameResult(res, want[i]); err != nil {
+					t.Errorf("request %d: %v", i, err)
+				}
+				for k, c := range res.Completions {
+					if (i+k)%2 == 1 {
+						released = append(released, c.Handle)
+						continue
+					}
+					p := append(slices.Clone(reqs[i].Prompt), c.Tokens...)
+					p = append(p, int32((i+k)%vocab), int32((3*i+k)%vocab))
+					next = append(next, &Request{Prompt: p, From: c.Handle,
+						Params: sampler.Params{MaxTokens: 1 + (i+k)%5, N: 1 + k%2, Temperature: 1, Seed: uint64(i*7 + k + 1)}})
+				}
+			}
+			e.Release(released...)
+			got2 := runConcurrent(t, e, next)
+			from := make([]Handle, len(next))
+			for i, rq := range next {
+				from[i], rq.From = rq.From, 0
+			}
+			want2 := runConcurrent(t, naive, next)
+			for i := range next {
+				if err := sameResult(got2[i], want2[i]); err != nil {
+					t.Errorf("continuation %d (prompt %d tokens): %v", i, len(next[i].Prompt), err)
+				}
+				// Without a prefix cache and with room to keep every sample,
+				// cached tokens can only come from the kept sample.
+				// (Samples of a score-only request other than the first
+				// were never sequences: no handle.)
+				if !tc.cfg.EnablePrefixCaching && !tc.preempted && from[i] != 0 && got2[i].CachedTokens == 0 {
+					t.Errorf("continuation %d took nothing over from its kept sample", i)
+				}
+			}
+			waitFor(t, "released samples", func() bool { return e.Stats().KVBlocksUsed == 0 })
+			checkDrained(t, e)
+		})
+	}
+}
