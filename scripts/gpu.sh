@@ -11,7 +11,9 @@
 # BASE=<commit> for build also builds that commit's chunlian as
 # chunlian-base; check then benches it right before HEAD's at every level
 # (a same-call before/after). SPRING_AB=1 for check benches HEAD's binary
-# with --spring-model off right before the spring model instead.
+# with --spring-model off right before the spring model instead, and
+# AB_FLAGS="..." with those serve flags right before it without them (an
+# A/B of a switch in one binary, when two builds do not fit the carry).
 # CUDATEST=0 skips the CUDA tests, REPLICAS=0 the replica scaling; LEVELS
 # (default 1,1000) sets the bench's user
 # counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
@@ -75,6 +77,9 @@ check)
 	if [ "$BINS" = chunlian ] && [ "${SPRING_AB:-0}" = 1 ]; then
 		ln -sf chunlian $B/chunlian-nospring
 		BINS="chunlian-nospring chunlian"
+	elif [ "$BINS" = chunlian ] && [ -n "${AB_FLAGS:-}" ]; then
+		ln -sf chunlian $B/chunlian-ab
+		BINS="chunlian-ab chunlian"
 	fi
 	chmod +x $B/*
 	export CHUNLIAN_CUDA_LIB_DIR=${CHUNLIAN_CUDA_LIB_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
@@ -108,6 +113,7 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 		for bin in $BINS; do
 			SMF=
 			[ $bin != chunlian-nospring ] || SMF="--spring-model off"
+			[ $bin != chunlian-ab ] || SMF="$AB_FLAGS"
 			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF $SMF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
 				--duration 6s --warmup 2s --quiet --json $OUT/gpu-$bin-k$k.json --out $OUT/gpu-$bin-k$k.md > /dev/null 2>&1
 			echo "$bin bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
