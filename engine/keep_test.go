@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"chunlian/forward/forwardtest"
 	"chunlian/sampler"
 )
 
@@ -243,4 +244,64 @@ func TestKeptMatchesNaive(t *testing.T) {
 			checkDrained(t, e)
 		})
 	}
+}
+
+// TestKeptUnderOverlap: kept samples and their continuations with tokens
+// drawn "on the device", two steps in flight and a cache small enough to
+// preempt and to drop kept samples: greedy requests give the naive
+// engine's tokens (log-probs within float32 rounding), and nothing is
+// left held.
+func TestKeptUnderOverlap(t *testing.T) {
+	const vocab = 24
+	overlapped, preempted := int64(0), int64(0)
+	for seed := uint64(20); seed < 26; seed++ {
+		reqs := genRequests(seed, 16, vocab, 16, 12)
+		for _, rq := range reqs {
+			rq.Keep = true
+			rq.Params.Temperature = 0 // the device's draws follow another stream
+		}
+		naive := NewNaive(newFake(64, 4, vocab))
+		cd := &countDraws{AsyncDrawBackend: forwardtest.HostDraws(newFake(28, 4, vocab))}
+		e, err := New(cd, Config{MaxNumBatchedTokens: 16, EnablePrefixCaching: seed%2 == 0, OverlapMinSeqs: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := runConcurrent(t, e, reqs)
+		want := runConcurrent(t, naive, reqs)
+		var next []*Request
+		var released []Handle
+		for i, res := range got {
+			if err := closeResult(res, want[i], 1e-5); err != nil {
+				t.Errorf("seed %d request %d: %v", seed, i, err)
+			}
+			for k, c := range res.Completions {
+				if (i+k)%2 == 1 {
+					released = append(released, c.Handle)
+					continue
+				}
+				p := append(slices.Clone(reqs[i].Prompt), c.Tokens...)
+				p = append(p, int32((i+k)%vocab))
+				next = append(next, &Request{Prompt: p, From: c.Handle, Params: sampler.Params{MaxTokens: 1 + (i+k)%6}})
+			}
+		}
+		e.Release(released...)
+		got2 := runConcurrent(t, e, next)
+		for _, rq := range next {
+			rq.From = 0
+		}
+		want2 := runConcurrent(t, naive, next)
+		for i := range next {
+			if err := closeResult(got2[i], want2[i], 1e-5); err != nil {
+				t.Errorf("seed %d continuation %d: %v", seed, i, err)
+			}
+		}
+		waitFor(t, "released samples", func() bool { return e.Stats().KVBlocksUsed == 0 })
+		overlapped += cd.overlapped.Load()
+		preempted += e.Stats().Preemptions
+		checkDrained(t, e)
+	}
+	if overlapped == 0 {
+		t.Errorf("no step was launched with another in flight")
+	}
+	t.Logf("%d steps launched with another in flight, %d preemptions", overlapped, preempted)
 }
