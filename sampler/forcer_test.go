@@ -135,10 +135,10 @@ func TestForcedMatchesFullPath(t *testing.T) {
 						lse = LogSumExp(row)
 					}
 					seed := uint64(pi + 1)
-					pcgFast, pcgFull := rand.NewPCG(seed, 3), rand.NewPCG(seed, 3)
-					fast := &Sampler{p: p, rng: rand.New(pcgFast)}
-					full := &Sampler{p: p, rng: rand.New(pcgFull)}
-					before, _ := pcgFull.MarshalBinary()
+					fast, full := &Sampler{p: p}, &Sampler{p: p}
+					fast.rng.Seed(seed, 3)
+					full.rng.Seed(seed, 3)
+					before, _ := full.rng.MarshalBinary()
 					proc := forceProc{rc.tok}
 					tf, lf, ef := fast.SampleWith(NewScratch(), row, lse, h.prompt, h.generated, proc)
 					tw, lw, ew := full.SampleWith(NewScratch(), row, lse, h.prompt, h.generated, processOnly{proc})
@@ -149,8 +149,8 @@ func TestForcedMatchesFullPath(t *testing.T) {
 					if ew == nil && (tf != tw || math.Float32bits(lf) != math.Float32bits(lw)) {
 						t.Errorf("%s: (%d, %v), full path (%d, %v)", name, tf, lf, tw, lw)
 					}
-					sf, _ := pcgFast.MarshalBinary()
-					sw, _ := pcgFull.MarshalBinary()
+					sf, _ := fast.rng.MarshalBinary()
+					sw, _ := full.rng.MarshalBinary()
 					if string(sf) != string(sw) {
 						t.Errorf("%s: random stream differs after the forced row", name)
 					}
@@ -198,11 +198,11 @@ func TestForcedDrawsOnlyIfFullPathDoes(t *testing.T) {
 	} {
 		row := make([]float32, 64)
 		row[9] = c.v
-		pcg := rand.NewPCG(5, 6)
-		s := &Sampler{p: c.p, rng: rand.New(pcg)}
-		before, _ := pcg.MarshalBinary()
+		s := &Sampler{p: c.p}
+		s.rng.Seed(5, 6)
+		before, _ := s.rng.MarshalBinary()
 		tok, _, err := s.SampleWith(NewScratch(), row, math.NaN(), nil, nil, processOnly{forceProc{9}})
-		after, _ := pcg.MarshalBinary()
+		after, _ := s.rng.MarshalBinary()
 		if err != nil || tok != 9 {
 			t.Fatalf("%v %+v: %d, %v", c.v, c.p, tok, err)
 		}

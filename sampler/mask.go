@@ -102,7 +102,7 @@ func (s *IDSet) Bits() []uint64 { return s.bits }
 // Uniform takes the sampler's next random number in [0, 1): the U of a
 // draw made elsewhere (forward.Draw), one per draw at Temperature > 0, so
 // that a seeded sample's stream advances as its host draws would.
-func (s *Sampler) Uniform() float64 { return s.rng.Float64() }
+func (s *Sampler) Uniform() float64 { return s.float64() }
 
 // Force leaves only id allowed in row: ErrDeadEnd (row untouched) if id is
 // outside the row or its entry is -Inf or NaN, else every other entry

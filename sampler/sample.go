@@ -20,9 +20,13 @@ import (
 // a zero Params is plain greedy decoding.
 type Sampler struct {
 	p   Params
-	rng *rand.Rand
+	rng rand.PCG // by value: one allocation per sample instead of three
 	own *Scratch // Sample's and SampleLSE's buffers, made on first use
 }
+
+// float64 is math/rand/v2's Rand.Float64 on s.rng, bit for bit: a seed
+// draws the same stream as it did through a *rand.Rand.
+func (s *Sampler) float64() float64 { return float64(s.rng.Uint64()<<11>>11) / (1 << 53) }
 
 // Scratch holds the vocabulary-sized buffers one Sample call works in. A
 // Scratch may serve any number of Samplers, one call at a time: the engine
@@ -88,7 +92,9 @@ func New(p Params, index int) *Sampler {
 	if seed == 0 {
 		seed = rand.Uint64() | 1
 	}
-	return &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, uint64(index)))}
+	sp := &Sampler{p: p}
+	sp.rng.Seed(seed, uint64(index))
+	return sp
 }
 
 // Params returns the parameters the sampler was built with.
@@ -365,7 +371,7 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 	useP := topP > 0 && topP < 1
 	mp := s.p.MinP
 	if !useK && !useP && !(mp > 0) {
-		return cand[pick(probs, s.rng.Float64()*total)]
+		return cand[pick(probs, s.float64()*total)]
 	}
 	var sel []int32
 	if useK != useP && !(mp > 0) {
@@ -385,7 +391,7 @@ func (s *Sampler) draw(sc *Scratch, w []float32, m float32, im int32) int32 {
 	if len(sel) != n {
 		total = cpu.SumAt(probs, sel)
 	}
-	u := s.rng.Float64() * total
+	u := s.float64() * total
 	for _, j := range sel {
 		u -= float64(probs[j])
 		if u < 0 {

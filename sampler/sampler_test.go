@@ -4,6 +4,7 @@ import (
 	"chunlian/internal/testenv"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -572,3 +573,18 @@ func TestHugeTies(t *testing.T) {
 // path (with -count=1: go test's cache does not see an environment
 // read before m.Run). The library itself reads no environment.
 func TestMain(m *testing.M) { testenv.Main(m, cpu.SetGEMMPath) }
+
+// TestUniformStream: a Sampler's uniforms are math/rand/v2's
+// rand.New(rand.NewPCG(seed, index)).Float64() stream, so that seeded
+// requests draw what they drew when the Sampler held a *rand.Rand.
+func TestUniformStream(t *testing.T) {
+	for _, index := range []int{0, 1, 7} {
+		s := New(Params{Seed: 12345, Temperature: 1}, index)
+		ref := rand.New(rand.NewPCG(12345, uint64(index)))
+		for i := range 1000 {
+			if got, want := s.Uniform(), ref.Float64(); got != want {
+				t.Fatalf("index %d, draw %d: %v, want %v", index, i, got, want)
+			}
+		}
+	}
+}

@@ -415,7 +415,7 @@ func (s *Sampler) drawBucketed(sc *Scratch, c []int32, probs []float32, total fl
 	if int(sc.bcount[cut])-len(cb)+len(keep) == n {
 		kept = total // every candidate kept: draw uses ExpSum's total
 	}
-	u := s.rng.Float64() * kept
+	u := s.float64() * kept
 	var acc float64
 	for d := range cut {
 		if acc+bmass[d] > u {
