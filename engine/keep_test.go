@@ -204,23 +204,14 @@ func TestKeptMatchesNaive(t *testing.T) {
 			}
 			got := runConcurrent(t, e, reqs)
 			want := runConcurrent(t, naive, reqs)
-			var next []*Request
-			var released []Handle
 			for i, res := range got {
 				if err := sameResult(res, want[i]); err != nil {
 					t.Errorf("request %d: %v", i, err)
 				}
-				for k, c := range res.Completions {
-					if (i+k)%2 == 1 {
-						released = append(released, c.Handle)
-						continue
-					}
-					p := append(slices.Clone(reqs[i].Prompt), c.Tokens...)
-					p = append(p, int32((i+k)%vocab), int32((3*i+k)%vocab))
-					next = append(next, &Request{Prompt: p, From: c.Handle,
-						Params: sampler.Params{MaxTokens: 1 + (i+k)%5, N: 1 + k%2, Temperature: 1, Seed: uint64(i*7 + k + 1)}})
-				}
 			}
+			next, released := continueHalf(reqs, got, vocab, func(i, k int) sampler.Params {
+				return sampler.Params{MaxTokens: 1 + (i+k)%5, N: 1 + k%2, Temperature: 1, Seed: uint64(i*7 + k + 1)}
+			})
 			e.Release(released...)
 			got2 := runConcurrent(t, e, next)
 			from := make([]Handle, len(next))
@@ -268,22 +259,14 @@ func TestKeptUnderOverlap(t *testing.T) {
 		}
 		got := runConcurrent(t, e, reqs)
 		want := runConcurrent(t, naive, reqs)
-		var next []*Request
-		var released []Handle
 		for i, res := range got {
 			if err := closeResult(res, want[i], 1e-5); err != nil {
 				t.Errorf("seed %d request %d: %v", seed, i, err)
 			}
-			for k, c := range res.Completions {
-				if (i+k)%2 == 1 {
-					released = append(released, c.Handle)
-					continue
-				}
-				p := append(slices.Clone(reqs[i].Prompt), c.Tokens...)
-				p = append(p, int32((i+k)%vocab))
-				next = append(next, &Request{Prompt: p, From: c.Handle, Params: sampler.Params{MaxTokens: 1 + (i+k)%6}})
-			}
 		}
+		next, released := continueHalf(reqs, got, vocab, func(i, k int) sampler.Params {
+			return sampler.Params{MaxTokens: 1 + (i+k)%6} // greedy
+		})
 		e.Release(released...)
 		got2 := runConcurrent(t, e, next)
 		for _, rq := range next {
@@ -304,4 +287,23 @@ func TestKeptUnderOverlap(t *testing.T) {
 		t.Errorf("no step was launched with another in flight")
 	}
 	t.Logf("%d steps launched with another in flight, %d preemptions", overlapped, preempted)
+}
+
+// continueHalf builds continuations of half the kept samples of results
+// (of reqs): each a request From the sample's handle whose prompt is the
+// sample's prompt and tokens plus two more, with params(i, k) for sample
+// k of request i; the other half's handles are returned to release.
+func continueHalf(reqs []*Request, results []*Result, vocab int, params func(i, k int) sampler.Params) (next []*Request, released []Handle) {
+	for i, res := range results {
+		for k, c := range res.Completions {
+			if (i+k)%2 == 1 {
+				released = append(released, c.Handle)
+				continue
+			}
+			p := append(slices.Clone(reqs[i].Prompt), c.Tokens...)
+			p = append(p, int32((i+k)%vocab), int32((3*i+k)%vocab))
+			next = append(next, &Request{Prompt: p, From: c.Handle, Params: params(i, k)})
+		}
+	}
+	return next, released
 }
