@@ -476,8 +476,9 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 // them as completions of the lines (上联, <sep>, 下联). With keep < m
 // (Generate decides when; never in lower mode) it draws the m 上联s alone
 // first, keeps the keep best by upperScore, and continues each from a prompt
-// that ends in its 上联; the prefix cache holds those blocks, so only the
-// 上联's last token is computed again. A continued sample keeps its
+// that ends in its 上联, taking over the sample's kept cache (ks; the
+// prefix cache where the engine keeps none), so only the 上联's last token
+// is computed again; the others are given back at once. A continued sample keeps its
 // index's constraint (keyword placement) and a seed of its own, so seeded
 // requests stay reproducible.
 func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *keptSamples, p *plan, prompt []int32, attempt, m, keep int, stage *stageTimer) ([]engine.Completion, error) {
