@@ -308,11 +308,7 @@ func (ks *keptSamples) add(res *engine.Result) {
 }
 
 // release gives back every handle recorded.
-func (ks *keptSamples) release() {
-	if ks.k != nil && len(ks.hs) > 0 {
-		ks.k.Release(ks.hs...)
-	}
-}
+func (ks *keptSamples) release() { ks.drop(ks.hs...) }
 
 // drop gives back hs now (samples the ranking passed over), so that
 // their blocks do not wait for the end of the call; release gives them
@@ -445,11 +441,13 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		g.recent.demote(recentKey, cands)
 	}
 	chosen := selectDiverse(cands, p.n)
-	for _, cd := range cands { // only the chosen couplets' samples are continued (the 横批)
+	var passed []engine.Handle // only the chosen couplets' samples are continued (the 横批)
+	for _, cd := range cands {
 		if cd.handle != 0 && !slices.Contains(chosen, cd) {
-			ks.drop(cd.handle)
+			passed = append(passed, cd.handle)
 		}
 	}
+	ks.drop(passed...)
 	stage.end()
 	if req.Trace != nil && req.Trace.Explain {
 		req.Trace.Candidates = explain(cands, feats, chosen)
@@ -520,14 +518,14 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *kept
 		ups = append(ups, upper{c, g.upperScore(text, c.LogProbs)})
 	}
 	slices.SortStableFunc(ups, func(a, b upper) int { return cmp.Compare(b.score, a.score) })
+	ups = ups[:min(keep, len(ups))]
 	var passed []engine.Handle // the 上联s not continued
 	for _, c := range res.Completions {
-		if c.Handle != 0 && !slices.ContainsFunc(ups[:min(keep, len(ups))], func(u upper) bool { return u.comp.Handle == c.Handle }) {
+		if c.Handle != 0 && !slices.ContainsFunc(ups, func(u upper) bool { return u.comp.Handle == c.Handle }) {
 			passed = append(passed, c.Handle)
 		}
 	}
 	ks.drop(passed...)
-	ups = ups[:min(keep, len(ups))]
 	out := make([]engine.Completion, len(ups))
 	errs := make([]error, len(ups))
 	var wg sync.WaitGroup

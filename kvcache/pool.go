@@ -99,12 +99,8 @@ func (p *BlockPool) Get() (id int32, ok bool) {
 	}
 	id = p.head
 	p.unlink(id)
-	b := &p.blocks[id]
-	if b.cached {
-		p.index.del(b.hash, id)
-		b.cached, b.plen = false, 0
-	}
-	b.ref = 1
+	p.Unregister(id)
+	p.blocks[id].ref = 1
 	return id, true
 }
 
