@@ -337,9 +337,17 @@ func (e *Paged) jumpForward(s *sequence) {
 		return
 	}
 	m := &e.jumpMask
+	if e.deviceDraws() {
+		m = &s.mask // kept for the next step's plan
+	}
+	s.maskAt = 0
 	for len(s.tokens)-len(s.r.req.Prompt) < par.MaxTokens && !s.terminal() {
 		m.Reset()
-		if !mk.Mask(s.generated(), m) || !m.Forced || m.Force < 0 || int(m.Force) >= e.vocab {
+		ok := mk.Mask(s.generated(), m)
+		if !ok || !m.Forced || m.Force < 0 || int(m.Force) >= e.vocab {
+			if m == &s.mask {
+				s.maskAt, s.masked = len(s.tokens), ok
+			}
 			return
 		}
 		if par.Temperature != 0 {

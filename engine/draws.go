@@ -112,12 +112,12 @@ func (e *Paged) planDraws() {
 		row := en.sampleRow()
 		switch {
 		case r.forked:
-			e.planTask(row, s.samp, s.proc, s.generated())
+			e.planTask(row, s.samp, s.proc, s.generated(), s)
 		case r.req.Params.MaxTokens == 0: // score-only: fork draws nothing
 		default: // the step the request forks: all N samples draw from row
 			for i := range r.n {
 				samp, proc := e.sampleState(r, i)
-				e.planTask(row, samp, proc, s.generated())
+				e.planTask(row, samp, proc, s.generated(), nil)
 			}
 		}
 	}
@@ -141,16 +141,22 @@ func (e *Paged) planDraws() {
 }
 
 // planTask plans one sampling task on row: a draw when its processor can
-// say what it does without the row, else the host way (row copied).
-func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsProcessor, gen []int32) {
+// say what it does without the row, else the host way (row copied). s,
+// when not nil, is the task's sequence, whose mask jumpForward may have
+// left for this position.
+func (e *Paged) planTask(row int32, samp *sampler.Sampler, proc sampler.LogitsProcessor, gen []int32, s *sequence) {
 	p := &e.dp
 	par := samp.Params()
 	m := &p.mask
-	m.Reset()
 	masked := true
-	if proc != nil {
-		mk, isMasker := proc.(sampler.Masker)
-		masked = isMasker && mk.Mask(gen, m)
+	if s != nil && s.maskAt == len(s.tokens) {
+		m, masked = &s.mask, s.masked
+	} else {
+		m.Reset()
+		if proc != nil {
+			mk, isMasker := proc.(sampler.Masker)
+			masked = isMasker && mk.Mask(gen, m)
+		}
 	}
 	ok := masked
 	if rp := par.RepetitionPenalty; rp > 0 && rp != 1 {

@@ -463,3 +463,70 @@ func TestJumpForwardSteps(t *testing.T) {
 			off.Steps, off.ComputedTokens, on.Steps, on.ComputedTokens, on.JumpTokens, on.SampledTokens)
 	}
 }
+
+// countMask is runProc counting its Mask calls by position (len(gen)).
+type countMask struct {
+	runProc
+	asked map[int]int
+}
+
+func (p *countMask) Mask(gen []int32, m *sampler.Mask) bool {
+	p.asked[len(gen)]++
+	return p.runProc.Mask(gen, m)
+}
+
+// TestMaskAskedOnce: on device draws the processor is asked for each
+// position's mask once, the plan taking the one jumpForward left, and the
+// tokens are those of the host path (log-probs come from the device's
+// log-sum-exp there: TestDeviceDrawsGreedyMatchHost).
+func TestMaskAskedOnce(t *testing.T) {
+	const vocab = 24
+	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
+	tc := engineCases[0]
+	run := func(device bool) ([]*Result, []*countMask) {
+		reqs := genRequests(tc.seed, tc.k, vocab, 30, 40)
+		var procs []*countMask
+		for _, r := range reqs {
+			var ps []*countMask
+			for range max(1, r.Params.N) {
+				ps = append(ps, &countMask{runProc{set, vocab, -1, 0}, map[int]int{}})
+			}
+			procs = append(procs, ps...)
+			r.NewProcessor = func(i int) sampler.LogitsProcessor { return ps[i] }
+		}
+		var b forward.Backend = newFake(tc.blocks, tc.bs, vocab)
+		cfg := DefaultConfig()
+		if device {
+			b = forwardtest.HostDraws(b)
+			cfg.OverlapMinSeqs = 2
+		}
+		e, err := New(b, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := runConcurrent(t, e, reqs)
+		checkDrained(t, e)
+		return res, procs
+	}
+	want, _ := run(false)
+	got, procs := run(true)
+	for i := range want {
+		for k, c := range got[i].Completions {
+			if w := want[i].Completions[k]; !slices.Equal(c.Tokens, w.Tokens) || c.Finish != w.Finish {
+				t.Errorf("request %d sample %d: %v %s, host path %v %s", i, k, c.Tokens, c.Finish, w.Tokens, w.Finish)
+			}
+		}
+	}
+	asked := 0
+	for i, p := range procs {
+		for pos, n := range p.asked {
+			asked += n
+			if n != 1 {
+				t.Fatalf("sample %d: position %d asked %d times", i, pos, n)
+			}
+		}
+	}
+	if asked < 100 {
+		t.Fatalf("only %d masks asked", asked)
+	}
+}

@@ -183,6 +183,14 @@ type sequence struct {
 	adopted int
 	// handle is the sequence's kept cache once it finished (Request.Keep).
 	handle Handle
+	// mask is what proc's Mask reported (masked) for the token after
+	// tokens[:maskAt], left by jumpForward's last call on a device-draw
+	// engine; 0 = none. The next step plans that very position, and no
+	// Process call runs in between, so the plan takes it from here instead
+	// of asking the processor twice (Masker: Mask has no side effects).
+	mask   sampler.Mask
+	masked bool
+	maskAt int
 }
 
 func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
