@@ -13,7 +13,9 @@ import (
 // were computed, and computes only the rest of its prompt. At most
 // MaxNumSeqs samples are kept: beyond that, and whenever blocks run
 // short, the oldest go first, and their continuations fall back to the
-// prefix cache.
+// prefix cache. A continuation takes its sample over when it is
+// submitted; while it waits, blocks short give those back too (after the
+// kept ones, before a running sequence is preempted).
 
 var _ Keeper = (*Paged)(nil)
 
@@ -83,6 +85,22 @@ func (e *Paged) dropOldestKept() bool {
 		e.keptOrder = e.keptOrder[1:]
 		if _, ok := e.kept[h]; ok {
 			e.dropKept(h)
+			return true
+		}
+	}
+	return false
+}
+
+// dropAdopted frees the blocks of the last waiting sequence other than
+// except that took a kept sample over: it computes its prompt instead,
+// like a preempted one. Without this, waiting sequences holding adopted
+// blocks could starve the head of the queue, or make a running sequence
+// preempt itself at every step. false when none holds any.
+func (e *Paged) dropAdopted(except *sequence) bool {
+	for i := len(e.waiting) - 1; i >= 0; i-- {
+		if s := e.waiting[i]; s.adopted > 0 && s != except {
+			e.mgr.Free(s.id)
+			s.adopted = 0
 			return true
 		}
 	}

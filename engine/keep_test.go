@@ -307,3 +307,65 @@ func continueHalf(reqs []*Request, results []*Result, vocab int, params func(i, 
 	}
 	return next, released
 }
+
+// TestAdoptedBlocksYield: continuations waiting for a slot hold the blocks
+// they took over from kept samples, and those give way when the running
+// sequences need them. (Before, two 60-token requests that together did
+// not fit beside them were preempted into a queue whose head could never
+// be admitted, and failed as too long.)
+func TestAdoptedBlocksYield(t *testing.T) {
+	fb := newFake(16, 4, 24) // 64 slots
+	e, err := New(fb, Config{MaxNumSeqs: 2, MaxNumBatchedTokens: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prompt := []int32{1, 2, 3, 4}
+	a, err := e.Generate(ctx, &Request{Prompt: prompt, Params: sampler.Params{MaxTokens: 8, N: 2}, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The two kept samples hold 5 blocks (their prompt block shared).
+	fb.gate = make(chan struct{})
+	// step lets the engine through one forward pass at a time until cond
+	// holds of the Stats published after it.
+	step := func(what string, cond func(Stats) bool) {
+		t.Helper()
+		for range 20 {
+			st := e.Stats()
+			if cond(st) {
+				return
+			}
+			select {
+			case fb.gate <- struct{}{}:
+				waitFor(t, "the step's stats", func() bool { return e.Stats().Steps > st.Steps })
+			case <-time.After(100 * time.Millisecond): // no step pending yet
+			}
+		}
+		t.Fatalf("never %s: %+v", what, e.Stats())
+	}
+	errs := make(chan error, 4)
+	for _, p := range [][]int32{{5, 6, 7, 8}, {9, 10, 11, 12}} {
+		go func() {
+			_, err := e.Generate(ctx, &Request{Prompt: p, Params: sampler.Params{MaxTokens: 56}})
+			errs <- err
+		}()
+	}
+	step("both long requests running", func(s Stats) bool { return s.Running == 2 })
+	for _, c := range a.Completions {
+		cont := append(append(slices.Clone(prompt), c.Tokens...), 13)
+		go func() {
+			_, err := e.Generate(ctx, &Request{Prompt: cont, Params: sampler.Params{MaxTokens: 1}, From: c.Handle})
+			errs <- err
+		}()
+	}
+	step("both continuations waiting", func(s Stats) bool { return s.Waiting == 2 })
+	close(fb.gate)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	checkDrained(t, e)
+}

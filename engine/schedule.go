@@ -86,7 +86,9 @@ func (e *Paged) scheduleRunning(budget, maxSeqs int) (int, bool) {
 		}
 		n := min(s.want()-s.numComputed, budget)
 		for !e.mgr.Allocate(s.id, n, kvcache.Computed{}) {
-			if e.dropOldestKept() { // kept samples go before running ones
+			// Kept samples go before running ones, and so do the blocks
+			// waiting sequences took over from kept samples.
+			if e.dropOldestKept() || e.dropAdopted(nil) {
 				continue
 			}
 			// Out of blocks: preempt the most recently admitted running
@@ -132,7 +134,7 @@ func (e *Paged) admitWaiting(budget, maxSeqs int) {
 		for !e.mgr.Allocate(s.id, n, hit) {
 			// Freeing a kept sample only releases blocks (hit's stay
 			// findable until a Get), so hit is still good.
-			if !e.dropOldestKept() {
+			if !e.dropOldestKept() && !e.dropAdopted(s) {
 				return
 			}
 		}
