@@ -43,7 +43,6 @@ type options struct {
 	idleSamples  int  // WithIdleSamples: samples while idle (0 = off)
 	idleBelow    int  // … while at most this many calls are under way
 	finishers    int  // WithFinishers: samples per couplet that write a 下联 (0 = all)
-	noKeep       bool // WithKeptSamples(false)
 	bannerTopK   int
 	bannerPool   int
 	bannerSrcs   []BannerSource
@@ -106,10 +105,6 @@ func WithOversample(k int) Option { return func(o *options) { o.oversample = k }
 // does every request while WithIdleSamples counts the generator as idle
 // (at most its bound of calls under way).
 func WithFinishers(k int) Option { return func(o *options) { o.finishers = max(k, 0) } }
-
-// WithKeptSamples(false) continues samples through the prefix cache even
-// when the engine can keep them (engine.Keeper); on by default.
-func WithKeptSamples(on bool) Option { return func(o *options) { o.noKeep = !on } }
 
 // DefaultIdleBelow is the in-flight bound of WithIdleSamples front ends
 // use: a handful of users, far below where the extra rows would cost a
@@ -285,11 +280,8 @@ type keptSamples struct {
 	hs []engine.Handle
 }
 
-func (g *Generator) newKeptSamples(eng engine.Engine) *keptSamples {
+func newKeptSamples(eng engine.Engine) *keptSamples {
 	k, _ := eng.(engine.Keeper)
-	if g.o.noKeep {
-		k = nil
-	}
 	return &keptSamples{k: k}
 }
 
@@ -381,7 +373,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		return g.o.judge != nil && clean < p.n && attempt <= cleanRounds && p.topK != 1
 	}
 	eng := g.engine(p)
-	ks := g.newKeptSamples(eng)
+	ks := newKeptSamples(eng)
 	defer ks.release()
 	stage := startStage(req.Trace, eng, StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {

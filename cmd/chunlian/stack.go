@@ -210,7 +210,6 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 		couplet.WithTemperature(float32(c.DefaultTemperature)),
 		couplet.WithBannerTopK(c.BannerCandidates),
 		couplet.WithJudge(critic.Judge{Year: c.festivalYear()}),
-		couplet.WithKeptSamples(!c.Experimental.Has(featNoKeep)),
 	}
 }
 
@@ -595,17 +594,12 @@ const (
 	// (cuda.Options.EagerOnly): slower, but a kernel profiler can then
 	// attribute the served kernel mix, which graph capture hides from it.
 	featCUDAEager = "cuda-eager"
-	// featNoKeep continues the generator's samples through the prefix
-	// cache instead of kept handles (the behaviour before them), for
-	// their A/B on the GPU.
-	featNoKeep = "no-keep"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
 	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
 	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featNoKeep:    "continue samples through the prefix cache, not kept handles (an A/B switch)",
 }
 
 // knownFeatures lists the feature names for help and errors.
