@@ -40,9 +40,9 @@ type Generator struct {
 type options struct {
 	maxAttempts  int
 	oversample   int
-	idleSamples  int  // WithIdleSamples: samples while idle (0 = off)
-	idleBelow    int  // … while at most this many calls are under way
-	finishers    int  // WithFinishers: samples per couplet that write a 下联 (0 = all)
+	idleSamples  int // WithIdleSamples: samples while idle (0 = off)
+	idleBelow    int // … while at most this many calls are under way
+	finishers    int // WithFinishers: samples per couplet that write a 下联 (0 = all)
 	bannerTopK   int
 	bannerPool   int
 	bannerSrcs   []BannerSource

@@ -372,15 +372,7 @@ func TestJumpForwardMatchesStepByStep(t *testing.T) {
 						cfg = DefaultConfig()
 					}
 					cfg.noJump = !jump
-					var b forward.Backend = newFake(tc.blocks, tc.bs, vocab)
-					if device {
-						b = forwardtest.HostDraws(b)
-						cfg.OverlapMinSeqs = 2
-					}
-					e, err := New(b, cfg)
-					if err != nil {
-						t.Fatal(err)
-					}
+					e := drawEngine(t, tc.blocks, tc.bs, vocab, cfg, device)
 					res := runConcurrent(t, e, reqs)
 					st := e.Stats()
 					checkDrained(t, e)
@@ -416,6 +408,23 @@ func TestJumpForwardMatchesStepByStep(t *testing.T) {
 			})
 		}
 	}
+}
+
+// drawEngine is an engine with cfg on a fake backend; with device, the
+// backend draws tokens "on the device" (forwardtest.HostDraws) and two
+// steps are in flight from 2 sequences on.
+func drawEngine(t *testing.T, blocks, bs, vocab int, cfg Config, device bool) *Paged {
+	t.Helper()
+	var b forward.Backend = newFake(blocks, bs, vocab)
+	if device {
+		b = forwardtest.HostDraws(b)
+		cfg.OverlapMinSeqs = 2
+	}
+	e, err := New(b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // sampleEvents returns the events of sample k.
@@ -494,16 +503,7 @@ func TestMaskAskedOnce(t *testing.T) {
 			procs = append(procs, ps...)
 			r.NewProcessor = func(i int) sampler.LogitsProcessor { return ps[i] }
 		}
-		var b forward.Backend = newFake(tc.blocks, tc.bs, vocab)
-		cfg := DefaultConfig()
-		if device {
-			b = forwardtest.HostDraws(b)
-			cfg.OverlapMinSeqs = 2
-		}
-		e, err := New(b, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := drawEngine(t, tc.blocks, tc.bs, vocab, DefaultConfig(), device)
 		res := runConcurrent(t, e, reqs)
 		checkDrained(t, e)
 		return res, procs
