@@ -209,9 +209,25 @@ func withUsage(ctx context.Context, u *usage) context.Context {
 // InstrumentEngine decorates e so that every engine request is observed in
 // the histograms and success counters, and its token counts are added to the
 // calling HTTP request's usage (found in ctx).
+// The decorator keeps e's engine.Keeper: the couplet generator keeps
+// samples only through an engine that says it can.
 func (m *Metrics) InstrumentEngine(e engine.Engine) engine.Engine {
-	return &instrumentedEngine{Engine: e, m: m}
+	ie := &instrumentedEngine{Engine: e, m: m}
+	if k, ok := e.(engine.Keeper); ok {
+		return &instrumentedKeeper{ie, k}
+	}
+	return ie
 }
+
+// instrumentedKeeper is instrumentedEngine over an engine.Keeper.
+type instrumentedKeeper struct {
+	*instrumentedEngine
+	k engine.Keeper
+}
+
+var _ engine.Keeper = (*instrumentedKeeper)(nil)
+
+func (ik *instrumentedKeeper) Release(hs ...engine.Handle) { ik.k.Release(hs...) }
 
 type instrumentedEngine struct {
 	engine.Engine

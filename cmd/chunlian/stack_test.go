@@ -17,6 +17,7 @@ import (
 	"chunlian/forward"
 	"chunlian/kernels/cpu"
 	"chunlian/model"
+	"chunlian/server"
 )
 
 func TestByteSize(t *testing.T) {
@@ -579,5 +580,23 @@ func TestSpringModelDir(t *testing.T) {
 		t.Error("a spring model with another tokenizer was accepted")
 	} else if !strings.Contains(err.Error(), "--spring-model") || !strings.Contains(err.Error(), "tokenizer") {
 		t.Errorf("error %v, want one naming --spring-model and the tokenizer", err)
+	}
+}
+
+// TestServedStackKeeps: the engines serve hands the couplet generator,
+// wrapped by the metrics decorator, still keep samples (engine.Keeper);
+// without it every continuation fell back to the prefix cache.
+func TestServedStackKeeps(t *testing.T) {
+	c := parseStack(t, "--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1")
+	c.wrapEngine = new(server.Metrics).InstrumentEngine
+	st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), model.NewRandom(model.TestConfig(), 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for name, e := range map[string]engine.Engine{"lower": st.lower, "style": st.style} {
+		if _, ok := e.(engine.Keeper); !ok {
+			t.Errorf("the %s engine (%T) does not keep samples", name, e)
+		}
 	}
 }
