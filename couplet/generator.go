@@ -40,9 +40,10 @@ type Generator struct {
 type options struct {
 	maxAttempts  int
 	oversample   int
-	idleSamples  int // WithIdleSamples: samples while idle (0 = off)
-	idleBelow    int // … while at most this many calls are under way
-	finishers    int // WithFinishers: samples per couplet that write a 下联 (0 = all)
+	idleSamples  int  // WithIdleSamples: samples while idle (0 = off)
+	idleBelow    int  // … while at most this many calls are under way
+	finishers    int  // WithFinishers: samples per couplet that write a 下联 (0 = all)
+	noKeep       bool // WithKeptSamples(false)
 	bannerTopK   int
 	bannerPool   int
 	bannerSrcs   []BannerSource
@@ -105,6 +106,13 @@ func WithOversample(k int) Option { return func(o *options) { o.oversample = k }
 // does every request while WithIdleSamples counts the generator as idle
 // (at most its bound of calls under way).
 func WithFinishers(k int) Option { return func(o *options) { o.finishers = max(k, 0) } }
+
+// WithKeptSamples(false) continues a couplet's requests through the
+// prefix cache even when the engine keeps samples (engine.Keeper); on by
+// default. Several engine loops on one GPU serve more without: a kept
+// sample binds its continuation to the loop that holds it
+// (docs/DECISIONS.md, "Kept samples continued by handle").
+func WithKeptSamples(on bool) Option { return func(o *options) { o.noKeep = !on } }
 
 // DefaultIdleBelow is the in-flight bound of WithIdleSamples front ends
 // use: a handful of users, far below where the extra rows would cost a
@@ -280,8 +288,11 @@ type keptSamples struct {
 	hs []engine.Handle
 }
 
-func newKeptSamples(eng engine.Engine) *keptSamples {
+func (g *Generator) newKeptSamples(eng engine.Engine) *keptSamples {
 	k, _ := eng.(engine.Keeper)
+	if g.o.noKeep {
+		k = nil
+	}
 	return &keptSamples{k: k}
 }
 
@@ -373,7 +384,7 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 		return g.o.judge != nil && clean < p.n && attempt <= cleanRounds && p.topK != 1
 	}
 	eng := g.engine(p)
-	ks := newKeptSamples(eng)
+	ks := g.newKeptSamples(eng)
 	defer ks.release()
 	stage := startStage(req.Trace, eng, StageCandidates)
 	for attempt := 0; attempt < g.o.maxAttempts && (len(cands) < p.n || wantClean(attempt)); attempt++ {

@@ -277,3 +277,44 @@ func TestKeptSamplesReleased(t *testing.T) {
 		})
 	}
 }
+
+// keepCounter passes requests and releases to a Keeper engine, counting
+// the requests that ask to keep their samples or continue one.
+type keepCounter struct {
+	engine.Engine
+	keep, from atomic.Int64
+}
+
+func (k *keepCounter) Generate(ctx context.Context, req *engine.Request) (*engine.Result, error) {
+	if req.Keep {
+		k.keep.Add(1)
+	}
+	if req.From != 0 {
+		k.from.Add(1)
+	}
+	return k.Engine.Generate(ctx, req)
+}
+
+func (k *keepCounter) Release(hs ...engine.Handle) { k.Engine.(engine.Keeper).Release(hs...) }
+
+// TestWithKeptSamples: by default the generator keeps samples and
+// continues them; WithKeptSamples(false) never asks, on the same engine.
+func TestWithKeptSamples(t *testing.T) {
+	m, err := model.Default()
+	if err != nil {
+		t.Skipf("default model not available: %v", err)
+	}
+	for _, on := range []bool{true, false} {
+		e := &keepCounter{Engine: realStack(t, m)}
+		g, err := New(m, e, WithOversample(5), WithFinishers(3), WithKeptSamples(on), WithBannerSources(testBannerSources()...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.Generate(context.Background(), Request{Text: "平安", Seed: 7}); err != nil {
+			t.Fatal(err)
+		}
+		if k, f := e.keep.Load(), e.from.Load(); (k > 0 && f > 0) != on || (!on && k+f != 0) {
+			t.Errorf("kept samples %v: %d requests kept, %d continued one", on, k, f)
+		}
+	}
+}

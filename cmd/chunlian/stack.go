@@ -54,6 +54,10 @@ type stackConfig struct {
 	FestivalYear        int        // the Spring Festival's Gregorian year for the year-animal check; 0 = from the clock
 	Experimental        features   // --experimental
 	CUDA                cudaConfig // CUDA-only flags (stack_cuda.go)
+	// noKeep: the generator continues its requests through the prefix
+	// cache, not kept samples; resolved by buildStackFor (CUDA without
+	// featCUDAKeep). Not a flag.
+	noKeep bool
 	// wrapEngine is an optional engine decorator (metrics); not a flag.
 	wrapEngine func(engine.Engine) engine.Engine
 	// logger takes serve's start-up notes (nil = plain stderr lines), so
@@ -125,6 +129,14 @@ func enginesFor(backend string, flag int) int {
 // samplesFor resolves --samples-per-couplet for backend ("cpu" or "cuda").
 func samplesFor(backend string, flag int) int {
 	return byBackend(backend, flag, cpuDefaultSamples, cudaDefaultSamples)
+}
+
+// noKeepFor reports whether the generator on backend continues its
+// requests through the prefix cache instead of kept samples: on CUDA
+// unless featCUDAKeep, since kept samples lose on the GPU's several
+// engine loops (docs/DECISIONS.md, "Kept samples continued by handle").
+func noKeepFor(backend string, exp features) bool {
+	return backend == "cuda" && !exp.Has(featCUDAKeep)
 }
 
 // byBackend is flag when it is set (> 0), else backend's default.
@@ -206,6 +218,7 @@ func (c *stackConfig) generatorOptions() []couplet.Option {
 		couplet.WithOversample(c.SamplesPerCouplet),
 		couplet.WithIdleSamples(c.IdleSamples, couplet.DefaultIdleBelow),
 		couplet.WithFinishers(c.FinishSamples),
+		couplet.WithKeptSamples(!c.noKeep),
 		couplet.WithRecentWindow(c.RecentWindow),
 		couplet.WithTemperature(float32(c.DefaultTemperature)),
 		couplet.WithBannerTopK(c.BannerCandidates),
@@ -408,6 +421,7 @@ func buildStackFor(cfg stackConfig, m, spring *model.Model) (*stack, error) {
 	s.Config.SamplesPerCouplet = samplesFor(backend, cfg.SamplesPerCouplet)
 	s.Config.IdleSamples = byBackend(backend, cfg.IdleSamples, cpuDefaultIdleSamples, cudaDefaultIdleSamples)
 	s.Config.FinishSamples = byBackend(backend, cfg.FinishSamples, cpuDefaultFinishSamples, cudaDefaultFinishSamples)
+	s.Config.noKeep = noKeepFor(backend, cfg.Experimental)
 	cfg.SamplesPerCouplet, cfg.IdleSamples, cfg.FinishSamples = s.Config.SamplesPerCouplet, s.Config.IdleSamples, s.Config.FinishSamples
 	group := func(es []engine.Engine) engine.Engine {
 		e := es[0]
@@ -594,12 +608,16 @@ const (
 	// (cuda.Options.EagerOnly): slower, but a kernel profiler can then
 	// attribute the served kernel mix, which graph capture hides from it.
 	featCUDAEager = "cuda-eager"
+	// featCUDAKeep lets the couplet generator keep samples on the CUDA
+	// backend (couplet.WithKeptSamples), off there by default.
+	featCUDAKeep = "cuda-keep"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
 	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
 	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
+	featCUDAKeep:  "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
 }
 
 // knownFeatures lists the feature names for help and errors.

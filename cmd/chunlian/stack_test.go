@@ -584,8 +584,9 @@ func TestSpringModelDir(t *testing.T) {
 }
 
 // TestServedStackKeeps: the engines serve hands the couplet generator,
-// wrapped by the metrics decorator, still keep samples (engine.Keeper);
-// without it every continuation fell back to the prefix cache.
+// wrapped by the metrics decorator, still keep samples (engine.Keeper),
+// and the CPU stack's generator uses them; on CUDA it does not by
+// default.
 func TestServedStackKeeps(t *testing.T) {
 	c := parseStack(t, "--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1")
 	c.wrapEngine = new(server.Metrics).InstrumentEngine
@@ -597,6 +598,19 @@ func TestServedStackKeeps(t *testing.T) {
 	for name, e := range map[string]engine.Engine{"lower": st.lower, "style": st.style} {
 		if _, ok := e.(engine.Keeper); !ok {
 			t.Errorf("the %s engine (%T) does not keep samples", name, e)
+		}
+	}
+	if st.Config.noKeep {
+		t.Error("the CPU stack's generator does not keep samples")
+	}
+	// On CUDA only with the experimental feature.
+	for _, tc := range []struct {
+		backend string
+		exp     features
+		want    bool
+	}{{"cpu", nil, false}, {"cuda", nil, true}, {"cuda", features{featCUDAKeep}, false}} {
+		if got := noKeepFor(tc.backend, tc.exp); got != tc.want {
+			t.Errorf("noKeepFor(%s, %v) = %v, want %v", tc.backend, tc.exp, got, tc.want)
 		}
 	}
 }
