@@ -310,13 +310,25 @@ func (ks *keptSamples) add(res *engine.Result) {
 	}
 }
 
-// release gives back every handle recorded.
-func (ks *keptSamples) release() { ks.drop(ks.hs...) }
+// release gives back every handle recorded and not dropped yet.
+func (ks *keptSamples) release() {
+	ks.mu.Lock()
+	hs := ks.hs
+	ks.hs = nil
+	ks.mu.Unlock()
+	ks.give(hs)
+}
 
 // drop gives back hs now (samples the ranking passed over), so that
-// their blocks do not wait for the end of the call; release gives them
-// again, which does nothing.
+// their blocks do not wait for the end of the call, and forgets them.
 func (ks *keptSamples) drop(hs ...engine.Handle) {
+	ks.mu.Lock()
+	ks.hs = slices.DeleteFunc(ks.hs, func(h engine.Handle) bool { return slices.Contains(hs, h) })
+	ks.mu.Unlock()
+	ks.give(hs)
+}
+
+func (ks *keptSamples) give(hs []engine.Handle) {
 	if ks.k != nil && len(hs) > 0 {
 		ks.k.Release(hs...)
 	}
