@@ -252,8 +252,9 @@ func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool [
 		own = 1
 	}
 	req = &engine.Request{
-		Prompt: full,
-		From:   cd.handle, // the couplet's kept sample, when the engine kept it
+		Prompt:   full,
+		From:     cd.handle, // the couplet's kept sample, when the engine kept it
+		FollowUp: true,
 		Params: sampler.Params{
 			Temperature: p.temp, TopP: p.topP, TopK: p.topK,
 			MaxTokens: 4, N: own + k,

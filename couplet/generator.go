@@ -496,7 +496,8 @@ func (g *Generator) Generate(ctx context.Context, req Request) ([]Couplet, error
 // requests stay reproducible.
 func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *keptSamples, p *plan, prompt []int32, attempt, m, keep int, stage *stageTimer) ([]engine.Completion, error) {
 	req := g.engineRequest(p, prompt, attempt, m, true)
-	req.Keep = ks.on() // continued by the 上联's finisher or the 横批 request
+	req.Keep = ks.on()         // continued by the 上联's finisher or the 横批 request
+	req.FollowUp = attempt > 0 // the first round was let in
 	L := p.lineLen
 	if keep >= m {
 		res, err := eng.Generate(ctx, req)
@@ -546,10 +547,11 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *kept
 	var wg sync.WaitGroup
 	for k, u := range ups {
 		next := &engine.Request{
-			Prompt: append(slices.Clip(prompt), u.comp.Tokens...),
-			Params: req.Params,
-			Keep:   ks.on(),
-			From:   u.comp.Handle,
+			Prompt:   append(slices.Clip(prompt), u.comp.Tokens...),
+			Params:   req.Params,
+			Keep:     ks.on(),
+			From:     u.comp.Handle,
+			FollowUp: true,
 		}
 		next.Params.N, next.Params.MaxTokens = 1, linesMax-L
 		next.Params.Seed = seedFor(req.Params.Seed, 1+u.comp.Index)

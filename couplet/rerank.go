@@ -330,6 +330,7 @@ func (g *Generator) reverseScores(ctx context.Context, p *plan, cands []*candida
 				Temperature: 1, TopP: 1, MaxTokens: len(want), N: 1, Seed: 1,
 			},
 			NewProcessor: func(int) sampler.LogitsProcessor { return forcedSeq(want) },
+			FollowUp:     true,
 		}
 		wg.Add(1)
 		go func() {

@@ -2,6 +2,7 @@ package couplet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -315,6 +316,53 @@ func TestWithKeptSamples(t *testing.T) {
 		}
 		if k, f := e.keep.Load(), e.from.Load(); (k > 0 && f > 0) != on || (!on && k+f != 0) {
 			t.Errorf("kept samples %v: %d requests kept, %d continued one", on, k, f)
+		}
+	}
+}
+
+// firstOnly lets one request that is not a follow-up through and refuses
+// every later one as a full queue would.
+type firstOnly struct {
+	keepCounter
+	firsts, follows atomic.Int64
+}
+
+func (f *firstOnly) Generate(ctx context.Context, req *engine.Request) (*engine.Result, error) {
+	if req.FollowUp {
+		f.follows.Add(1)
+	} else if f.firsts.Add(1) > 1 {
+		return nil, engine.ErrQueueFull
+	}
+	return f.keepCounter.Generate(ctx, req)
+}
+
+// TestFollowUpsMarked: every engine request of a couplet after its first
+// (the finishers, the 横批, later rounds) is a follow-up, which a full
+// queue does not refuse, so the couplet is not lost half made; a second
+// couplet is refused.
+func TestFollowUpsMarked(t *testing.T) {
+	m, err := model.Default()
+	if err != nil {
+		t.Skipf("default model not available: %v", err)
+	}
+	for _, on := range []bool{true, false} {
+		e := &firstOnly{keepCounter: keepCounter{Engine: realStack(t, m)}}
+		g, err := New(m, e, WithOversample(5), WithFinishers(3), WithKeptSamples(on), WithBannerSources(testBannerSources()...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := g.Generate(context.Background(), Request{Text: "平安", Seed: 7})
+		if err != nil {
+			t.Fatalf("kept samples %v: %v", on, err)
+		}
+		if len(cs) != 1 || !Check(cs[0].Upper, cs[0].Lower, cs[0].Banner).OK() {
+			t.Errorf("kept samples %v: %+v", on, cs)
+		}
+		if n := e.follows.Load(); n < 4 { // 3 finishers and the 横批
+			t.Errorf("kept samples %v: %d follow-ups, want at least 4", on, n)
+		}
+		if _, err := g.Generate(context.Background(), Request{Text: "平安", Seed: 8}); !errors.Is(err, engine.ErrQueueFull) {
+			t.Errorf("kept samples %v: second couplet: %v, want ErrQueueFull", on, err)
 		}
 	}
 }

@@ -45,6 +45,13 @@ type Request struct {
 	// (the handle is used up). An unknown or spent handle, or a prompt
 	// that does not extend the sample, falls back to the prefix cache.
 	From Handle
+	// FollowUp marks a request that continues work its caller already
+	// has under way (a couplet's 下联s and 横批 after its 上联s): MaxQueue
+	// does not refuse it. The bound sheds new work; refusing a follow-up
+	// would throw away what its first request computed and fail a request
+	// the service had accepted. A caller's follow-ups are bounded by the
+	// first requests the queue let in.
+	FollowUp bool
 }
 
 // Handle names a sample's cache held by Request.Keep (0: none).
@@ -141,7 +148,7 @@ type StepPhases struct{ Schedule, Forward, Consume float64 }
 // naive baseline, so the service and benchmarks can swap them.
 type Engine interface {
 	// Generate runs req to completion. It returns ErrQueueFull at once when
-	// the waiting queue is full, and ctx.Err() (after freeing the request's
+	// the waiting queue is full (unless req.FollowUp), and ctx.Err() (after freeing the request's
 	// blocks at the next step) when ctx ends first.
 	Generate(ctx context.Context, req *Request) (*Result, error)
 	Stats() Stats

@@ -329,7 +329,7 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if e.queued.Add(1) > int64(e.cfg.MaxQueue) {
+	if e.queued.Add(1) > int64(e.cfg.MaxQueue) && !req.FollowUp {
 		e.queued.Add(-1)
 		return nil, ErrQueueFull
 	}

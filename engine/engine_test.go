@@ -355,7 +355,7 @@ func TestCancelFreesBlocks(t *testing.T) {
 }
 
 // TestQueueFull holds the engine inside a forward pass so that requests pile
-// up in the queue.
+// up in the queue: beyond MaxQueue a request is refused, a follow-up is not.
 func TestQueueFull(t *testing.T) {
 	fb := newFake(64, 4, 24)
 	fb.gate = make(chan struct{})
@@ -377,13 +377,55 @@ func TestQueueFull(t *testing.T) {
 	if _, err := e.Generate(context.Background(), req); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("third waiting request: %v, want ErrQueueFull", err)
 	}
+	// A follow-up of work under way is let in past the bound.
+	follow := *req
+	follow.FollowUp = true
+	ferr := make(chan error, 1)
+	go func() { _, err := e.Generate(context.Background(), &follow); ferr <- err }()
+	for e.queued.Load() < 3 {
+		select {
+		case err := <-ferr:
+			t.Fatalf("follow-up while the queue is full: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
 	close(fb.gate) // let everything run
+	if err := <-ferr; err != nil {
+		t.Errorf("follow-up: %v", err)
+	}
 	for i := 0; i < 3; i++ {
 		if err := <-errs; err != nil {
 			t.Errorf("queued request: %v", err)
 		}
 	}
 	checkDrained(t, e)
+}
+
+// TestNaiveQueueFull: the naive engine's bound on waiters refuses a
+// request and lets a follow-up wait, as the paged engine's does.
+func TestNaiveQueueFull(t *testing.T) {
+	e := NewNaive(newFake(64, 4, 24))
+	e.maxQueue = 0
+	e.sem <- struct{}{} // the backend is busy
+	req := &Request{Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: 2}}
+	if _, err := e.Generate(context.Background(), req); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("request while the queue is full: %v, want ErrQueueFull", err)
+	}
+	follow := *req
+	follow.FollowUp = true
+	ferr := make(chan error, 1)
+	go func() { _, err := e.Generate(context.Background(), &follow); ferr <- err }()
+	for e.queued.Load() < 1 {
+		select {
+		case err := <-ferr:
+			t.Fatalf("follow-up while the queue is full: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	<-e.sem
+	if err := <-ferr; err != nil {
+		t.Errorf("follow-up: %v", err)
+	}
 }
 
 func TestCloseFailsPending(t *testing.T) {

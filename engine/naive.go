@@ -86,7 +86,7 @@ func (e *Naive) Generate(ctx context.Context, req *Request) (*Result, error) {
 		return nil, ErrClosed
 	default:
 	}
-	if e.queued.Add(1) > int64(e.maxQueue) {
+	if e.queued.Add(1) > int64(e.maxQueue) && !req.FollowUp {
 		e.queued.Add(-1)
 		return nil, ErrQueueFull
 	}
