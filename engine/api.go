@@ -148,8 +148,8 @@ type StepPhases struct{ Schedule, Forward, Consume float64 }
 // naive baseline, so the service and benchmarks can swap them.
 type Engine interface {
 	// Generate runs req to completion. It returns ErrQueueFull at once when
-	// the waiting queue is full (unless req.FollowUp), and ctx.Err() (after freeing the request's
-	// blocks at the next step) when ctx ends first.
+	// the waiting queue is full (unless req.FollowUp), and ctx.Err() (after
+	// freeing the request's blocks at the next step) when ctx ends first.
 	Generate(ctx context.Context, req *Request) (*Result, error)
 	Stats() Stats
 	// Close stops the engine loop; requests still running get ErrClosed.
