@@ -461,8 +461,10 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 // clients generate couplets (the CUDA default of 5 上联s with the best 4
 // finished, or 1 sample; 横批 scoring) on the
 // shipped model's vocabulary and rules through two engine loops with the
-// CUDA step limits, each on a nullDevice taking 0.25 ms a step, at the CUDA
-// default of 4-token KV blocks or at 1. Reports couplets/s, the engine
+// CUDA step limits and the engine's queue bound, each on a nullDevice taking
+// 0.25 ms a step, at the CUDA default of 4-token KV blocks or at 1, through
+// the prefix cache as the CUDA service does or with kept samples
+// (--experimental cuda-keep). Reports couplets/s, the engine
 // loops' host time (schedule + consume) per step and per logits row (the
 // figures the GPU's bench reports as "host ms per step"), the mean
 // share of allocated KV slots live and the mean empty and live slots.
@@ -470,15 +472,18 @@ func BenchmarkHostLoop(b *testing.B) {
 	m := defaultModel(b)
 	// The CUDA default (5 上联s, the best 4 finished) and one sample.
 	// Blocks of 4 tokens are the CUDA default, 1 what fills every slot.
-	for _, c := range []struct{ users, samples, finish, bs int }{{100, 5, 4, 4}, {1000, 5, 4, 4}, {1000, 5, 4, 1}, {1000, 1, 0, 4}, {2000, 1, 0, 4}} {
+	for _, c := range []struct {
+		users, samples, finish, bs int
+		keep                       bool
+	}{{100, 5, 4, 4, false}, {1000, 5, 4, 4, false}, {1000, 5, 4, 4, true}, {1000, 5, 4, 1, false}, {1000, 1, 0, 4, false}, {2000, 1, 0, 4, false}} {
 		users := c.users
-		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d/block=%d", users, c.samples, c.finish, c.bs), func(b *testing.B) {
+		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d/block=%d/keep=%v", users, c.samples, c.finish, c.bs, c.keep), func(b *testing.B) {
 			var es []engine.Engine
 			for range 2 {
 				dev := newNullDevice(m.Config.VocabSize, 1<<16, c.bs)
 				dev.latency = 250 * time.Microsecond
 				e, err := engine.New(dev, engine.Config{
-					MaxNumSeqs: 4096, MaxNumBatchedTokens: 16384, MaxQueue: 16384, EnablePrefixCaching: true,
+					MaxNumSeqs: 4096, MaxNumBatchedTokens: 16384, EnablePrefixCaching: true,
 				})
 				if err != nil {
 					b.Fatal(err)
@@ -487,7 +492,7 @@ func BenchmarkHostLoop(b *testing.B) {
 			}
 			eng := engine.NewShards(es...)
 			defer eng.Close()
-			g, err := New(m, eng, WithOversample(c.samples), WithFinishers(c.finish))
+			g, err := New(m, eng, WithOversample(c.samples), WithFinishers(c.finish), WithKeptSamples(c.keep))
 			if err != nil {
 				b.Fatal(err)
 			}
