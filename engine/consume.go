@@ -75,7 +75,9 @@ func (e *Paged) completeRequest(r *request) {
 	r.complete = true
 	if !r.admitted {
 		r.admitted = true
-		e.queued.Add(-1)
+		if !r.req.FollowUp {
+			e.queued.Add(-1)
+		}
 	}
 	now := time.Now()
 	if r.err == nil {

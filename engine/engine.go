@@ -74,7 +74,8 @@ type Paged struct {
 	stopped   chan struct{} // closed by the loop when it has exited
 	closeOnce sync.Once
 	// queued counts requests submitted but not yet admitted for the first
-	// time (in the channel or in waiting); it bounds the queue at MaxQueue.
+	// time (in the channel or in waiting), follow-ups (Request.FollowUp)
+	// aside; it bounds the queue at MaxQueue.
 	queued atomic.Int64
 
 	statsMu sync.Mutex
@@ -234,7 +235,7 @@ type request struct {
 	seqs     []*sequence // by sample index; only seqs[0] until the fork
 	forked   bool        // prompt fully computed once and samples forked
 	live     int         // sequences not done
-	admitted bool        // counted out of Paged.queued
+	admitted bool        // counted out of Paged.queued (unless a follow-up)
 	complete bool
 	plp      []float32   // prompt log-probs, [len(prompt)-1] when asked for
 	plpDone  int         // plp[:plpDone] are filled
@@ -329,7 +330,8 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if e.queued.Add(1) > int64(e.cfg.MaxQueue) && !req.FollowUp {
+	counted := !req.FollowUp
+	if counted && e.queued.Add(1) > int64(e.cfg.MaxQueue) {
 		e.queued.Add(-1)
 		return nil, ErrQueueFull
 	}
@@ -338,10 +340,19 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 	// no lock, where ctx.Err() takes the context's mutex.
 	r := &request{req: req, ctx: ctx, ctxDone: ctx.Done(), n: n, done: make(chan struct{}), arrival: time.Now()}
 	select {
-	case e.submit <- r: // never blocks: at most MaxQueue requests are counted in queued
+	case e.submit <- r:
+		// A counted request never blocks here (at most MaxQueue are
+		// counted); a follow-up may wait for the loop to drain the channel.
 	case <-e.quit:
-		e.queued.Add(-1)
+		if counted {
+			e.queued.Add(-1)
+		}
 		return nil, ErrClosed
+	case <-r.ctxDone:
+		if counted {
+			e.queued.Add(-1)
+		}
+		return nil, ctx.Err()
 	}
 	select {
 	case <-r.done:

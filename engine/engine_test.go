@@ -355,7 +355,8 @@ func TestCancelFreesBlocks(t *testing.T) {
 }
 
 // TestQueueFull holds the engine inside a forward pass so that requests pile
-// up in the queue: beyond MaxQueue a request is refused, a follow-up is not.
+// up in the queue: beyond MaxQueue a request is refused; follow-ups are
+// neither refused nor counted, so they crowd out no first request.
 func TestQueueFull(t *testing.T) {
 	fb := newFake(64, 4, 24)
 	fb.gate = make(chan struct{})
@@ -365,35 +366,25 @@ func TestQueueFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := &Request{Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: 2}}
-	errs := make(chan error, 3)
-	go func() { _, err := e.Generate(context.Background(), req); errs <- err }()
+	follow := *req
+	follow.FollowUp = true
+	errs := make(chan error, 8)
+	gen := func(r *Request) { _, err := e.Generate(context.Background(), r); errs <- err }
+	go gen(req)
 	<-fb.entered // the first request is admitted and stuck in Forward
-	for i := 0; i < 2; i++ {
-		go func() { _, err := e.Generate(context.Background(), req); errs <- err }()
+	for range 3 {
+		go gen(&follow) // more than MaxQueue: the last waits to be sent
 	}
+	go gen(req)
+	go gen(req)
 	for e.queued.Load() < 2 { // wait until both are counted (no timing involved)
 		time.Sleep(time.Millisecond)
 	}
 	if _, err := e.Generate(context.Background(), req); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("third waiting request: %v, want ErrQueueFull", err)
 	}
-	// A follow-up of work under way is let in past the bound.
-	follow := *req
-	follow.FollowUp = true
-	ferr := make(chan error, 1)
-	go func() { _, err := e.Generate(context.Background(), &follow); ferr <- err }()
-	for e.queued.Load() < 3 {
-		select {
-		case err := <-ferr:
-			t.Fatalf("follow-up while the queue is full: %v", err)
-		case <-time.After(time.Millisecond):
-		}
-	}
 	close(fb.gate) // let everything run
-	if err := <-ferr; err != nil {
-		t.Errorf("follow-up: %v", err)
-	}
-	for i := 0; i < 3; i++ {
+	for range 6 {
 		if err := <-errs; err != nil {
 			t.Errorf("queued request: %v", err)
 		}
@@ -402,29 +393,35 @@ func TestQueueFull(t *testing.T) {
 }
 
 // TestNaiveQueueFull: the naive engine's bound on waiters refuses a
-// request and lets a follow-up wait, as the paged engine's does.
+// request and neither refuses nor counts a follow-up, as the paged
+// engine's does.
 func TestNaiveQueueFull(t *testing.T) {
 	e := NewNaive(newFake(64, 4, 24))
-	e.maxQueue = 0
+	e.maxQueue = 1
 	e.sem <- struct{}{} // the backend is busy
 	req := &Request{Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: 2}}
-	if _, err := e.Generate(context.Background(), req); !errors.Is(err, ErrQueueFull) {
-		t.Fatalf("request while the queue is full: %v, want ErrQueueFull", err)
-	}
 	follow := *req
 	follow.FollowUp = true
-	ferr := make(chan error, 1)
-	go func() { _, err := e.Generate(context.Background(), &follow); ferr <- err }()
-	for e.queued.Load() < 1 {
+	errs := make(chan error, 3)
+	gen := func(r *Request) { _, err := e.Generate(context.Background(), r); errs <- err }
+	go gen(&follow)
+	go gen(&follow)
+	go gen(req)
+	for e.Stats().Waiting < 3 {
 		select {
-		case err := <-ferr:
-			t.Fatalf("follow-up while the queue is full: %v", err)
+		case err := <-errs:
+			t.Fatalf("a waiter returned while the backend was busy: %v", err)
 		case <-time.After(time.Millisecond):
 		}
 	}
+	if _, err := e.Generate(context.Background(), req); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("second waiting request: %v, want ErrQueueFull", err)
+	}
 	<-e.sem
-	if err := <-ferr; err != nil {
-		t.Errorf("follow-up: %v", err)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("waiter: %v", err)
+		}
 	}
 }
 

@@ -24,14 +24,15 @@ var _ Engine = (*Naive)(nil)
 //
 // Ownership: the goroutine of the Generate call that holds sem owns the
 // backend, the logits buffer and the batch; others wait for sem (at most
-// maxQueue of them, counted in queued).
+// maxQueue of them counted in queued, and any follow-ups).
 type Naive struct {
-	b        forward.Backend
-	maxQueue int
-	sem      chan struct{} // capacity 1: the backend's lock
-	closed   chan struct{}
-	once     sync.Once
-	queued   atomic.Int64
+	b         forward.Backend
+	maxQueue  int
+	sem       chan struct{} // capacity 1: the backend's lock
+	closed    chan struct{}
+	once      sync.Once
+	queued    atomic.Int64 // waiters that count against maxQueue
+	followUps atomic.Int64 // waiting follow-ups (Request.FollowUp)
 
 	// Held with sem.
 	batch  forward.Batch
@@ -59,7 +60,7 @@ func (e *Naive) Stats() Stats {
 	e.statsMu.Lock()
 	defer e.statsMu.Unlock()
 	st := e.stats
-	st.Waiting = int(e.queued.Load())
+	st.Waiting = int(e.queued.Load() + e.followUps.Load())
 	return st
 }
 
@@ -86,19 +87,24 @@ func (e *Naive) Generate(ctx context.Context, req *Request) (*Result, error) {
 		return nil, ErrClosed
 	default:
 	}
-	if e.queued.Add(1) > int64(e.maxQueue) && !req.FollowUp {
-		e.queued.Add(-1)
+	// Follow-ups wait beside the bound, as on the paged engine.
+	q := &e.queued
+	if req.FollowUp {
+		q = &e.followUps
+	}
+	if q.Add(1) > int64(e.maxQueue) && !req.FollowUp {
+		q.Add(-1)
 		return nil, ErrQueueFull
 	}
 	arrival := time.Now()
 	select {
 	case e.sem <- struct{}{}:
-		e.queued.Add(-1)
+		q.Add(-1)
 	case <-ctx.Done():
-		e.queued.Add(-1)
+		q.Add(-1)
 		return nil, ctx.Err()
 	case <-e.closed:
-		e.queued.Add(-1)
+		q.Add(-1)
 		return nil, ErrClosed
 	}
 	defer func() { <-e.sem }()

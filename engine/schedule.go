@@ -150,7 +150,9 @@ func (e *Paged) admitWaiting(budget, maxSeqs int) {
 		e.running = append(e.running, s)
 		if !r.admitted {
 			r.admitted = true
-			e.queued.Add(-1)
+			if !r.req.FollowUp {
+				e.queued.Add(-1)
+			}
 			r.scheduled = time.Now()
 			r.cached = cached
 			e.promptTokens += int64(len(r.req.Prompt))
