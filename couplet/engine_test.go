@@ -462,7 +462,7 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 // finished, or 1 sample; 横批 scoring) on the
 // shipped model's vocabulary and rules through two engine loops with the
 // CUDA step limits and the engine's queue bound, each on a nullDevice taking
-// 0.25 ms a step, at the CUDA default of 4-token KV blocks or at 1, through
+// 0.25 ms a step, at the CUDA default of 2-token KV blocks, at 4 or at 1, through
 // the prefix cache as the CUDA service does or with kept samples
 // (--experimental cuda-keep). Reports couplets/s, the engine
 // loops' host time (schedule + consume) per step and per logits row (the
@@ -471,11 +471,11 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 func BenchmarkHostLoop(b *testing.B) {
 	m := defaultModel(b)
 	// The CUDA default (5 上联s, the best 4 finished) and one sample.
-	// Blocks of 4 tokens are the CUDA default, 1 what fills every slot.
+	// Blocks of 2 tokens are the CUDA default, 1 what fills every slot.
 	for _, c := range []struct {
 		users, samples, finish, bs int
 		keep                       bool
-	}{{100, 5, 4, 4, false}, {1000, 5, 4, 4, false}, {1000, 5, 4, 4, true}, {1000, 5, 4, 1, false}, {1000, 1, 0, 4, false}, {2000, 1, 0, 4, false}} {
+	}{{100, 5, 4, 2, false}, {1000, 5, 4, 2, false}, {1000, 5, 4, 2, true}, {1000, 5, 4, 4, false}, {1000, 5, 4, 1, false}, {1000, 1, 0, 2, false}, {2000, 1, 0, 2, false}} {
 		users := c.users
 		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d/block=%d/keep=%v", users, c.samples, c.finish, c.bs, c.keep), func(b *testing.B) {
 			var es []engine.Engine

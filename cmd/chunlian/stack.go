@@ -295,6 +295,9 @@ func (c *stackConfig) Validate() error {
 	if c.BannerCandidates < 0 || c.BannerCandidates > 64 {
 		bad("--banner-candidates %d: want 0..64", c.BannerCandidates)
 	}
+	if c.CUDA.MaxBlocks < -1 {
+		bad("--gpu-max-blocks %d: want ≥ 0, or -1 for %d tokens' worth", c.CUDA.MaxBlocks, cudaCacheTokens)
+	}
 	if c.CUDA.Device < 0 {
 		errs = append(errs, fmt.Errorf("--device %d: want a CUDA device ordinal ≥ 0 (CHUNLIAN_DEVICE must be an integer)", c.CUDA.Device))
 	}

@@ -4,6 +4,7 @@ package main
 // --backend cuda, and --backend auto choosing CUDA when a GPU is usable.
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"strconv"
@@ -24,7 +25,7 @@ type cudaConfig struct {
 	LibDir         string        // extra directory for libcuda/libnvrtc/libcublas (--cuda-lib-dir, registerModel)
 	NVRTCTarget    string        // "" | cubin | ptx (--cuda-nvrtc-target, registerModel)
 	MemoryFraction float64       // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
-	MaxBlocks      int           // cap on KV blocks; 0 = none
+	MaxBlocks      int           // cap on KV blocks per engine; 0 = none, -1 = cudaCacheTokens' worth
 	Precision      string        // bf16 | tf32 | fp32 (--gpu-precision, registerModel)
 	HandoffSpin    time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
 }
@@ -34,13 +35,26 @@ type cudaConfig struct {
 const cudaDefaultBlockSize = cuda.DefaultBlockSize
 
 func defaultCUDAConfig() cudaConfig {
-	return cudaConfig{MemoryFraction: 0.9, Precision: "bf16", MaxBlocks: 1 << 16}
+	return cudaConfig{MemoryFraction: 0.9, Precision: "bf16", MaxBlocks: -1}
+}
+
+// cudaCacheTokens caps each engine's KV cache unless --gpu-max-blocks is
+// given: the 4,096 sequences of --max-num-seqs at 64 tokens each, where a
+// couplet's sequences hold 21-26 (docs/DECISIONS.md, "KV block size").
+const cudaCacheTokens = 1 << 18
+
+// maxBlocks is the cap on KV blocks of blockSize tokens (0 = none).
+func (c cudaConfig) maxBlocks(blockSize int) int {
+	if c.MaxBlocks < 0 {
+		return cudaCacheTokens / blockSize
+	}
+	return c.MaxBlocks
 }
 
 // register registers the GPU tuning flags (serve only).
 func (c *cudaConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.MemoryFraction, "gpu-memory-utilization", c.MemoryFraction, "CUDA: fraction of GPU memory for weights + activations + KV cache when --kv-cache-memory is 0")
-	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, "CUDA: cap on KV cache blocks (0 = no cap)")
+	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, fmt.Sprintf("CUDA: cap on KV cache blocks per engine (-1 = %d tokens' worth at the block size; 0 = no cap)", cudaCacheTokens))
 	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default 2ms, negative = never; a launched step's wait polls its done word up to 20ms unless negative)")
 }
 
@@ -55,7 +69,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		BlockSize:      cfg.BlockSize,
 		KVCacheBytes:   kv,
 		MemoryFraction: cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
-		MaxBlocks:      cfg.CUDA.MaxBlocks,
+		MaxBlocks:      cfg.CUDA.maxBlocks(cmp.Or(cfg.BlockSize, cuda.DefaultBlockSize)),
 		Precision:      cfg.CUDA.Precision,
 		EagerOnly:      cfg.Experimental.Has(featCUDAEager),
 		HandoffSpin:    cfg.CUDA.HandoffSpin,

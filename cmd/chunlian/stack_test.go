@@ -117,6 +117,7 @@ func TestStackConfigValidate(t *testing.T) {
 		{args: []string{"--threads", "-2"}, want: "--threads"},
 		{args: []string{"--samples-per-couplet", "33"}, want: "--samples-per-couplet"},
 		{args: []string{"--banner-candidates", "-1"}, want: "--banner-candidates"},
+		{args: []string{"--gpu-max-blocks", "-2"}, want: "--gpu-max-blocks"},
 		{env: [2]string{"CHUNLIAN_SAMPLES_PER_COUPLET", "two"}, want: "CHUNLIAN_SAMPLES_PER_COUPLET"},
 		{args: []string{"--model", "/nonexistent/model/dir"}, want: "--model"},
 		{args: []string{"--spring-model", "/nonexistent/model/dir"}, want: "--spring-model"},
@@ -357,6 +358,26 @@ func TestSamplesFor(t *testing.T) {
 	}{{"cpu", 0, cpuDefaultSamples}, {"cuda", 0, cudaDefaultSamples}, {"cpu", 2, 2}, {"cuda", 1, 1}} {
 		if got := samplesFor(tc.backend, tc.flag); got != tc.want {
 			t.Errorf("samplesFor(%s, %d) = %d, want %d", tc.backend, tc.flag, got, tc.want)
+		}
+	}
+}
+
+// TestCUDAMaxBlocks: by default each engine's cache holds cudaCacheTokens
+// at any block size; --gpu-max-blocks N caps it at N blocks, 0 not at all.
+func TestCUDAMaxBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		blockSize  int
+		wantBlocks int
+	}{
+		{nil, cuda.DefaultBlockSize, cudaCacheTokens / cuda.DefaultBlockSize},
+		{nil, 4, cudaCacheTokens / 4},
+		{nil, 1, cudaCacheTokens},
+		{[]string{"--gpu-max-blocks", "1000"}, 2, 1000},
+		{[]string{"--gpu-max-blocks", "0"}, 4, 0},
+	} {
+		if got := parseStack(t, tc.args...).CUDA.maxBlocks(tc.blockSize); got != tc.wantBlocks {
+			t.Errorf("%q at %d-token blocks: %d blocks, want %d", tc.args, tc.blockSize, got, tc.wantBlocks)
 		}
 	}
 }
