@@ -341,8 +341,8 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 	r := &request{req: req, ctx: ctx, ctxDone: ctx.Done(), n: n, done: make(chan struct{}), arrival: time.Now()}
 	select {
 	case e.submit <- r:
-		// A counted request never blocks here (at most MaxQueue are
-		// counted); a follow-up may wait for the loop to drain the channel.
+		// Only when follow-ups (not counted) fill the channel does this
+		// wait, until the loop drains it at its next iteration.
 	case <-e.quit:
 		if counted {
 			e.queued.Add(-1)
