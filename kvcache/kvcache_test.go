@@ -584,3 +584,30 @@ func TestCacheLimitAndTruncate(t *testing.T) {
 		t.Errorf("%d of 16 blocks free after every sequence left", m.Pool().NumFree())
 	}
 }
+
+// BenchmarkAdmitCached: a 24-token prompt whose blocks are all cached
+// (the prefix lookup and the admission of a couplet's follow-up) at the
+// CUDA default of 2-token blocks; allocs/op is what the engine loop pays.
+func BenchmarkAdmitCached(b *testing.B) {
+	const bs = 2
+	m := NewManager(1024, bs, true)
+	prompt := make([]int32, 24)
+	for i := range prompt {
+		prompt[i] = int32(100 + i)
+	}
+	if !m.Allocate(0, len(prompt), Computed{}) {
+		b.Fatal("allocate")
+	}
+	m.CacheBlocks(0, prompt, len(prompt))
+	b.ReportAllocs()
+	for b.Loop() {
+		c := m.ComputedBlocks(prompt)
+		if len(c.Blocks) != len(prompt)/bs-1 {
+			b.Fatalf("%d blocks hit", len(c.Blocks))
+		}
+		if !m.Allocate(1, 4, c) {
+			b.Fatal("allocate")
+		}
+		m.Free(1)
+	}
+}

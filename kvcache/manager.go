@@ -150,6 +150,10 @@ func (m *Manager) ComputedBlocks(tokens []int32) Computed {
 		if !ok {
 			break
 		}
+		if c.Blocks == nil { // one allocation each for the longest hit
+			n := (len(tokens) - 1) / bs
+			c.Blocks, c.Hashes = make([]int32, 0, n), make([]uint64, 0, n)
+		}
 		c.Blocks = append(c.Blocks, id)
 		c.Hashes = append(c.Hashes, h)
 		parent = h
@@ -196,6 +200,17 @@ func hashPrefixes(parent uint64, toks []int32, out []uint64) {
 	}
 }
 
+// growBlocks is the room a new block table (and its hashes) gets beyond
+// what it holds: a couplet's sequence grows by 15-20 tokens after
+// admission, so at small blocks its table would otherwise be reallocated
+// several times while it decodes.
+const growBlocks = 16
+
+// grown returns a copy of s with room for n + growBlocks elements.
+func grown[T any](s []T, n int) []T {
+	return append(make([]T, 0, max(n, len(s))+growBlocks), s...)
+}
+
 // blocksFor is the number of blocks holding n tokens.
 func (m *Manager) blocksFor(n int) int { return (n + m.blockSize - 1) / m.blockSize }
 
@@ -238,8 +253,8 @@ func (m *Manager) Allocate(seq SeqID, numNew int, computed Computed) bool {
 		for _, id := range computed.Blocks {
 			m.pool.Acquire(id)
 		}
-		s.blocks = append(s.blocks, computed.Blocks...)
-		s.hashes = append(s.hashes, computed.Hashes...)
+		s.blocks = grown(computed.Blocks, m.blocksFor(slots+numNew))
+		s.hashes = grown(computed.Hashes, len(computed.Blocks))
 		m.put(seq, s)
 		if computed.PartialLen > 0 {
 			// The cached block stays as it is (others may hit it too);
@@ -352,7 +367,7 @@ func (m *Manager) Fork(parent, child SeqID) {
 	if m.seq(child) != nil {
 		panic(fmt.Sprintf("kvcache: fork into live seq %d", child))
 	}
-	c := &seqState{slots: p.slots, blocks: append([]int32(nil), p.blocks...), hashes: append([]uint64(nil), p.hashes...), computed: p.computed, toks: p.toks, limit: p.limit}
+	c := &seqState{slots: p.slots, blocks: grown(p.blocks, len(p.blocks)), hashes: grown(p.hashes, len(p.hashes)), computed: p.computed, toks: p.toks, limit: p.limit}
 	for _, id := range c.blocks {
 		m.pool.Acquire(id)
 	}
