@@ -47,10 +47,10 @@ type Request struct {
 	From Handle
 	// FollowUp marks a request that continues work its caller already
 	// has under way (a couplet's 下联s and 横批 after its 上联s): MaxQueue
-	// neither counts nor refuses it. The bound sheds new work; refusing a follow-up
-	// would throw away what its first request computed and fail a request
-	// the service had accepted. A caller's follow-ups are bounded by the
-	// first requests the queue let in.
+	// neither counts nor refuses it. The bound sheds new work; refusing a
+	// follow-up would throw away what its first request computed and fail
+	// a request the service had accepted. A caller's follow-ups are
+	// bounded by the first requests the queue let in.
 	FollowUp bool
 }
 

@@ -11,7 +11,7 @@ type Config struct {
 	BlockSize           int  // tokens per KV block; 0 = the backend's; must equal it
 	MaxNumSeqs          int  // sequences per step (default 256)
 	MaxNumBatchedTokens int  // tokens per step, prefill chunks + decodes (default 2048)
-	MaxQueue            int  // requests waiting for admission before ErrQueueFull (default 1024; follow-ups, Request.FollowUp, are neither counted nor refused)
+	MaxQueue            int  // requests waiting for admission before ErrQueueFull (default 1024; not Request.FollowUp)
 	EnablePrefixCaching bool // reuse cached full prompt blocks across requests (default true)
 	// SamplingWorkers bounds the goroutines (the engine goroutine included)
 	// that run each step's logits processors and samplers, one row each at

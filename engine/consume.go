@@ -73,12 +73,7 @@ func (e *Paged) finish(s *sequence, reason FinishReason) {
 // woken at the end of the loop iteration.
 func (e *Paged) completeRequest(r *request) {
 	r.complete = true
-	if !r.admitted {
-		r.admitted = true
-		if !r.req.FollowUp {
-			e.queued.Add(-1)
-		}
-	}
+	e.markAdmitted(r)
 	now := time.Now()
 	if r.err == nil {
 		res := &Result{PromptLogProbs: r.plp, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached,

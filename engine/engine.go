@@ -330,7 +330,7 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	counted := !req.FollowUp
+	counted := counts(req)
 	if counted && e.queued.Add(1) > int64(e.cfg.MaxQueue) {
 		e.queued.Add(-1)
 		return nil, ErrQueueFull
@@ -367,6 +367,23 @@ func (e *Paged) Generate(ctx context.Context, req *Request) (*Result, error) {
 		return nil, r.err
 	}
 	return r.res, nil
+}
+
+// counts reports whether req counts against MaxQueue in queued: every
+// request but a follow-up (Request.FollowUp).
+func counts(req *Request) bool { return !req.FollowUp }
+
+// markAdmitted counts r out of queued the first time it is admitted (or
+// completes without having been); it reports whether this was that time.
+func (e *Paged) markAdmitted(r *request) bool {
+	if r.admitted {
+		return false
+	}
+	r.admitted = true
+	if counts(r.req) {
+		e.queued.Add(-1)
+	}
+	return true
 }
 
 // checkRequest validates req against the vocabulary and returns its N.

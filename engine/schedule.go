@@ -148,11 +148,7 @@ func (e *Paged) admitWaiting(budget, maxSeqs int) {
 		s.numComputed = cached
 		s.state = stRunning
 		e.running = append(e.running, s)
-		if !r.admitted {
-			r.admitted = true
-			if !r.req.FollowUp {
-				e.queued.Add(-1)
-			}
+		if e.markAdmitted(r) {
 			r.scheduled = time.Now()
 			r.cached = cached
 			e.promptTokens += int64(len(r.req.Prompt))
