@@ -346,5 +346,5 @@ func BenchmarkEngineOverhead(b *testing.B) {
 // forcedRuns is runProc over vocab without dead ends or stops.
 func forcedRuns(vocab int) func(int) sampler.LogitsProcessor {
 	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
-	return func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 0} }
+	return func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 0, 0} }
 }

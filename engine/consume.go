@@ -184,6 +184,11 @@ func (e *Paged) listTasks(now time.Time) {
 		s.numComputed += en.n
 		e.mgr.CacheBlocks(s.id, s.tokens, s.numComputed)
 		if !en.sample {
+			if r := s.r; !r.forked && s.terminal() && s.numComputed == s.want() {
+				// A lone sample forced to its end at admission (add):
+				// its prompt is done and confirm finishes it this step.
+				e.fork(s, now)
+			}
 			continue
 		}
 		row := en.sampleRow()

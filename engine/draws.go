@@ -117,7 +117,11 @@ func (e *Paged) planDraws() {
 		default: // the step the request forks: all N samples draw from row
 			for i := range r.n {
 				samp, proc := e.sampleState(r, i)
-				e.planTask(row, samp, proc, s.generated(), nil)
+				own := s // sample 0 is s: the mask add's jumpForward left
+				if i > 0 {
+					own = nil
+				}
+				e.planTask(row, samp, proc, s.generated(), own)
 			}
 		}
 	}

@@ -312,23 +312,29 @@ func TestDeviceDrawsSampled(t *testing.T) {
 // runProc forces runs of tokens, as the couplet rules do: steps 2–4 of
 // every six are forced (to a token that depends on the one before, so
 // samples differ; step 16 to the request's stop token, step 22 outside
-// the vocabulary, if dead is 22: a dead end), the others allowed from a set. It says so
+// the vocabulary, if dead is 22: a dead end), and so are the first lead
+// steps; the others are allowed from a set. It says so
 // only through Mask (no Forcer): the host path runs Process.
 type runProc struct {
 	set   *sampler.IDSet
 	vocab int
 	stop  int32 // -1: none
 	dead  int   // the step forced outside the vocabulary (0: none)
+	lead  int   // forced steps at the start
 }
 
 func (p runProc) Mask(gen []int32, m *sampler.Mask) bool {
 	m.Reset()
 	k := len(gen)
-	if k%6 < 2 || k%6 > 4 {
+	if k >= p.lead && (k%6 < 2 || k%6 > 4) {
 		m.Allowed = p.set
 		return true
 	}
-	m.Forced, m.Force = true, int32((int(gen[k-1])*5+k)%p.vocab)
+	prev := 7
+	if k > 0 {
+		prev = int(gen[k-1])
+	}
+	m.Forced, m.Force = true, int32((prev*5+k)%p.vocab)
 	switch {
 	case k == 16 && p.stop >= 0:
 		m.Force = p.stop
@@ -348,14 +354,19 @@ func (p runProc) Process(gen []int32, row []float32) error {
 // (jump-forward) gives exactly the results of one step per token —
 // tokens, log-probs, finishes, events in order, greedy and seeded — on the
 // host path and on device draws with two steps in flight, whatever the
-// chunking, preemption and prefix hits; and it takes fewer steps and
-// samples fewer tokens.
+// chunking, preemption and prefix hits, also when the first tokens are
+// forced (a lone sample's join its prompt's chunk); and it takes fewer
+// steps and samples fewer tokens.
 func TestJumpForwardMatchesStepByStep(t *testing.T) {
 	const vocab = 24
 	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
 	for _, tc := range engineCases {
-		for _, device := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/device %v", tc.name, device), func(t *testing.T) {
+		for _, c := range []struct {
+			device bool
+			lead   int
+		}{{false, 0}, {true, 0}, {false, 3}, {true, 3}} {
+			device := c.device
+			t.Run(fmt.Sprintf("%s/device %v/lead %d", tc.name, device, c.lead), func(t *testing.T) {
 				run := func(jump bool) ([]*Result, [][]Event, Stats) {
 					reqs := genRequests(tc.seed, tc.k, vocab, 30, 40)
 					events := make([][]Event, len(reqs))
@@ -364,7 +375,7 @@ func TestJumpForwardMatchesStepByStep(t *testing.T) {
 						if len(r.Params.StopTokens) > 0 {
 							stop = r.Params.StopTokens[0]
 						}
-						r.NewProcessor = func(int) sampler.LogitsProcessor { return runProc{set, vocab, stop, 22} }
+						r.NewProcessor = func(int) sampler.LogitsProcessor { return runProc{set, vocab, stop, 22, c.lead} }
 						r.OnEvent = func(ev Event) { events[i] = append(events[i], ev) }
 					}
 					cfg := tc.cfg
@@ -439,37 +450,56 @@ func sampleEvents(evs []Event, k int) []Event {
 }
 
 // TestJumpForwardSteps: a lone request whose rules force runs takes one
-// step per run instead of one per token, and computes the same rows.
+// step per run instead of one per token, and computes the same rows. Its
+// forced first tokens join the prompt's step; when they are all it
+// writes, that one step ends it.
 func TestJumpForwardSteps(t *testing.T) {
 	const vocab = 24
 	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
-	var st [2]Stats
-	var toks [2][]int32
-	for i, jump := range []bool{false, true} {
-		cfg := DefaultConfig()
-		cfg.noJump = !jump
-		e, err := New(newFake(64, 4, vocab), cfg)
-		if err != nil {
-			t.Fatal(err)
+	for _, c := range []struct {
+		lead, maxTokens        int
+		steps, jumped, sampled int64
+	}{
+		// 20 tokens: steps 2–4, 8–10, 14–16 forced (9 tokens), MaxTokens at 20.
+		{0, 20, 11, 9, 11},
+		// Also 0–1: the prompt's step confirms 0–4 and samples 5.
+		{3, 20, 9, 11, 9},
+		// 0–2 forced and the last: one step, nothing sampled.
+		{3, 3, 1, 3, 0},
+	} {
+		var st [2]Stats
+		var toks [2][]int32
+		for i, jump := range []bool{false, true} {
+			cfg := DefaultConfig()
+			cfg.noJump = !jump
+			e, err := New(newFake(64, 4, vocab), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := e.Generate(context.Background(), &Request{
+				Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: c.maxTokens, N: 1},
+				NewProcessor: func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 22, c.lead} },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f := res.Completions[0].Finish; f != FinishLength || len(res.Completions[0].LogProbs) != c.maxTokens {
+				t.Errorf("lead %d: finish %s with %d log-probs", c.lead, f, len(res.Completions[0].LogProbs))
+			}
+			if tm := res.Timings; tm.Prefill < 0 || tm.Queue+tm.Prefill > tm.Total {
+				t.Errorf("lead %d: timings %+v", c.lead, tm)
+			}
+			toks[i], st[i] = res.Completions[0].Tokens, e.Stats()
+			checkDrained(t, e)
 		}
-		res, err := e.Generate(context.Background(), &Request{
-			Prompt: []int32{1, 2, 3}, Params: sampler.Params{MaxTokens: 20, N: 1},
-			NewProcessor: func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 22} },
-		})
-		if err != nil {
-			t.Fatal(err)
+		if !slices.Equal(toks[0], toks[1]) || len(toks[1]) != c.maxTokens {
+			t.Fatalf("lead %d: tokens %v, step by step %v", c.lead, toks[1], toks[0])
 		}
-		toks[i], st[i] = res.Completions[0].Tokens, e.Stats()
-		checkDrained(t, e)
-	}
-	// 20 tokens: steps 2–4, 8–10, 14–16 forced (9 tokens), MaxTokens at 20.
-	if !slices.Equal(toks[0], toks[1]) || len(toks[1]) != 20 {
-		t.Fatalf("tokens %v, step by step %v", toks[1], toks[0])
-	}
-	off, on := st[0], st[1]
-	if off.Steps != 20 || on.Steps != 11 || on.JumpTokens != 9 || on.SampledTokens != 11 || on.ComputedTokens != off.ComputedTokens {
-		t.Errorf("step by step: %d steps, %d rows; jump-forward: %d steps, %d rows, %d jumped, %d sampled",
-			off.Steps, off.ComputedTokens, on.Steps, on.ComputedTokens, on.JumpTokens, on.SampledTokens)
+		off, on := st[0], st[1]
+		if off.Steps != int64(c.maxTokens) || on.Steps != c.steps || on.JumpTokens != c.jumped || on.SampledTokens != c.sampled || on.ComputedTokens != off.ComputedTokens {
+			t.Errorf("lead %d: step by step: %d steps, %d rows; jump-forward: %d steps, %d rows, %d jumped, %d sampled",
+				c.lead, off.Steps, off.ComputedTokens, on.Steps, on.ComputedTokens, on.JumpTokens, on.SampledTokens)
+		}
 	}
 }
 
@@ -498,7 +528,7 @@ func TestMaskAskedOnce(t *testing.T) {
 		for _, r := range reqs {
 			var ps []*countMask
 			for range max(1, r.Params.N) {
-				ps = append(ps, &countMask{runProc{set, vocab, -1, 0}, map[int]int{}})
+				ps = append(ps, &countMask{runProc{set, vocab, -1, 0, 0}, map[int]int{}})
 			}
 			procs = append(procs, ps...)
 			r.NewProcessor = func(i int) sampler.LogitsProcessor { return ps[i] }

@@ -500,6 +500,13 @@ func (e *Paged) add(r *request) {
 	if r.req.PromptLogProbs {
 		r.plp = make([]float32, len(prompt)-1)
 	}
+	if r.n == 1 {
+		// A lone sample's forced first tokens join the prompt's chunk
+		// (forced 横批 candidates, a line's forced head): its first step
+		// confirms them instead of a step each. With several samples the
+		// runs may differ, and they fork only after the prompt.
+		e.jumpForward(s)
+	}
 	e.active = append(e.active, r)
 	e.waiting = append(e.waiting, s)
 }

@@ -221,5 +221,5 @@ func TestStatsLiveWithinAllocated(t *testing.T) {
 // (jump-forward) between masked steps.
 func jumpRules(vocab int) func(int) sampler.LogitsProcessor {
 	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
-	return func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 0} }
+	return func(int) sampler.LogitsProcessor { return runProc{set, vocab, -1, 0, 0} }
 }
