@@ -501,9 +501,9 @@ func (e *Paged) add(r *request) {
 		r.plp = make([]float32, len(prompt)-1)
 	}
 	if r.n == 1 {
-		// A lone sample's forced first tokens join the prompt's chunk
-		// (forced 横批 candidates, a line's forced head): its first step
-		// confirms them instead of a step each. With several samples the
+		// A lone sample's forced first tokens (the <sep> that opens a
+		// couplet's 下联 finisher) join the prompt's chunk, which confirms
+		// them instead of a step drawing the first. Several samples'
 		// runs may differ, and they fork only after the prompt.
 		e.jumpForward(s)
 	}
