@@ -134,6 +134,12 @@ type Stats struct {
 	// sampler from their row and JumpTokens appended by jump-forward
 	// (forced by the logits processor: scored, not sampled).
 	LogitRows, SampledTokens, JumpTokens int64
+	// Kept is the number of samples kept for a continuation now
+	// (Request.Keep); KeptDropped counts those whose cache was freed
+	// before their continuation took it over (more kept than MaxNumSeqs,
+	// or blocks short), so that it computes its prompt instead.
+	Kept        int
+	KeptDropped int64
 	// StepSeconds is the engine goroutine's wall time in each phase of its
 	// steps, summed: schedule (batch and block tables), forward (the
 	// backend's Forward, logits back on the host included) and consume

@@ -131,9 +131,12 @@ type Paged struct {
 	kept      map[Handle]keptSeq
 	keptOrder []Handle
 	lastKept  Handle
-	relMu     sync.Mutex
-	released  []Handle
-	relWake   chan struct{} // capacity 1: Release wakes an idle loop
+	// keptDropped counts kept caches freed before their continuation
+	// took them (Stats.KeptDropped).
+	keptDropped int64
+	relMu       sync.Mutex
+	released    []Handle
+	relWake     chan struct{} // capacity 1: Release wakes an idle loop
 }
 
 // usageEvery bounds the age of Stats' live-slot count under load.
@@ -609,6 +612,8 @@ func (e *Paged) publish() {
 		LogitRows:        e.logitRows,
 		SampledTokens:    e.sampledTokens,
 		JumpTokens:       e.jumpTokens,
+		Kept:             len(e.kept),
+		KeptDropped:      e.keptDropped,
 		StepSeconds:      e.phases,
 	}
 	e.statsMu.Lock()

@@ -85,6 +85,7 @@ func (e *Paged) dropOldestKept() bool {
 		e.keptOrder = e.keptOrder[1:]
 		if _, ok := e.kept[h]; ok {
 			e.dropKept(h)
+			e.keptDropped++
 			return true
 		}
 	}
@@ -101,6 +102,7 @@ func (e *Paged) dropAdopted(except *sequence) bool {
 		if s := e.waiting[i]; s.adopted > 0 && s != except {
 			e.mgr.Free(s.id)
 			s.adopted = 0
+			e.keptDropped++
 			return true
 		}
 	}

@@ -113,6 +113,9 @@ func TestKeepBounds(t *testing.T) {
 	if got := len(e.kept); got > 4 {
 		t.Errorf("%d samples kept, want at most MaxNumSeqs = 4", got)
 	}
+	if st := e.Stats(); st.Kept != 4 || st.KeptDropped != 2 {
+		t.Errorf("Stats: %d kept, %d dropped; want 4 and the 2 past MaxNumSeqs", st.Kept, st.KeptDropped)
+	}
 	// The two oldest are gone: continuing one falls back to the cache.
 	if _, ok := e.kept[hs[0]]; ok {
 		t.Errorf("the oldest sample is still kept")
@@ -128,8 +131,8 @@ func TestKeepBounds(t *testing.T) {
 	if _, err := e.Generate(tctx, &Request{Prompt: long, Params: sampler.Params{MaxTokens: 4}}); err != nil {
 		t.Fatal(err)
 	}
-	if st := e.Stats(); st.Preemptions != 0 {
-		t.Errorf("%d preemptions while kept samples held blocks", st.Preemptions)
+	if st := e.Stats(); st.Preemptions != 0 || st.KeptDropped <= 2 || st.Kept >= 4 {
+		t.Errorf("%d preemptions while kept samples held blocks; %d kept, %d dropped", st.Preemptions, st.Kept, st.KeptDropped)
 	}
 	// A request whose context ends keeps nothing.
 	cctx, cancel := context.WithCancel(ctx)

@@ -131,6 +131,8 @@ func (s *Shards) Stats() Stats {
 		t.LogitRows += st.LogitRows
 		t.SampledTokens += st.SampledTokens
 		t.JumpTokens += st.JumpTokens
+		t.Kept += st.Kept
+		t.KeptDropped += st.KeptDropped
 		t.StepSeconds.Schedule += st.StepSeconds.Schedule
 		t.StepSeconds.Forward += st.StepSeconds.Forward
 		t.StepSeconds.Consume += st.StepSeconds.Consume

@@ -123,6 +123,8 @@ var (
 	descLogitRows = prometheus.NewDesc("chunlian:engine_logit_rows_total", "Rows the LM head ran for (logits or device draws): sampled rows and rows that only score a known token.", []string{"model_name"}, nil)
 	descSampled   = prometheus.NewDesc("chunlian:engine_sampled_tokens_total", "Tokens drawn by a sampler from their row.", []string{"model_name"}, nil)
 	descJumped    = prometheus.NewDesc("chunlian:engine_jump_tokens_total", "Tokens the logits processor forced, appended by jump-forward without a step of their own (scored, not sampled).", []string{"model_name"}, nil)
+	descKept      = prometheus.NewDesc("chunlian:kept_samples", "Samples whose cache is kept for a continuation (kept samples; 0 where the couplet rules continue through the prefix cache).", []string{"model_name"}, nil)
+	descKeptDrop  = prometheus.NewDesc("chunlian:kept_samples_dropped_total", "Kept samples whose cache was freed before their continuation took it over (more kept than --max-num-seqs, or KV blocks short): the continuation computes its prompt instead.", []string{"model_name"}, nil)
 	descStepSec   = prometheus.NewDesc("chunlian:engine_step_seconds_total", "Engine goroutine wall time by step phase: schedule, forward (logits on the host included), consume (sampling, rules, delivery).", []string{"phase", "model_name"}, nil)
 	descReady     = prometheus.NewDesc("chunlian:ready", "1 when the model is loaded and warmed up and the server is not draining.", nil, nil)
 	descGPUUtil   = prometheus.NewDesc("chunlian:gpu_utilization_perc", "GPU utilisation, 0..100 (only on a GPU backend).", []string{"model_name"}, nil)
@@ -132,7 +134,7 @@ var (
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descKVUsage, descKVBlocks, descKVLive, descPrefixQ, descPrefixH,
-		descPreempt, descPromptTok, descGenTok, descSteps, descComputed, descLogitRows, descSampled, descJumped, descStepSec, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
+		descPreempt, descPromptTok, descGenTok, descSteps, descComputed, descLogitRows, descSampled, descJumped, descKept, descKeptDrop, descStepSec, descReady, descGPUUtil, descGPUMem, descGPUMemTot} {
 		ch <- d
 	}
 }
@@ -173,6 +175,8 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	cn(descComputed, float64(st.ComputedTokens))
 	cn(descLogitRows, float64(st.LogitRows))
 	cn(descSampled, float64(st.SampledTokens))
+	g(descKept, float64(st.Kept))
+	cn(descKeptDrop, float64(st.KeptDropped))
 	cn(descJumped, float64(st.JumpTokens))
 	for _, ph := range []struct {
 		name string

@@ -152,7 +152,8 @@ func TestMetricsEndpoint(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"chunlian:num_requests_running" + mn, "chunlian:num_requests_waiting" + mn, "chunlian:kv_cache_usage_perc" + mn,
-		"chunlian:prefix_cache_hits_total" + mn, "chunlian:num_preemptions_total" + mn} {
+		"chunlian:prefix_cache_hits_total" + mn, "chunlian:num_preemptions_total" + mn,
+		"chunlian:kept_samples" + mn, "chunlian:kept_samples_dropped_total" + mn} {
 		if v := value(name); v < 0 {
 			t.Errorf("%s = %v", name, v)
 		}
