@@ -95,6 +95,7 @@ type serveConfig struct {
 	QueueTarget       time.Duration // admission's queueing-delay target (0 = the server's default)
 	Admission         bool
 	MemoryLimit       byteSize // 0 = sized from the loaded model
+	GCPercent         int      // GOGC; 0 = the runtime's, -1 = off
 	admissionSet      bool     // --admission given (flag or env): the CUDA default does not apply
 }
 
@@ -122,6 +123,7 @@ func (c *serveConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 6)")
 	fs.Float64Var(&c.OverloadFactor, "admission-overload-factor", 0, "the latency factor while admission sees overload (a standing queue): accepted requests then stay near it (0 = 1.75)")
 	fs.DurationVar(&c.QueueTarget, "admission-queue-target", 0, "queueing delay that, standing for four times as long, means overload (0 = half the unloaded latency of a default request)")
+	fs.IntVar(&c.GCPercent, "gc-percent", 0, "Go GC target percentage (GOGC): heap growth over the live heap that starts a collection; -1 = off (only --memory-limit starts one); 0 = the runtime's (100); the GOGC variable wins")
 	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB, half of it); the GOMEMLIMIT variable wins")
 }
 
@@ -199,6 +201,9 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 	if err != nil {
 		return err
 	}
+	if cfg.GCPercent < -1 {
+		return fmt.Errorf("--gc-percent %d: want -1 (off), 0 (the runtime's) or a percentage", cfg.GCPercent)
+	}
 	cfg.stack.logger = log
 	cfg.stack.Backend = cfg.stack.resolveBackend() // the HTTP defaults below depend on it
 	cfg.stack.resolveLimits(cfg.stack.Backend)
@@ -257,6 +262,7 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 			return b.err
 		}
 		setMemoryLimit(log, int64(cfg.MemoryLimit)) // model and KV cache are loaded: size GOMEMLIMIT from them
+		setGCPercent(log, cfg.GCPercent)
 		log.Info("ready", "url", "http://"+addr+"/")
 	case err := <-served: // signal before the model finished loading
 		return err
@@ -317,6 +323,16 @@ func loadAndAttach(ctx context.Context, srv *server.Server, cfg stackConfig, log
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	return st, srv.Warmup(wctx)
+}
+
+// setGCPercent sets GOGC when asked (p ≠ 0) and the GOGC variable does
+// not; like the memory limit it is process-wide, so it lives in cmd.
+func setGCPercent(log *slog.Logger, p int) {
+	if p == 0 || os.Getenv("GOGC") != "" {
+		return
+	}
+	debug.SetGCPercent(p)
+	log.Info("gc percent", "gogc", p)
 }
 
 // memLimitHeadroom is the floor of the heap growth allowed above the live
