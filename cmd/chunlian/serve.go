@@ -123,7 +123,7 @@ func (c *serveConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 6)")
 	fs.Float64Var(&c.OverloadFactor, "admission-overload-factor", 0, "the latency factor while admission sees overload (a standing queue): accepted requests then stay near it (0 = 1.75)")
 	fs.DurationVar(&c.QueueTarget, "admission-queue-target", 0, "queueing delay that, standing for four times as long, means overload (0 = half the unloaded latency of a default request)")
-	fs.IntVar(&c.GCPercent, "gc-percent", 0, "Go GC target percentage (GOGC): heap growth over the live heap that starts a collection; -1 = off (only --memory-limit starts one); 0 = the runtime's (100); the GOGC variable wins")
+	fs.IntVar(&c.GCPercent, "gc-percent", 0, fmt.Sprintf("Go GC target percentage (GOGC): heap growth over the live heap that starts a collection; -1 = off (only --memory-limit starts one); 0 = the backend's default: the runtime's 100 on the CPU, %d with CUDA; the GOGC variable wins", cudaDefaultGCPercent))
 	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB, half of it); the GOMEMLIMIT variable wins")
 }
 
@@ -262,7 +262,7 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 			return b.err
 		}
 		setMemoryLimit(log, int64(cfg.MemoryLimit)) // model and KV cache are loaded: size GOMEMLIMIT from them
-		setGCPercent(log, cfg.GCPercent)
+		setGCPercent(log, gcPercentFor(cfg.stack.Backend, cfg.GCPercent))
 		log.Info("ready", "url", "http://"+addr+"/")
 	case err := <-served: // signal before the model finished loading
 		return err
@@ -323,6 +323,22 @@ func loadAndAttach(ctx context.Context, srv *server.Server, cfg stackConfig, log
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	return st, srv.Warmup(wctx)
+}
+
+// cudaDefaultGCPercent is GOGC on the CUDA backend: its Go heap holds
+// little but the requests, so at GOGC=100 the GC ran several times a
+// second under load and scanning the waiting requests' stacks took a
+// fifth of the server's CPU (docs/DECISIONS.md, "The GC target on the
+// GPU").
+const cudaDefaultGCPercent = 400
+
+// gcPercentFor resolves --gc-percent for backend: the flag when set,
+// else 400 on CUDA and the runtime's on the CPU.
+func gcPercentFor(backend string, flag int) int {
+	if flag == 0 && backend == "cuda" {
+		return cudaDefaultGCPercent
+	}
+	return flag
 }
 
 // setGCPercent sets GOGC when asked (p ≠ 0) and the GOGC variable does

@@ -143,6 +143,36 @@ func TestServeDefaultsPerBackend(t *testing.T) {
 	}
 }
 
+// TestGCPercent: --gc-percent resolves to 400 on CUDA and the runtime's
+// on the CPU unless set, and is applied unless GOGC is in the environment.
+func TestGCPercent(t *testing.T) {
+	for _, tc := range []struct {
+		backend    string
+		flag, want int
+	}{{"cpu", 0, 0}, {"cuda", 0, cudaDefaultGCPercent}, {"cuda", -1, -1}, {"cpu", 250, 250}, {"cuda", 150, 150}} {
+		if got := gcPercentFor(tc.backend, tc.flag); got != tc.want {
+			t.Errorf("gcPercentFor(%s, %d) = %d, want %d", tc.backend, tc.flag, got, tc.want)
+		}
+	}
+	old := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(old) })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	t.Setenv("GOGC", "")
+	setGCPercent(log, 250)
+	if got := debug.SetGCPercent(100); got != 250 {
+		t.Errorf("GC percent %d after setGCPercent(250)", got)
+	}
+	setGCPercent(log, 0)
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("GC percent %d after setGCPercent(0), want the 100 it was", got)
+	}
+	t.Setenv("GOGC", "150")
+	setGCPercent(log, 250)
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("with GOGC set the GC percent changed to %d", got)
+	}
+}
+
 func TestSetMemoryLimit(t *testing.T) {
 	old := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(old) })
