@@ -123,8 +123,8 @@ func (c *serveConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 6)")
 	fs.Float64Var(&c.OverloadFactor, "admission-overload-factor", 0, "the latency factor while admission sees overload (a standing queue): accepted requests then stay near it (0 = 1.75)")
 	fs.DurationVar(&c.QueueTarget, "admission-queue-target", 0, "queueing delay that, standing for four times as long, means overload (0 = half the unloaded latency of a default request)")
-	fs.IntVar(&c.GCPercent, "gc-percent", 0, fmt.Sprintf("Go GC target percentage (GOGC): heap growth over the live heap that starts a collection; -1 = off (only --memory-limit starts one); 0 = the backend's default: the runtime's 100 on the CPU, %d with CUDA; the GOGC variable wins", cudaDefaultGCPercent))
-	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB, half of it); the GOMEMLIMIT variable wins")
+	fs.IntVar(&c.GCPercent, "gc-percent", 0, fmt.Sprintf("Go GC target percentage (GOGC): heap growth over the live heap that starts a collection; -1 = off (only --memory-limit starts one); 0 = the backend's default: the runtime's 100 on the CPU, off with CUDA (whose --memory-limit default has 2 GiB of headroom); the GOGC variable wins"))
+	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB on the CPU, 2 GiB with CUDA; half of it); the GOMEMLIMIT variable wins")
 }
 
 func (c *serveConfig) logger() (*slog.Logger, error) {
@@ -261,7 +261,8 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 			}
 			return b.err
 		}
-		setMemoryLimit(log, int64(cfg.MemoryLimit)) // model and KV cache are loaded: size GOMEMLIMIT from them
+		// Model and KV cache are loaded: size GOMEMLIMIT from them.
+		setMemoryLimit(log, int64(cfg.MemoryLimit), headroomFor(cfg.stack.Backend))
 		setGCPercent(log, gcPercentFor(cfg.stack.Backend, cfg.GCPercent))
 		log.Info("ready", "url", "http://"+addr+"/")
 	case err := <-served: // signal before the model finished loading
@@ -325,15 +326,16 @@ func loadAndAttach(ctx context.Context, srv *server.Server, cfg stackConfig, log
 	return st, srv.Warmup(wctx)
 }
 
-// cudaDefaultGCPercent is GOGC on the CUDA backend: its Go heap holds
-// little but the requests, so at GOGC=100 the GC ran several times a
-// second under load and scanning the waiting requests' stacks took a
-// fifth of the server's CPU (docs/DECISIONS.md, "The GC target on the
-// GPU").
-const cudaDefaultGCPercent = 400
+// cudaDefaultGCPercent is GOGC on the CUDA backend: off, so that only the
+// memory limit (live heap + cudaMemLimitHeadroom) starts a collection. Its
+// Go heap holds little but the requests, so at GOGC=100 the GC ran
+// several times a second under load and scanning the waiting requests'
+// stacks took a fifth of the server's CPU (docs/DECISIONS.md, "The GC
+// target on the GPU").
+const cudaDefaultGCPercent = -1
 
 // gcPercentFor resolves --gc-percent for backend: the flag when set,
-// else 400 on CUDA and the runtime's on the CPU.
+// else off on CUDA and the runtime's on the CPU.
 func gcPercentFor(backend string, flag int) int {
 	if flag == 0 && backend == "cuda" {
 		return cudaDefaultGCPercent
@@ -352,19 +354,31 @@ func setGCPercent(log *slog.Logger, p int) {
 }
 
 // memLimitHeadroom is the floor of the heap growth allowed above the live
-// heap of a loaded, warmed-up server (the figures behind it are in
-// docs/DECISIONS.md: requests allocate little; the live heap is the
-// weights and the KV cache).
-const memLimitHeadroom = 256 << 20
+// heap of a loaded, warmed-up server on the CPU (the figures behind it are
+// in docs/DECISIONS.md: requests allocate little; the live heap is the
+// weights and the KV cache). cudaMemLimitHeadroom is CUDA's: there the GC
+// is off and this headroom is all that starts a collection.
+const (
+	memLimitHeadroom     = 256 << 20
+	cudaMemLimitHeadroom = 2 << 30
+)
+
+// headroomFor is the memory limit's headroom floor on backend.
+func headroomFor(backend string) int64 {
+	if backend == "cuda" {
+		return cudaMemLimitHeadroom
+	}
+	return memLimitHeadroom
+}
 
 // setMemoryLimit sets the Go runtime's soft memory limit (GOMEMLIMIT) once
 // the model is loaded and warmed up: live heap (weights + KV cache, which
-// sit on the Go heap with the CPU backend) plus max(256 MiB, half of it).
+// sit on the Go heap with the CPU backend) plus max(headroom, half of it).
 // Without it the GC lets the heap grow to twice the live heap (GOGC=100),
 // so the weights alone doubled RSS. explicit > 0 sets that limit instead;
 // a GOMEMLIMIT in the environment (the runtime's own setting) wins over
 // both. It is process-wide state, so it lives in cmd, not in a library.
-func setMemoryLimit(log *slog.Logger, explicit int64) {
+func setMemoryLimit(log *slog.Logger, explicit, headroom int64) {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		log.Info("memory limit from GOMEMLIMIT", "bytes", debug.SetMemoryLimit(-1))
 		return
@@ -375,7 +389,7 @@ func setMemoryLimit(log *slog.Logger, explicit int64) {
 	live := int64(ms.HeapAlloc)
 	limit := explicit
 	if limit <= 0 {
-		limit = live + max(memLimitHeadroom, live/2)
+		limit = live + max(headroom, live/2)
 	}
 	debug.SetMemoryLimit(limit)
 	log.Info("memory limit", "limit_mib", limit>>20, "live_heap_mib", live>>20)

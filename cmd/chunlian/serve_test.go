@@ -143,13 +143,13 @@ func TestServeDefaultsPerBackend(t *testing.T) {
 	}
 }
 
-// TestGCPercent: --gc-percent resolves to 400 on CUDA and the runtime's
+// TestGCPercent: --gc-percent resolves to off on CUDA and the runtime's
 // on the CPU unless set, and is applied unless GOGC is in the environment.
 func TestGCPercent(t *testing.T) {
 	for _, tc := range []struct {
 		backend    string
 		flag, want int
-	}{{"cpu", 0, 0}, {"cuda", 0, cudaDefaultGCPercent}, {"cuda", -1, -1}, {"cpu", 250, 250}, {"cuda", 150, 150}} {
+	}{{"cpu", 0, 0}, {"cuda", 0, -1}, {"cuda", 400, 400}, {"cpu", 250, 250}, {"cuda", 150, 150}} {
 		if got := gcPercentFor(tc.backend, tc.flag); got != tc.want {
 			t.Errorf("gcPercentFor(%s, %d) = %d, want %d", tc.backend, tc.flag, got, tc.want)
 		}
@@ -179,22 +179,29 @@ func TestSetMemoryLimit(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	t.Setenv("GOMEMLIMIT", "")
 
-	setMemoryLimit(log, 3<<30)
+	setMemoryLimit(log, 3<<30, memLimitHeadroom)
 	if got := debug.SetMemoryLimit(-1); got != 3<<30 {
 		t.Errorf("explicit limit: %d, want %d", got, int64(3<<30))
 	}
 
 	keep := make([]byte, 64<<20) // live heap the limit must cover
-	setMemoryLimit(log, 0)
+	setMemoryLimit(log, 0, memLimitHeadroom)
 	got := debug.SetMemoryLimit(-1)
 	if got < int64(len(keep))+memLimitHeadroom || got == math.MaxInt64 {
 		t.Errorf("automatic limit %d, want ≥ the 64 MiB kept live + %d", got, memLimitHeadroom)
+	}
+	setMemoryLimit(log, 0, headroomFor("cuda"))
+	if got := debug.SetMemoryLimit(-1); got < int64(len(keep))+cudaMemLimitHeadroom || got == math.MaxInt64 {
+		t.Errorf("automatic CUDA limit %d, want ≥ the 64 MiB kept live + %d", got, cudaMemLimitHeadroom)
+	}
+	if headroomFor("cpu") != memLimitHeadroom {
+		t.Errorf("CPU headroom %d, want %d", headroomFor("cpu"), memLimitHeadroom)
 	}
 	runtime.KeepAlive(keep)
 
 	debug.SetMemoryLimit(7 << 30)
 	t.Setenv("GOMEMLIMIT", "7GiB")
-	setMemoryLimit(log, 0)
+	setMemoryLimit(log, 0, memLimitHeadroom)
 	if got := debug.SetMemoryLimit(-1); got != 7<<30 {
 		t.Errorf("with GOMEMLIMIT set the limit changed to %d", got)
 	}
