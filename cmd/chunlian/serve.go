@@ -95,7 +95,7 @@ type serveConfig struct {
 	QueueTarget       time.Duration // admission's queueing-delay target (0 = the server's default)
 	Admission         bool
 	MemoryLimit       byteSize // 0 = sized from the loaded model
-	GCPercent         int      // GOGC; 0 = the runtime's, -1 = off
+	GCPercent         int      // GOGC; 0 = the backend's default, -1 = off
 	admissionSet      bool     // --admission given (flag or env): the CUDA default does not apply
 }
 
@@ -123,7 +123,7 @@ func (c *serveConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.AdmissionFactor, "admission-latency-factor", 0, "per-step latency over the unloaded one above which admission shrinks its budget (0 = 6)")
 	fs.Float64Var(&c.OverloadFactor, "admission-overload-factor", 0, "the latency factor while admission sees overload (a standing queue): accepted requests then stay near it (0 = 1.75)")
 	fs.DurationVar(&c.QueueTarget, "admission-queue-target", 0, "queueing delay that, standing for four times as long, means overload (0 = half the unloaded latency of a default request)")
-	fs.IntVar(&c.GCPercent, "gc-percent", 0, fmt.Sprintf("Go GC target percentage (GOGC): heap growth over the live heap that starts a collection; -1 = off (only --memory-limit starts one); 0 = the backend's default: the runtime's 100 on the CPU, off with CUDA (whose --memory-limit default has 2 GiB of headroom); the GOGC variable wins"))
+	fs.IntVar(&c.GCPercent, "gc-percent", 0, "Go GC target percentage (GOGC): heap growth over the live heap that starts a collection; -1 = off (only --memory-limit starts one); 0 = the backend's default: the runtime's 100 on the CPU, off with CUDA (whose --memory-limit default has 2 GiB of headroom); the GOGC variable wins")
 	fs.Var(&c.MemoryLimit, "memory-limit", "Go soft memory limit (GOMEMLIMIT), e.g. 600MiB; 0 = the live heap after loading plus max(256 MiB on the CPU, 2 GiB with CUDA; half of it); the GOMEMLIMIT variable wins")
 }
 
@@ -202,7 +202,7 @@ func serveRun(cfg serveConfig, sig <-chan os.Signal, onListen func(addr string))
 		return err
 	}
 	if cfg.GCPercent < -1 {
-		return fmt.Errorf("--gc-percent %d: want -1 (off), 0 (the runtime's) or a percentage", cfg.GCPercent)
+		return fmt.Errorf("--gc-percent %d: want -1 (off), 0 (the backend's default) or a percentage", cfg.GCPercent)
 	}
 	cfg.stack.logger = log
 	cfg.stack.Backend = cfg.stack.resolveBackend() // the HTTP defaults below depend on it
