@@ -113,14 +113,21 @@ func TestForcerEquivalence(t *testing.T) {
 		m               *model.Model
 		e, eFull, eJump engine.Engine
 		maxN            int
+		// finish draws 5 上联s and finishes the best 3 in requests of
+		// their own (the service's pipeline under load), whose forced
+		// <sep> the engine jumps before their first step. Those run
+		// side by side, so their batches, and the CPU's rounding, differ
+		// between the paths: scores are compared to 1e-6, not bitwise.
+		finish bool
 	}
 	fake := &fakeEngine{vocab: testModel.Tok.Size()}
 	stacks := []stack{
-		{"fake", testModel, fake, fake, fake, 3},
-		{"random-model", testModel, realStack(t, testModel), realStack(t, testModel), realStack(t, testModel), 1},
+		{"fake", testModel, fake, fake, fake, 3, false},
+		{"random-model", testModel, realStack(t, testModel), realStack(t, testModel), realStack(t, testModel), 1, false},
 	}
 	if m, err := model.Default(); err == nil {
-		stacks = append(stacks, stack{"default-model", m, realStack(t, m), realStack(t, m), realStack(t, m), 1})
+		stacks = append(stacks, stack{"default-model", m, realStack(t, m), realStack(t, m), realStack(t, m), 1, false},
+			stack{"default-model/finishers", m, realStack(t, m), realStack(t, m), realStack(t, m), 1, true})
 	} else {
 		t.Logf("default model not available: %v", err)
 	}
@@ -131,6 +138,9 @@ func TestForcerEquivalence(t *testing.T) {
 				opts = []Option{WithBannerSources(), WithBanners("五福临门", "万象更新", "吉星高照", "春回大地", "国泰民安", "福满人间", "平安吉祥", "富贵吉祥")}
 			} else {
 				opts = []Option{WithBannerSources(testBannerSources()...)}
+			}
+			if st.finish {
+				opts = append(opts, WithOversample(5), WithFinishers(3))
 			}
 			recFast, recFull := &recorder{Engine: noJump{st.e}}, &recorder{Engine: noForcer{st.eFull}}
 			gFast, err := New(st.m, recFast, opts...)
@@ -186,8 +196,11 @@ func TestForcerEquivalence(t *testing.T) {
 					t.Fatalf("%+v: %d couplets, full path %d", req, len(a), len(b))
 				}
 				for i := range a {
-					if a[i].Upper != b[i].Upper || a[i].Lower != b[i].Lower || a[i].Banner != b[i].Banner ||
-						math.Float64bits(a[i].Score) != math.Float64bits(b[i].Score) {
+					same := math.Float64bits(a[i].Score) == math.Float64bits(b[i].Score)
+					if st.finish {
+						same = math.Abs(a[i].Score-b[i].Score) <= 1e-6
+					}
+					if a[i].Upper != b[i].Upper || a[i].Lower != b[i].Lower || a[i].Banner != b[i].Banner || !same {
 						t.Errorf("%+v: couplet %d %+v, full path %+v", req, i, a[i], b[i])
 					}
 				}
@@ -208,11 +221,15 @@ func TestForcerEquivalence(t *testing.T) {
 				t.Fatalf("%d engine requests, full path %d", len(la), len(lb))
 			}
 			for i := range la {
-				if la[i] != lb[i] {
+				if la[i] != lb[i] && !st.finish {
 					t.Fatalf("engine request differs:\n%s\nfull path:\n%s", la[i], lb[i])
 				}
 			}
-			t.Logf("%d requests, %d couplets, %d engine requests identical", len(reqs), got, len(la))
+			how := "identical"
+			if st.finish {
+				how = "alike"
+			}
+			t.Logf("%d requests, %d couplets, %d engine requests %s", len(reqs), got, len(la), how)
 			if got == 0 {
 				t.Fatal("no couplet generated")
 			}
