@@ -14,6 +14,10 @@
 # with --spring-model off right before the spring model instead, and
 # AB_FLAGS="..." with those serve flags right before it without them (an
 # A/B of a switch in one binary, when two builds do not fit the carry).
+# PROFILE=N adds a 6-second server CPU profile under N users ($OUT/server.prof,
+# with the bench's report and the engine's counters; serve flags from
+# SERVER_FLAGS and PROFILE_FLAGS); `go tool pprof server.prof` reads it as it
+# is (Go profiles carry their symbols).
 # CUDATEST=0 skips the CUDA tests, REPLICAS=0 the replica scaling; LEVELS
 # (default 1,1000) sets the bench's user
 # counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
@@ -124,6 +128,25 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 		CHUNLIAN=$B/chunlian OUT=/tmp/br SERIES=scale DURATION=6s timeout 150 bash deploy/bench-replicas.sh > /tmp/br.md 2>&1
 		echo "bench-replicas rc=$? ($(($(date +%s) - T0)) s)" >> $S
 		cat /tmp/br.md >> $S
+	fi
+	if [ -n "${PROFILE:-}" ]; then
+		# A server CPU profile under PROFILE closed-loop users (serve
+		# flags: SERVER_FLAGS and PROFILE_FLAGS), and the engine's
+		# counters after the load.
+		$B/chunlian serve --backend cuda --addr 127.0.0.1:8099 --pprof --log-level warn ${SERVER_FLAGS:-} ${PROFILE_FLAGS:-} > $OUT/profile-serve.log 2>&1 &
+		SP=$!
+		for _ in $(seq 240); do curl -sf 127.0.0.1:8099/ready > /dev/null && break; sleep 0.5; done
+		$B/chunlian bench --url http://127.0.0.1:8099 --concurrency "$PROFILE" --duration 14s --warmup 3s --quiet --out $OUT/profile-bench.md > /dev/null 2>&1 &
+		BP=$!
+		sleep 7
+		curl -s "http://127.0.0.1:8099/debug/pprof/profile?seconds=6" > $OUT/server.prof
+		wait $BP
+		curl -s 127.0.0.1:8099/metrics | grep -E "^chunlian:(engine|kv|kept|num_preempt|prefix|request_success)" > $OUT/profile-metrics.txt
+		kill $SP
+		wait $SP 2> /dev/null
+		[ -s $OUT/profile-serve.log ] || rm -f $OUT/profile-serve.log
+		echo "profile at $PROFILE users ($(($(date +%s) - T0)) s): $OUT/server.prof" >> $S
+		grep -E "^\| target \|" $OUT/profile-bench.md | tail -1 >> $S
 	fi
 	cat $S
 	;;
