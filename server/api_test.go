@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -38,6 +40,12 @@ func TestGenerateRealStack(t *testing.T) {
 			var res generateResponse
 			if err := json.Unmarshal(body, &res); err != nil {
 				t.Fatal(err)
+			}
+			// Server-Timing: generation as latency_ms says, inside the handler.
+			var gen, handler float64
+			if n, err := fmt.Sscanf(hdr.Get("Server-Timing"), "generate;dur=%g, handler;dur=%g", &gen, &handler); n != 2 || err != nil ||
+				math.Abs(gen-res.LatencyMS) > 0.0011 || handler < gen || gen <= 0 {
+				t.Errorf("Server-Timing %q (latency_ms %g): %v", hdr.Get("Server-Timing"), res.LatencyMS, err)
 			}
 			if res.Prompt != tc.body["prompt"] {
 				t.Errorf("prompt = %q", res.Prompt)

@@ -387,6 +387,7 @@ func (s *Server) run(ctx context.Context, b *Backend, req couplet.Request) (*gen
 }
 
 func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	var body generateRequest
 	if e := s.readJSON(w, r, &body, true); e != nil {
 		writeError(w, e)
@@ -419,7 +420,13 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.generateResponse(r, p, res))
+	resp := s.generateResponse(r, p, res)
+	// Server-Timing (W3C): generation, and the handler from the request's
+	// routing to its answer, so that a client can tell the server's own
+	// HTTP work and the network from the generation.
+	w.Header().Set("Server-Timing", fmt.Sprintf("generate;dur=%.3f, handler;dur=%.3f",
+		float64(res.latency.Microseconds())/1000, float64(time.Since(start).Microseconds())/1000))
+	writeJSON(w, http.StatusOK, resp)
 }
 
 func (s *Server) generateResponse(r *http.Request, p genParams, res *genResult) generateResponse {
