@@ -88,11 +88,12 @@ func (e *Naive) Generate(ctx context.Context, req *Request) (*Result, error) {
 	default:
 	}
 	// Follow-ups wait beside the bound, as on the paged engine.
-	q := &e.queued
-	if req.FollowUp {
-		q = &e.followUps
+	counted := counts(req)
+	q := &e.followUps
+	if counted {
+		q = &e.queued
 	}
-	if q.Add(1) > int64(e.maxQueue) && !req.FollowUp {
+	if q.Add(1) > int64(e.maxQueue) && counted {
 		q.Add(-1)
 		return nil, ErrQueueFull
 	}
