@@ -17,7 +17,9 @@
 # PROFILE=N adds a 6-second server CPU profile under N users ($OUT/server.prof,
 # with the bench's report and the engine's counters; serve flags from
 # SERVER_FLAGS and PROFILE_FLAGS); `go tool pprof server.prof` reads it as it
-# is (Go profiles carry their symbols).
+# is (Go profiles carry their symbols). TRACE=S (with PROFILE) adds an
+# S-second execution trace right after the profile, still under load
+# ($OUT/server.trace.xz; `go tool trace` reads it after unxz).
 # CUDATEST=0 skips the CUDA tests, REPLICAS=0 the replica scaling; LEVELS
 # (default 1,1000) sets the bench's user
 # counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
@@ -140,6 +142,11 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 		BP=$!
 		sleep 7
 		curl -s "http://127.0.0.1:8099/debug/pprof/profile?seconds=6" > $OUT/server.prof
+		if [ -n "${TRACE:-}" ]; then
+			curl -s "http://127.0.0.1:8099/debug/pprof/trace?seconds=$TRACE" > /tmp/server.trace
+			python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], "rb"), lzma.open(sys.argv[2], "wb", preset=6))' /tmp/server.trace $OUT/server.trace.xz
+			echo "trace: $(stat -c %s /tmp/server.trace) bytes" >> $S
+		fi
 		wait $BP
 		curl -s 127.0.0.1:8099/metrics | grep -E "^chunlian:(engine|kv|kept|num_preempt|prefix|request_success)" > $OUT/profile-metrics.txt
 		kill $SP
