@@ -2,7 +2,6 @@ package engine
 
 import (
 	"runtime"
-	"sync"
 	"sync/atomic"
 
 	"chunlian/sampler"
@@ -30,18 +29,29 @@ type sampleTask struct {
 // rowSampler runs the parallel phase of a step (see Paged.consume). It is
 // part of the engine loop's state: the loop fills tasks, calls run and
 // reads the outputs after run returns. During run, worker w owns
-// scratch[w]; rows are handed out by the atomic counter next, and every
+// scratch[w]; rows are handed out by the run's atomic counter, and every
 // row's tasks and lse entry are written by the worker that took the row.
 type rowSampler struct {
 	tasks   []sampleTask // in row order (the engine lists them so)
 	rowTask []int32      // [rows+1]: row i's tasks are tasks[rowTask[i]:rowTask[i+1]]
 	scratch []*sampler.Scratch
+}
 
-	// Per-run inputs, read by the workers.
-	logits []float32 // [rows, V]
-	lse    []float64 // [rows]
-	V      int
-	next   atomic.Int64
+// sampleRun is one call of rowSampler.run: its inputs, read by the
+// workers, and its counters. A helper goroutine the scheduler starts only
+// after every row was taken finds its run's counter spent and returns,
+// touching nothing else (not its Scratch, nor a later run's inputs), so
+// run waits for the rows taken, never for helpers still queued for a CPU:
+// on a busy server those can wait hundreds of µs.
+type sampleRun struct {
+	tasks   []sampleTask
+	rowTask []int32
+	logits  []float32 // [rows, V]
+	lse     []float64 // [rows]
+	V, rows int
+	next    atomic.Int64  // rows handed out
+	done    atomic.Int64  // rows finished
+	last    chan struct{} // capacity 1: the helper finishing the last row sends
 }
 
 // run samples every task and fills lse's NaN entries for the rows without
@@ -64,33 +74,36 @@ func (rs *rowSampler) run(logits []float32, V, rows int, lse []float64, workers 
 	for len(rs.scratch) < workers {
 		rs.scratch = append(rs.scratch, sampler.NewScratch())
 	}
-	rs.logits, rs.lse, rs.V = logits, lse, V
-	rs.next.Store(0)
-	if workers <= 1 {
-		rs.work(rs.scratch[0], rows)
-	} else {
-		var wg sync.WaitGroup
-		for w := 1; w < workers; w++ {
-			wg.Add(1)
-			go func(sc *sampler.Scratch) {
-				defer wg.Done()
-				rs.work(sc, rows)
-			}(rs.scratch[w])
-		}
-		rs.work(rs.scratch[0], rows)
-		wg.Wait()
+	sr := &sampleRun{tasks: rs.tasks, rowTask: rs.rowTask, logits: logits, lse: lse, V: V, rows: rows}
+	if workers <= 1 || rows == 0 {
+		sr.work(rs.scratch[0])
+		return
 	}
-	rs.logits = nil
+	sr.last = make(chan struct{}, 1)
+	for w := 1; w < workers; w++ {
+		go sr.work(rs.scratch[w])
+	}
+	if !sr.work(rs.scratch[0]) {
+		<-sr.last // a helper still holds a row; it sends when it finishes the last
+	}
 }
 
-// work takes rows from the shared counter until none is left.
-func (rs *rowSampler) work(sc *sampler.Scratch, rows int) {
+// work takes rows from the run's counter until none is left, and reports
+// whether it finished the run's last row (then no one else is working on
+// it). A helper that finishes the last row signals the caller.
+func (sr *sampleRun) work(sc *sampler.Scratch) (finishedLast bool) {
 	for {
-		i := int(rs.next.Add(1) - 1)
-		if i >= rows {
-			return
+		i := int(sr.next.Add(1) - 1)
+		if i >= sr.rows {
+			return finishedLast
 		}
-		rs.doRow(sc, i)
+		sr.doRow(sc, i)
+		if sr.done.Add(1) == int64(sr.rows) {
+			finishedLast = true
+			if sr.last != nil {
+				sr.last <- struct{}{}
+			}
+		}
 	}
 }
 
@@ -99,15 +112,15 @@ func (rs *rowSampler) work(sc *sampler.Scratch, rows int) {
 // temperature 1); a row shared by several tasks (the N samples of a
 // request that just forked) computes it once; a row without tasks is a
 // prompt row whose log-sum-exp the caller needs.
-func (rs *rowSampler) doRow(sc *sampler.Scratch, i int) {
-	row := rs.logits[i*rs.V : (i+1)*rs.V]
-	ts := rs.tasks[rs.rowTask[i]:rs.rowTask[i+1]]
-	lse := rs.lse[i]
+func (sr *sampleRun) doRow(sc *sampler.Scratch, i int) {
+	row := sr.logits[i*sr.V : (i+1)*sr.V]
+	ts := sr.tasks[sr.rowTask[i]:sr.rowTask[i+1]]
+	lse := sr.lse[i]
 	// A NaN from the backend (say, a row with NaN logits, which the host
 	// LSE skips) counts as unknown too.
 	if lse != lse && len(ts) != 1 {
 		lse = sc.LogSumExp(row)
-		rs.lse[i] = lse
+		sr.lse[i] = lse
 	}
 	for k := range ts {
 		t := &ts[k]

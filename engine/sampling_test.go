@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -129,8 +130,10 @@ func TestRowSamplerWorkers(t *testing.T) {
 		}
 		return ts
 	}
+	// One rowSampler for every run, as in the engine: a helper of one run
+	// that starts late must not touch the next (go test -race checks).
+	var rs rowSampler
 	run := func(workers int) ([]sampleTask, []float64) {
-		var rs rowSampler
 		rs.tasks = tasks()
 		lse := make([]float64, rows)
 		for i := range lse {
@@ -148,7 +151,7 @@ func TestRowSamplerWorkers(t *testing.T) {
 			t.Errorf("row %d: lse %v, want %v", i, l, want)
 		}
 	}
-	for _, w := range []int{2, 3, 8} {
+	for _, w := range []int{2, 3, 8, 8, 16, 2, 16} {
 		gotT, gotL := run(w)
 		if !slices.EqualFunc(gotL, wantL, func(a, b float64) bool { return a == b || (a != a && b != b) }) {
 			t.Errorf("workers=%d: row log-sum-exps differ", w)
@@ -158,6 +161,33 @@ func TestRowSamplerWorkers(t *testing.T) {
 			if g.tok != x.tok || g.lp != x.lp || !errors.Is(g.err, x.err) {
 				t.Errorf("workers=%d task %d (row %d): %d %v %v, want %d %v %v", w, k, g.row, g.tok, g.lp, g.err, x.tok, x.lp, x.err)
 			}
+		}
+	}
+}
+
+// TestRowSamplerSkipsIdleHelpers: run returns once every row is done,
+// without waiting for helpers that never got a CPU (on one P the caller
+// does every row before any helper starts; they then find no rows left).
+func TestRowSamplerSkipsIdleHelpers(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const V, rows, workers = 64, 16, 4
+	logits := make([]float32, rows*V)
+	var rs rowSampler
+	p := sampler.Params{Seed: 1, MaxTokens: 5}
+	r := &request{req: &Request{Prompt: []int32{1}, Params: p}}
+	for i := range rows {
+		rs.tasks = append(rs.tasks, sampleTask{s: &sequence{r: r, tokens: []int32{1}, samp: sampler.New(p, 0)}, row: int32(i)})
+	}
+	lse := make([]float64, rows)
+	before := runtime.NumGoroutine()
+	rs.run(logits, V, rows, lse, workers)
+	// Read before anything here parks: the helpers are still queued.
+	if got := runtime.NumGoroutine() - before; got != workers-1 {
+		t.Errorf("%d helpers left queued when run returned, want %d (run waited for helpers that had no row)", got, workers-1)
+	}
+	for k, task := range rs.tasks {
+		if task.err != nil || task.tok < 0 || int(task.tok) >= V {
+			t.Fatalf("task %d: token %d, err %v", k, task.tok, task.err)
 		}
 	}
 }
