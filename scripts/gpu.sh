@@ -10,10 +10,11 @@
 # CUDATEST=0 for build leaves the CUDA test binary out (8 MB less to carry).
 # BASE=<commit> for build also builds that commit's chunlian as
 # chunlian-base; check then benches it right before HEAD's at every level
-# (a same-call before/after). SPRING_AB=1 for check benches HEAD's binary
-# with --spring-model off right before the spring model instead, and
-# AB_FLAGS="..." with those serve flags right before it without them (an
-# A/B of a switch in one binary, when two builds do not fit the carry).
+# (a same-call before/after). VARIANTS="NAME=flags;NAME=flags" for check
+# benches HEAD's binary with each set of extra serve flags (as
+# chunlian-NAME) right before it runs without them: A/Bs of switches in one
+# binary, beside BASE or not. AB_FLAGS="..." is the variant "ab", and
+# SPRING_AB=1 the variant "nospring" (--spring-model off).
 # PROFILE=N adds a 6-second server CPU profile under N users ($OUT/server.prof,
 # with the bench's report and the engine's counters; serve flags from
 # SERVER_FLAGS and PROFILE_FLAGS); `go tool pprof server.prof` reads it as it
@@ -78,15 +79,29 @@ check)
 		OFF=$((OFF + size))
 	done < .carry/gpu/bins.txt
 	rm /tmp/chunlian-bins
-	BINS=chunlian
-	[ ! -f $B/chunlian-base ] || BINS="chunlian-base chunlian"
-	if [ "$BINS" = chunlian ] && [ "${SPRING_AB:-0}" = 1 ]; then
-		ln -sf chunlian $B/chunlian-nospring
-		BINS="chunlian-nospring chunlian"
-	elif [ "$BINS" = chunlian ] && [ -n "${AB_FLAGS:-}" ]; then
-		ln -sf chunlian $B/chunlian-ab
-		BINS="chunlian-ab chunlian"
-	fi
+	# Every variant is HEAD's binary under another name (chunlian-NAME)
+	# with extra serve flags; the benches run base, the variants, then HEAD.
+	BINS=
+	[ ! -f $B/chunlian-base ] || BINS=chunlian-base
+	[ -z "${AB_FLAGS:-}" ] || VARIANTS="ab=$AB_FLAGS${VARIANTS:+;$VARIANTS}"
+	[ "${SPRING_AB:-0}" != 1 ] || VARIANTS="nospring=--spring-model off${VARIANTS:+;$VARIANTS}"
+	declare -A VFLAGS
+	IFS=';' read -ra VS <<< "${VARIANTS:-}"
+	for v in "${VS[@]}"; do
+		[ -n "$v" ] || continue
+		name=${v%%=*}
+		case $name in
+		'' | *[!A-Za-z0-9-]*)
+			echo "VARIANTS: bad name '$name' (letters, digits and '-')" >&2
+			exit 2
+			;;
+		esac
+		ln -sf chunlian $B/chunlian-$name
+		VFLAGS[chunlian-$name]=${v#*=}
+		BINS="$BINS chunlian-$name"
+	done
+	BINS="${BINS# } chunlian"
+	BINS=${BINS# }
 	chmod +x $B/*
 	export CHUNLIAN_CUDA_LIB_DIR=${CHUNLIAN_CUDA_LIB_DIR:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
 	export CHUNLIAN_MODEL=weights/chunlian-base
@@ -117,9 +132,7 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 	SF="--backend cuda --log-level warn ${SERVER_FLAGS:-}"
 	for k in ${SAMPLES:-0 1}; do
 		for bin in $BINS; do
-			SMF=
-			[ $bin != chunlian-nospring ] || SMF="--spring-model off"
-			[ $bin != chunlian-ab ] || SMF="$AB_FLAGS"
+			SMF=${VFLAGS[$bin]:-}
 			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF $SMF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
 				--duration 6s --warmup 2s --quiet --json $OUT/gpu-$bin-k$k.json --out $OUT/gpu-$bin-k$k.md > /dev/null 2>&1
 			echo "$bin bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
