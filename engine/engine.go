@@ -100,7 +100,14 @@ type Paged struct {
 	// are closed after publish, so that Stats already reflects their freed
 	// blocks when Generate returns.
 	wake []*request
-	rs   rowSampler
+	// wakeq carries batches of completed requests to the waker goroutine
+	// when Config.AsyncWakeMin is set (nil otherwise); spare returns their
+	// slices for reuse. The loop closes wakeq when it exits and waits for
+	// wakerDone, so every request is woken before Close returns.
+	wakeq, spare chan []*request
+	wakerDone    chan struct{}
+	wakeBatches  int // batches handed to the waker (engine goroutine)
+	rs           rowSampler
 	// db is b as a forward.DrawBackend when tokens are drawn on it (see
 	// draws.go), else nil; ab is b as an AsyncDrawBackend when steps
 	// overlap (overlapRunner), else nil. drawMasks: the sets registered on db.
@@ -309,6 +316,10 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 	e.stepBuf = &e.bufs[0]
 	e.run = newRunner(e)
 	e.stats.KVBlocksTotal = e.numBlocks
+	if cfg.AsyncWakeMin > 0 {
+		e.wakeq, e.spare, e.wakerDone = make(chan []*request, 4), make(chan []*request, 4), make(chan struct{})
+		go e.waker()
+	}
 	go e.loop()
 	return e, nil
 }
@@ -427,6 +438,12 @@ func (e *Paged) Close() error {
 // loop is the engine goroutine; see Paged.
 func (e *Paged) loop() {
 	defer close(e.stopped)
+	if e.wakeq != nil {
+		defer func() {
+			close(e.wakeq)
+			<-e.wakerDone
+		}()
+	}
 	for {
 		if len(e.active) == 0 && !e.run.inFlight() {
 			select {
@@ -570,11 +587,37 @@ func (e *Paged) shutdown() {
 // the last call.
 func (e *Paged) publishAndWake() {
 	e.publish()
+	if e.wakeq != nil && len(e.wake) >= e.cfg.AsyncWakeMin {
+		e.wakeq <- e.wake
+		e.wakeBatches++
+		select {
+		case e.wake = <-e.spare:
+		default:
+			e.wake = nil
+		}
+		return
+	}
 	for _, r := range e.wake {
 		close(r.done)
 	}
 	clear(e.wake)
 	e.wake = e.wake[:0]
+}
+
+// waker closes the done channels of the batches the loop hands over
+// (Config.AsyncWakeMin), in order, and returns their slices.
+func (e *Paged) waker() {
+	defer close(e.wakerDone)
+	for batch := range e.wakeq {
+		for _, r := range batch {
+			close(r.done)
+		}
+		clear(batch)
+		select {
+		case e.spare <- batch[:0]:
+		default:
+		}
+	}
 }
 
 // publish refreshes the Stats snapshot.
