@@ -101,13 +101,13 @@ type Paged struct {
 	// blocks when Generate returns.
 	wake []*request
 	// wakeq carries batches of completed requests to the waker goroutine
-	// when Config.AsyncWakeMin is set (nil otherwise); spare returns their
-	// slices for reuse. The loop closes wakeq when it exits and waits for
-	// wakerDone, so every request is woken before Close returns.
-	wakeq, spare chan []*request
-	wakerDone    chan struct{}
-	wakeBatches  int // batches handed to the waker (engine goroutine)
-	rs           rowSampler
+	// when Config.AsyncWakeMin is set (nil otherwise). The loop closes it
+	// when it exits and waits for wakerDone, so every request is woken
+	// before Close returns.
+	wakeq       chan []*request
+	wakerDone   chan struct{}
+	wakeBatches int // batches handed to the waker (engine goroutine)
+	rs          rowSampler
 	// db is b as a forward.DrawBackend when tokens are drawn on it (see
 	// draws.go), else nil; ab is b as an AsyncDrawBackend when steps
 	// overlap (overlapRunner), else nil. drawMasks: the sets registered on db.
@@ -317,7 +317,7 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 	e.run = newRunner(e)
 	e.stats.KVBlocksTotal = e.numBlocks
 	if cfg.AsyncWakeMin > 0 {
-		e.wakeq, e.spare, e.wakerDone = make(chan []*request, 4), make(chan []*request, 4), make(chan struct{})
+		e.wakeq, e.wakerDone = make(chan []*request, 4), make(chan struct{})
 		go e.waker()
 	}
 	go e.loop()
@@ -588,35 +588,30 @@ func (e *Paged) shutdown() {
 func (e *Paged) publishAndWake() {
 	e.publish()
 	if e.wakeq != nil && len(e.wake) >= e.cfg.AsyncWakeMin {
-		e.wakeq <- e.wake
+		e.wakeq <- e.wake // the waker owns the slice now
 		e.wakeBatches++
-		select {
-		case e.wake = <-e.spare:
-		default:
-			e.wake = nil
-		}
+		e.wake = make([]*request, 0, len(e.wake))
 		return
 	}
-	for _, r := range e.wake {
-		close(r.done)
-	}
+	wakeAll(e.wake)
 	clear(e.wake)
 	e.wake = e.wake[:0]
 }
 
-// waker closes the done channels of the batches the loop hands over
-// (Config.AsyncWakeMin), in order, and returns their slices.
+// waker wakes the batches the loop hands over (Config.AsyncWakeMin), in
+// order.
 func (e *Paged) waker() {
 	defer close(e.wakerDone)
 	for batch := range e.wakeq {
-		for _, r := range batch {
-			close(r.done)
-		}
-		clear(batch)
-		select {
-		case e.spare <- batch[:0]:
-		default:
-		}
+		wakeAll(batch)
+	}
+}
+
+// wakeAll closes the done channels of completed requests, which publishes
+// their results to the callers waiting in Generate.
+func wakeAll(rs []*request) {
+	for _, r := range rs {
+		close(r.done)
 	}
 }
 
