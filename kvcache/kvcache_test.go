@@ -48,13 +48,20 @@ func TestPoolLRUEviction(t *testing.T) {
 	if p.Register(c, 100) {
 		t.Error("duplicate hash registered twice")
 	}
-	// Free b then a: b is least recently freed, so it is evicted first; c
-	// (never cached) after them in order of release.
+	// Free b then a, then c (never cached): c is reused first, since
+	// reusing it evicts nothing; then b, the least recently freed cached
+	// block.
 	p.Release(b)
 	p.Release(a)
 	p.Release(c)
 	if id, ok := p.Lookup(200); !ok || id != b {
 		t.Fatalf("freed cached block not findable: %d %v", id, ok)
+	}
+	if got, _ := p.Get(); got != c {
+		t.Fatalf("Get = %d, want the uncached block %d", got, c)
+	}
+	if id, ok := p.Lookup(200); !ok || id != b {
+		t.Fatalf("reusing an uncached block evicted a cached one: %d %v", id, ok)
 	}
 	got, _ := p.Get()
 	if got != b {
@@ -65,11 +72,18 @@ func TestPoolLRUEviction(t *testing.T) {
 	}
 	// A hit on a free cached block takes it off the free list.
 	p.Acquire(a)
-	if p.NumFree() != 1 || p.RefCount(a) != 1 {
+	if p.NumFree() != 0 || p.RefCount(a) != 1 {
 		t.Errorf("after acquire: free %d ref %d", p.NumFree(), p.RefCount(a))
 	}
-	if got, _ := p.Get(); got != c {
-		t.Errorf("Get = %d, want %d", got, c)
+	// Uncached blocks come back last freed, first reused, ahead of the
+	// cached a.
+	p.Release(a)
+	p.Release(b)
+	p.Release(c)
+	for _, want := range []int32{c, b, a} {
+		if got, _ := p.Get(); got != want {
+			t.Errorf("Get = %d, want %d", got, want)
+		}
 	}
 	if err := p.CheckInvariants(nil); err != nil {
 		t.Fatal(err)

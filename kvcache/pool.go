@@ -34,8 +34,12 @@ type block struct {
 //     will write into below plen (see Manager.Free and SnapshotTail).
 //
 // A freed block keeps its hash and stays findable through Lookup until Get
-// evicts it for reuse. The free list is in eviction order: Get takes the head
-// (least recently freed), Release appends at the tail.
+// evicts it for reuse. The free list is in eviction order: Get takes the
+// head. Release appends a cached block at the tail (least recently freed
+// cached blocks are evicted first) and puts an uncached one at the head:
+// reusing it loses no cached prefix, and it is the block whose metadata is
+// still in the CPU's cache (docs/DECISIONS.md, "Uncached blocks reused
+// first").
 type BlockPool struct {
 	blocks     []block
 	head, tail int32
@@ -75,6 +79,18 @@ func (p *BlockPool) pushTail(id int32) {
 	p.numFree++
 }
 
+func (p *BlockPool) pushHead(id int32) {
+	b := &p.blocks[id]
+	b.prev, b.next = none, p.head
+	if p.head != none {
+		p.blocks[p.head].prev = id
+	} else {
+		p.tail = id
+	}
+	p.head = id
+	p.numFree++
+}
+
 func (p *BlockPool) unlink(id int32) {
 	b := &p.blocks[id]
 	if b.prev != none {
@@ -91,8 +107,9 @@ func (p *BlockPool) unlink(id int32) {
 	p.numFree--
 }
 
-// Get takes the least recently freed block, evicting its cached hash, and
-// returns it with ref 1. ok is false when no block is free.
+// Get takes the free list's head (the last uncached block freed, else the
+// least recently freed cached one), evicting its cached hash, and returns
+// it with ref 1. ok is false when no block is free.
 func (p *BlockPool) Get() (id int32, ok bool) {
 	if p.head == none {
 		return 0, false
@@ -114,8 +131,9 @@ func (p *BlockPool) Acquire(id int32) {
 	b.ref++
 }
 
-// Release drops a holder; at zero the block goes to the free-list tail,
-// keeping its hash so that it can still be found until evicted.
+// Release drops a holder. At zero a cached block goes to the free-list
+// tail, keeping its hash so that it can still be found until evicted; an
+// uncached one goes to the head, to be reused first.
 func (p *BlockPool) Release(id int32) {
 	b := &p.blocks[id]
 	if b.ref <= 0 {
@@ -123,7 +141,11 @@ func (p *BlockPool) Release(id int32) {
 	}
 	b.ref--
 	if b.ref == 0 {
-		p.pushTail(id)
+		if b.cached {
+			p.pushTail(id)
+		} else {
+			p.pushHead(id)
+		}
 	}
 }
 
