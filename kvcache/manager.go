@@ -419,7 +419,7 @@ func (m *Manager) tail(s *seqState) (id int32, h uint64, n int, ok bool) {
 // the next forward pass. It is meant for short prompts that are likely to
 // come again (the engine calls it when a prompt shorter than a block is
 // computed). Nothing happens when the tail is already cached or no block is
-// free; evicting the least recently freed block for it is the price.
+// free; evicting the free list's head for it is the price.
 func (m *Manager) SnapshotTail(seq SeqID) {
 	s := m.seq(seq)
 	if s == nil {
