@@ -21,11 +21,6 @@ type Config struct {
 	// OverlapMinSeqs is the number of sequences (running + waiting) from
 	// which two steps are kept in flight (default 128; see overlapRunner).
 	OverlapMinSeqs int
-	// AsyncWakeMin, when > 0, hands the wake-ups of an iteration that
-	// completes at least this many requests to a separate goroutine, so
-	// that the engine goroutine does not pay for readying each waiting
-	// caller (0: the engine goroutine wakes every request itself).
-	AsyncWakeMin int
 
 	// noJump turns jump-forward off (tests compare the two paths).
 	noJump bool
@@ -77,8 +72,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine: overlap min seqs %d must be ≥ 0 (0 = default)", c.OverlapMinSeqs)
 	case c.SamplingWorkers < 0:
 		return fmt.Errorf("engine: sampling workers %d must be ≥ 0 (0 = GOMAXPROCS)", c.SamplingWorkers)
-	case c.AsyncWakeMin < 0:
-		return fmt.Errorf("engine: async wake minimum %d must be ≥ 0 (0 = off)", c.AsyncWakeMin)
 	}
 	return nil
 }

@@ -100,14 +100,7 @@ type Paged struct {
 	// are closed after publish, so that Stats already reflects their freed
 	// blocks when Generate returns.
 	wake []*request
-	// wakeq carries batches of completed requests to the waker goroutine
-	// when Config.AsyncWakeMin is set (nil otherwise). The loop closes it
-	// when it exits and waits for wakerDone, so every request is woken
-	// before Close returns.
-	wakeq       chan []*request
-	wakerDone   chan struct{}
-	wakeBatches int // batches handed to the waker (engine goroutine)
-	rs          rowSampler
+	rs   rowSampler
 	// db is b as a forward.DrawBackend when tokens are drawn on it (see
 	// draws.go), else nil; ab is b as an AsyncDrawBackend when steps
 	// overlap (overlapRunner), else nil. drawMasks: the sets registered on db.
@@ -316,10 +309,6 @@ func New(b forward.Backend, cfg Config) (*Paged, error) {
 	e.stepBuf = &e.bufs[0]
 	e.run = newRunner(e)
 	e.stats.KVBlocksTotal = e.numBlocks
-	if cfg.AsyncWakeMin > 0 {
-		e.wakeq, e.wakerDone = make(chan []*request, 4), make(chan struct{})
-		go e.waker()
-	}
 	go e.loop()
 	return e, nil
 }
@@ -438,12 +427,6 @@ func (e *Paged) Close() error {
 // loop is the engine goroutine; see Paged.
 func (e *Paged) loop() {
 	defer close(e.stopped)
-	if e.wakeq != nil {
-		defer func() {
-			close(e.wakeq)
-			<-e.wakerDone
-		}()
-	}
 	for {
 		if len(e.active) == 0 && !e.run.inFlight() {
 			select {
@@ -587,32 +570,11 @@ func (e *Paged) shutdown() {
 // the last call.
 func (e *Paged) publishAndWake() {
 	e.publish()
-	if e.wakeq != nil && len(e.wake) >= e.cfg.AsyncWakeMin {
-		e.wakeq <- e.wake // the waker owns the slice now
-		e.wakeBatches++
-		e.wake = make([]*request, 0, len(e.wake))
-		return
-	}
-	wakeAll(e.wake)
-	clear(e.wake)
-	e.wake = e.wake[:0]
-}
-
-// waker wakes the batches the loop hands over (Config.AsyncWakeMin), in
-// order.
-func (e *Paged) waker() {
-	defer close(e.wakerDone)
-	for batch := range e.wakeq {
-		wakeAll(batch)
-	}
-}
-
-// wakeAll closes the done channels of completed requests, which publishes
-// their results to the callers waiting in Generate.
-func wakeAll(rs []*request) {
-	for _, r := range rs {
+	for _, r := range e.wake {
 		close(r.done)
 	}
+	clear(e.wake)
+	e.wake = e.wake[:0]
 }
 
 // publish refreshes the Stats snapshot.

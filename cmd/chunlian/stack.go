@@ -518,21 +518,11 @@ func newEngine(cfg stackConfig, b forward.Backend) (engine.Engine, error) {
 		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 		MaxQueue:            cfg.MaxQueue,
 		EnablePrefixCaching: cfg.PrefixCaching,
-		AsyncWakeMin:        asyncWakeMinFor(cfg.Experimental),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	return e, nil
-}
-
-// asyncWakeMinFor is engine.Config.AsyncWakeMin: asyncWakeMin under
-// featAsyncWake, else 0 (off).
-func asyncWakeMinFor(exp features) int {
-	if exp.Has(featAsyncWake) {
-		return asyncWakeMin
-	}
-	return 0
 }
 
 // resolveBackend turns --backend auto into cpu or cuda (probing the CUDA
@@ -624,24 +614,13 @@ const (
 	// featCUDAKeep lets the couplet generator keep samples on the CUDA
 	// backend (couplet.WithKeptSamples), off there by default.
 	featCUDAKeep = "cuda-keep"
-	// featAsyncWake wakes the callers of an iteration's completed requests
-	// from a separate goroutine once there are asyncWakeMin of them
-	// (engine.Config.AsyncWakeMin): readying each waiting request took
-	// ~5 % of a busy GPU engine loop's time.
-	featAsyncWake = "async-wake"
 )
-
-// asyncWakeMin is engine.Config.AsyncWakeMin under featAsyncWake: below
-// it the loop wakes its few callers itself, so a lightly loaded server's
-// requests do not wait for one more goroutine.
-const asyncWakeMin = 32
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
 	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
 	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
 	featCUDAKeep:  "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
-	featAsyncWake: "engine: a separate goroutine wakes the callers when an iteration completes many requests (less work on a busy engine loop)",
 }
 
 // knownFeatures lists the feature names for help and errors.

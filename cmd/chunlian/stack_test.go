@@ -635,30 +635,3 @@ func TestServedStackKeeps(t *testing.T) {
 		}
 	}
 }
-
-// TestAsyncWakeFeature: --experimental async-wake reaches every paged
-// engine's config as asyncWakeMin; without it the engines wake inline.
-func TestAsyncWakeFeature(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want int
-	}{{nil, 0}, {[]string{"--experimental", "async-wake"}, asyncWakeMin}} {
-		c := parseStack(t, append([]string{"--backend", "cpu", "--kv-cache-memory", "2MiB", "--threads", "1"}, tc.args...)...)
-		st, err := buildStackFor(c, model.NewRandom(model.TestConfig(), 3), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, ok := st.lower.(*engine.Paged)
-		if !ok {
-			st.Close()
-			t.Fatalf("%v: the engine is %T, want *engine.Paged", tc.args, st.lower)
-		}
-		if got := p.Config().AsyncWakeMin; got != tc.want {
-			t.Errorf("%v: AsyncWakeMin %d, want %d", tc.args, got, tc.want)
-		}
-		if _, err := st.Gen.Generate(context.Background(), couplet.Request{Text: "平安"}); err != nil {
-			t.Errorf("%v: %v", tc.args, err)
-		}
-		st.Close()
-	}
-}
