@@ -520,8 +520,8 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *kept
 		comp  engine.Completion
 		score float64
 	}
-	var ups []upper
-	seen := map[string]bool{}
+	ups := make([]upper, 0, len(res.Completions))
+	seen := make(map[string]bool, len(res.Completions))
 	for _, c := range res.Completions {
 		if c.Finish != engine.FinishLength || len(c.Tokens) != L || len(c.LogProbs) != L {
 			continue // dead end: nothing to continue
@@ -555,7 +555,11 @@ func (g *Generator) sampleLines(ctx context.Context, eng engine.Engine, ks *kept
 		}
 		next.Params.N, next.Params.MaxTokens = 1, linesMax-L
 		next.Params.Seed = seedFor(req.Params.Seed, 1+u.comp.Index)
-		proc := &continued{p: req.NewProcessor(u.comp.Index), prefix: u.comp.Tokens}
+		// buf is sized for the prefix and the finisher's whole output
+		// here, so the engine goroutine (which calls the processor)
+		// does not grow it.
+		proc := &continued{p: req.NewProcessor(u.comp.Index), prefix: u.comp.Tokens,
+			buf: make([]int32, 0, len(u.comp.Tokens)+next.Params.MaxTokens+1)}
 		next.NewProcessor = func(int) sampler.LogitsProcessor { return proc }
 		wg.Add(1)
 		go func() {

@@ -195,6 +195,11 @@ type sequence struct {
 	mask   sampler.Mask
 	masked bool
 	maskAt int
+	// maskExcl is mask.Exclude's first storage, allocated with the
+	// sequence: a couplet rule excludes a few ids at most steps, and
+	// growing Exclude from nil cost the engine goroutine an allocation
+	// or two per sequence. Sequences are never copied by value.
+	maskExcl [16]int32
 }
 
 func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
@@ -464,16 +469,17 @@ func (e *Paged) loop() {
 }
 
 func (e *Paged) newSeq(r *request, index int, tokens []int32) *sequence {
-	id := e.takeID()
+	s := &sequence{id: e.takeID(), r: r, index: index, tokens: tokens}
+	s.mask.Exclude = s.maskExcl[:0]
 	if index < len(r.pre) && r.pre[index].samp != nil { // made by a device-draw plan
-		ps := r.pre[index]
-		return &sequence{id: id, r: r, index: index, tokens: tokens, samp: ps.samp, proc: ps.proc}
+		s.samp, s.proc = r.pre[index].samp, r.pre[index].proc
+		return s
 	}
-	var proc sampler.LogitsProcessor
 	if r.req.NewProcessor != nil {
-		proc = r.req.NewProcessor(index)
+		s.proc = r.req.NewProcessor(index)
 	}
-	return &sequence{id: id, r: r, index: index, tokens: tokens, samp: sampler.New(r.req.Params, index), proc: proc}
+	s.samp = sampler.New(r.req.Params, index)
+	return s
 }
 
 // takeID returns a finished sequence's ID, or a new one. IDs stay dense
