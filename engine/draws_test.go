@@ -560,3 +560,25 @@ func TestMaskAskedOnce(t *testing.T) {
 		t.Fatalf("only %d masks asked", asked)
 	}
 }
+
+// TestSequenceMaskStorage: a new sequence's mask holds a couplet rule's
+// few exclusions in storage that came with the sequence, so jumpForward
+// and the draw plan fill it without allocating on the engine goroutine.
+func TestSequenceMaskStorage(t *testing.T) {
+	e := &Paged{}
+	r := &request{req: &Request{Prompt: []int32{1}}}
+	excl := make([]int32, len(sequence{}.maskExcl))
+	for i := range excl {
+		excl[i] = int32(i)
+	}
+	tokens := []int32{1}
+	alone := testing.AllocsPerRun(20, func() { e.newSeq(r, 0, tokens) })
+	filled := testing.AllocsPerRun(20, func() {
+		s := e.newSeq(r, 0, tokens)
+		s.mask.Reset()
+		s.mask.Exclude = append(s.mask.Exclude, excl...)
+	})
+	if filled != alone {
+		t.Errorf("a new sequence and %d exclusions in its mask: %.0f allocations, the sequence alone %.0f", len(excl), filled, alone)
+	}
+}
