@@ -45,6 +45,9 @@ type Manager struct {
 	// pass (TakeCopies).
 	copySrc, copyDst, copySlots []int32
 	fill                        []int // [numBlocks] scratch of Usage: live slots per block
+	// hitBlocks and hitHashes are ComputedBlocks' result storage.
+	hitBlocks []int32
+	hitHashes []uint64
 }
 
 // NewManager returns a manager over numBlocks blocks of blockSize tokens.
@@ -136,7 +139,9 @@ func (c Computed) Tokens(blockSize int) int { return len(c.Blocks)*blockSize + c
 // token is always left uncovered, because the last prompt token must be run
 // to get the logits to sample from (vLLM does the same). It takes no
 // references: pass the result to Allocate in the same step, before any
-// other Allocate could evict the blocks.
+// other Allocate could evict the blocks. The result's slices are the
+// manager's scratch (Allocate copies them): they hold until the next
+// ComputedBlocks call.
 func (m *Manager) ComputedBlocks(tokens []int32) Computed {
 	var c Computed
 	if !m.caching {
@@ -150,13 +155,15 @@ func (m *Manager) ComputedBlocks(tokens []int32) Computed {
 		if !ok {
 			break
 		}
-		if c.Blocks == nil { // one allocation each for the longest hit
-			n := (len(tokens) - 1) / bs
-			c.Blocks, c.Hashes = make([]int32, 0, n), make([]uint64, 0, n)
+		if c.Blocks == nil {
+			c.Blocks, c.Hashes = m.hitBlocks[:0], m.hitHashes[:0]
 		}
 		c.Blocks = append(c.Blocks, id)
 		c.Hashes = append(c.Hashes, h)
 		parent = h
+	}
+	if c.Blocks != nil { // keep the grown scratch for the next lookup
+		m.hitBlocks, m.hitHashes = c.Blocks, c.Hashes
 	}
 	// The partial step: hashes of every prefix of the rest (up to a block),
 	// longest match first. A match on all that is left gives back its last
