@@ -599,6 +599,35 @@ func TestCacheLimitAndTruncate(t *testing.T) {
 	}
 }
 
+// TestComputedBlocksScratch: a prefix hit comes back in the manager's
+// scratch, so looking up a cached prompt allocates nothing once the
+// scratch has grown, and Allocate takes a copy: the next lookup does not
+// change the admitted sequence's block table.
+func TestComputedBlocksScratch(t *testing.T) {
+	m := NewManager(64, 2, true)
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7}
+	if !m.Allocate(0, len(prompt), Computed{}) {
+		t.Fatal("allocate")
+	}
+	m.CacheBlocks(0, prompt, len(prompt))
+	if allocs := testing.AllocsPerRun(10, func() { m.ComputedBlocks(prompt) }); allocs != 0 {
+		t.Errorf("a cached prompt's lookup allocated %.0f times, want 0", allocs)
+	}
+	hit := m.ComputedBlocks(prompt)
+	if len(hit.Blocks) != 3 {
+		t.Fatalf("hit %d blocks, want 3", len(hit.Blocks))
+	}
+	if !m.Allocate(1, 1, hit) {
+		t.Fatal("allocate the hit")
+	}
+	want := slices.Clone(m.BlockTable(1))
+	m.ComputedBlocks([]int32{9, 9, 9})   // a miss
+	hit2 := m.ComputedBlocks(prompt[:5]) // a shorter hit in the same scratch
+	if got := m.BlockTable(1); !slices.Equal(got, want) || len(hit2.Blocks) != 2 {
+		t.Errorf("block table %v after more lookups, want %v (second hit %d blocks)", got, want, len(hit2.Blocks))
+	}
+}
+
 // BenchmarkAdmitCached: a 24-token prompt whose blocks are all cached
 // (the prefix lookup and the admission of a couplet's follow-up) at the
 // CUDA default of 2-token blocks; allocs/op is what the engine loop pays.
