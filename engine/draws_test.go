@@ -561,9 +561,10 @@ func TestMaskAskedOnce(t *testing.T) {
 	}
 }
 
-// TestSequenceMaskStorage: a new sequence's mask holds a couplet rule's
-// few exclusions in storage that came with the sequence, so jumpForward
-// and the draw plan fill it without allocating on the engine goroutine.
+// TestSequenceMaskStorage: a new sequence is one allocation (its sampler
+// inside it), and its mask holds a couplet rule's few exclusions in
+// storage that came with it, so jumpForward and the draw plan fill it
+// without allocating on the engine goroutine.
 func TestSequenceMaskStorage(t *testing.T) {
 	e := &Paged{}
 	r := &request{req: &Request{Prompt: []int32{1}}}
@@ -573,6 +574,9 @@ func TestSequenceMaskStorage(t *testing.T) {
 	}
 	tokens := []int32{1}
 	alone := testing.AllocsPerRun(20, func() { e.newSeq(r, 0, tokens) })
+	if alone != 1 {
+		t.Errorf("a new sequence took %.0f allocations, want 1", alone)
+	}
 	filled := testing.AllocsPerRun(20, func() {
 		s := e.newSeq(r, 0, tokens)
 		s.mask.Reset()

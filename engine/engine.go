@@ -200,6 +200,9 @@ type sequence struct {
 	// growing Exclude from nil cost the engine goroutine an allocation
 	// or two per sequence. Sequences are never copied by value.
 	maskExcl [16]int32
+	// ownSamp is samp's storage unless a device-draw plan made the
+	// sampler before the sequence (one allocation fewer per sequence).
+	ownSamp sampler.Sampler
 }
 
 func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
@@ -478,7 +481,8 @@ func (e *Paged) newSeq(r *request, index int, tokens []int32) *sequence {
 	if r.req.NewProcessor != nil {
 		s.proc = r.req.NewProcessor(index)
 	}
-	s.samp = sampler.New(r.req.Params, index)
+	s.ownSamp.Init(r.req.Params, index)
+	s.samp = &s.ownSamp
 	return s
 }
 

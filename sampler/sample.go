@@ -88,13 +88,21 @@ func (sc *Scratch) LogSumExp(row []float32) float64 {
 // Its random stream is PCG(seed, index): samples of one request differ, and
 // the same (seed, index) replays the same stream. Seed 0 draws a random seed.
 func New(p Params, index int) *Sampler {
+	sp := new(Sampler)
+	sp.Init(p, index)
+	return sp
+}
+
+// Init makes s what New(p, index) returns, in place: for a caller that
+// keeps its Sampler inside a larger struct (the engine's sequences) and so
+// saves an allocation.
+func (s *Sampler) Init(p Params, index int) {
 	seed := p.Seed
 	if seed == 0 {
 		seed = rand.Uint64() | 1
 	}
-	sp := &Sampler{p: p}
-	sp.rng.Seed(seed, uint64(index))
-	return sp
+	*s = Sampler{p: p}
+	s.rng.Seed(seed, uint64(index))
 }
 
 // Params returns the parameters the sampler was built with.
