@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -467,7 +468,8 @@ func (n *nullDevice) WaitDraw(slot int, out []forward.Drawn, logits []float32, l
 // (--experimental cuda-keep). Reports couplets/s, the engine
 // loops' host time (schedule + consume) per step and per logits row (the
 // figures the GPU's bench reports as "host ms per step"), the mean
-// share of allocated KV slots live and the mean empty and live slots.
+// share of allocated KV slots live, the mean empty and live slots, and
+// the objects allocated per couplet.
 func BenchmarkHostLoop(b *testing.B) {
 	m := defaultModel(b)
 	// The CUDA default (5 上联s, the best 4 finished) and one sample.
@@ -519,11 +521,14 @@ func BenchmarkHostLoop(b *testing.B) {
 			// The mean share of allocated KV slots holding a live token,
 			// sampled as the service's metric is.
 			stop := pollKVLive(eng, 20*time.Millisecond)
+			var ms0, ms1 runtime.MemStats
+			runtime.ReadMemStats(&ms0)
 			r := 1
 			for b.Loop() {
 				round(r)
 				r++
 			}
+			runtime.ReadMemStats(&ms1)
 			live, alloc, polls := stop()
 			st := eng.Stats()
 			steps := float64(st.Steps - st0.Steps)
@@ -532,6 +537,10 @@ func BenchmarkHostLoop(b *testing.B) {
 			b.ReportMetric(1e3*host/steps, "host-ms/step")
 			b.ReportMetric(1e9*host/float64(st.LogitRows-st0.LogitRows), "host-ns/row")
 			b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/float64(users*perUser*(r-1)), "rows/couplet")
+			// Every goroutine's allocations (requests, rules, engine loops):
+			// with the GC off on CUDA they set how often the memory limit
+			// starts a collection.
+			b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/float64(users*perUser*(r-1)), "allocs/couplet")
 			if alloc > 0 {
 				b.ReportMetric(100*live/alloc, "%live")
 				// The share alone rises when the cache holds more full
