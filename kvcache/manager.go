@@ -149,22 +149,18 @@ func (m *Manager) ComputedBlocks(tokens []int32) Computed {
 	}
 	bs := m.blockSize
 	var parent uint64
+	c.Blocks, c.Hashes = m.hitBlocks[:0], m.hitHashes[:0]
 	for i := 0; (i+1)*bs <= len(tokens)-1; i++ {
 		h := HashBlock(parent, tokens[i*bs:(i+1)*bs])
 		id, ok := m.pool.Lookup(h)
 		if !ok {
 			break
 		}
-		if c.Blocks == nil {
-			c.Blocks, c.Hashes = m.hitBlocks[:0], m.hitHashes[:0]
-		}
 		c.Blocks = append(c.Blocks, id)
 		c.Hashes = append(c.Hashes, h)
 		parent = h
 	}
-	if c.Blocks != nil { // keep the grown scratch for the next lookup
-		m.hitBlocks, m.hitHashes = c.Blocks, c.Hashes
-	}
+	m.hitBlocks, m.hitHashes = c.Blocks, c.Hashes // keep what the scratch grew to
 	// The partial step: hashes of every prefix of the rest (up to a block),
 	// longest match first. A match on all that is left gives back its last
 	// token (recomputed for the logits).
