@@ -51,6 +51,7 @@ func (f *fakeService) handler() http.Handler {
 		fmt.Fprintf(w, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %g\n", 0.001*float64(f.ok.Load()))
 		fmt.Fprintf(w, "chunlian:gpu_utilization_perc{gpu=\"0\"} 50\nchunlian:gpu_memory_used_bytes{gpu=\"0\"} 1.5e9\n")
 		fmt.Fprintf(w, "process_resident_memory_bytes %g\nchunlian:kv_cache_live_slots_perc{model_name=\"m\"} 0.96\n", fakeRSS)
+		fmt.Fprintf(w, "chunlian:requests_rejected_total{reason=\"queue_full\"} %d\nchunlian:requests_rejected_total{reason=\"connections\"} 0\n", f.rejected.Load())
 		// Engine counters as chunlian's: per completed request 2 steps,
 		// 30 rows, 1 + 2 ms of host phases and 4 ms of forward pass.
 		n := float64(f.ok.Load())

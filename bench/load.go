@@ -292,17 +292,19 @@ type monitor struct {
 type monResult struct {
 	cpuCores  *float64 // server CPU-seconds per wall second over the window
 	cpuSource string
-	selfCores *float64 // the bench process's own CPU over the window
-	gpuUtil   *float64 // mean over scrapes, percent
-	gpuMem    *float64 // max over scrapes, bytes
-	rss       *float64 // server's resident memory, max over scrapes, bytes
-	kvLive    *float64 // chunlian's live share of allocated KV slots, mean over scrapes with any allocated
+	selfCores *float64       // the bench process's own CPU over the window
+	gpuUtil   *float64       // mean over scrapes, percent
+	gpuMem    *float64       // max over scrapes, bytes
+	rss       *float64       // server's resident memory, max over scrapes, bytes
+	kvLive    *float64       // chunlian's live share of allocated KV slots, mean over scrapes with any allocated
+	rejected  map[string]int // chunlian's rejections over the window, by reason
 	engine    *EngineWindow
 }
 
 func (m monResult) apply(r *LevelResult) {
 	r.CPUCores, r.CPUSource, r.GPUUtilPct, r.GPUMemBytes = m.cpuCores, m.cpuSource, m.gpuUtil, m.gpuMem
 	r.BenchCPUCores, r.ServerRSSBytes, r.KVLiveSlots = m.selfCores, m.rss, m.kvLive
+	r.RejectedBy = m.rejected
 	if m.engine != nil {
 		e := *m.engine
 		if r.Couplets > 0 {
@@ -363,6 +365,7 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 		pm := scrape(ctx, cl.hc, cl.base)
 		observe(pm)
 		eng0 := engineFromProm(pm)
+		rej0 := rejectedFromProm(pm)
 		cpu0, src, cpuOK := readCPU(ctx, cl, t, pm)
 		self0, selfErr := procCPUSeconds(os.Getpid())
 		w0 := time.Now()
@@ -391,6 +394,7 @@ func startMonitor(ctx context.Context, cl *client, t Target, t0 time.Time) *moni
 				ForwardMSPerStep: 1000 * (eng1.fwdSec - eng0.fwdSec) / n,
 			}
 		}
+		res.rejected = rejectedSince(rej0, rejectedFromProm(pm))
 		if hasRSS {
 			v := rssMax
 			res.rss = &v

@@ -130,6 +130,60 @@ func engineFromProm(m map[string]promValue) engineCounters {
 	return engineCounters{steps: st.Sum, rows: rows.Sum, hostSec: sched + cons, fwdSec: fwd, ok: true}
 }
 
+// rejectedFromProm returns chunlian's requests_rejected_total by its
+// reason label; nil when the server exports none.
+func rejectedFromProm(m map[string]promValue) map[string]float64 {
+	v, ok := m["chunlian:requests_rejected_total"]
+	if !ok {
+		return nil
+	}
+	out := map[string]float64{}
+	for ls := range v.labels {
+		if r, ok := labelValue(ls, "reason"); ok {
+			out[r] += v.labels[ls]
+		}
+	}
+	return out
+}
+
+// rejectedSince is what each reason's counter grew by from before to
+// after; nil when none grew (or the server exports none).
+func rejectedSince(before, after map[string]float64) map[string]int {
+	var out map[string]int
+	for r, v := range after {
+		if d := int(math.Round(v - before[r])); d > 0 {
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[r] = d
+		}
+	}
+	return out
+}
+
+// labelValue returns the value of label name in the label text ls
+// (a="x",b="y"), unescaped.
+func labelValue(ls, name string) (string, bool) {
+	for off := 0; off < len(ls); {
+		i := strings.Index(ls[off:], name+"=\"")
+		if i < 0 {
+			return "", false
+		}
+		i += off
+		if i > 0 && ls[i-1] != ',' && ls[i-1] != ' ' {
+			off = i + 1
+			continue
+		}
+		v, err := strconv.QuotedPrefix(ls[i+len(name)+1:])
+		if err != nil {
+			return "", false
+		}
+		u, err := strconv.Unquote(v)
+		return u, err == nil
+	}
+	return "", false
+}
+
 // gpuReading is one scrape's GPU view; ok=false when /metrics has no GPU gauge.
 type gpuReading struct {
 	utilPct  float64 // 0–100, mean over GPUs

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -213,5 +214,34 @@ func TestErrCode(t *testing.T) {
 		if got := errCode([]byte(tc.body)); got != tc.want {
 			t.Errorf("errCode(%s) = %q, want %q", tc.body, got, tc.want)
 		}
+	}
+}
+
+func TestRejectedFromProm(t *testing.T) {
+	scrape := func(connections, queue float64) map[string]promValue {
+		return parseProm(strings.NewReader(fmt.Sprintf(`# TYPE chunlian:requests_rejected_total counter
+chunlian:requests_rejected_total{reason="connections"} %g
+chunlian:requests_rejected_total{model_name="a",reason="queue_full"} %g
+chunlian:requests_rejected_total{model_name="b",reason="queue_full"} 1
+chunlian:requests_rejected_total{xreason="overloaded",reason="not_ready"} 0
+chunlian:requests_rejected_total{reason="say \"hi\""} 2
+`, connections, queue)))
+	}
+	before := rejectedFromProm(scrape(3, 4))
+	if before["queue_full"] != 5 || before["connections"] != 3 || before["not_ready"] != 0 || before[`say "hi"`] != 2 {
+		t.Fatalf("by reason %v", before)
+	}
+	if _, ok := before["overloaded"]; ok {
+		t.Errorf("xreason read as reason: %v", before)
+	}
+	got := rejectedSince(before, rejectedFromProm(scrape(10, 4)))
+	if len(got) != 1 || got["connections"] != 7 {
+		t.Errorf("grew by %v, want connections 7 only", got)
+	}
+	if got := rejectedSince(before, before); got != nil {
+		t.Errorf("no growth gave %v, want nil", got)
+	}
+	if rejectedFromProm(parseProm(strings.NewReader("process_cpu_seconds_total 1\n"))) != nil {
+		t.Error("a server without the counter gave reasons")
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -60,6 +62,11 @@ type LevelResult struct {
 	// of allocated KV slots holding a live token), the mean over the
 	// window's scrapes that found any slot allocated.
 	KVLiveSlots *float64 `json:"kv_live_slots,omitempty"`
+	// RejectedBy is chunlian's requests_rejected_total over the window by
+	// reason (connections, overloaded, queue_full, …): why the server
+	// turned requests away, which a 503's body does not always say. Nil
+	// for other servers, or when none was turned away.
+	RejectedBy map[string]int `json:"rejected_by,omitempty"`
 	// Engine is chunlian's own engine counters over the window; nil for
 	// other servers.
 	Engine  *EngineWindow `json:"engine,omitempty"`
@@ -432,6 +439,20 @@ func (r *Report) WriteMarkdown(w io.Writer) {
 	for _, tr := range r.Targets {
 		if tr.Error != "" {
 			fmt.Fprintf(w, "\n%s could not be measured:\n\n```\n%s\n```\n", tr.Name, strings.TrimRight(tr.Error, "\n"))
+		}
+	}
+	var refused []string
+	for _, tr := range r.Targets {
+		for _, l := range tr.Levels {
+			for _, k := range slices.Sorted(maps.Keys(l.RejectedBy)) {
+				refused = append(refused, fmt.Sprintf("- %s %s: %d × %s", tr.Name, l.Level, l.RejectedBy[k], mdEscape(k)))
+			}
+		}
+	}
+	if len(refused) > 0 {
+		fmt.Fprintln(w, "\nTurned away, by the server's reason (its requests_rejected_total over the window):")
+		for _, e := range refused {
+			fmt.Fprintln(w, e)
 		}
 	}
 	if len(errs) > 0 {

@@ -103,6 +103,19 @@ func TestRunClosedLoopGenerate(t *testing.T) {
 			t.Errorf("CPU %v from %q, want a value from /metrics", l.CPUCores, l.CPUSource)
 		}
 	}
+	// The server's reasons for its 503s reach the report: the fake turns
+	// requests away only for a full queue, and every one of them within
+	// some level's window of scrapes.
+	var byServer int
+	for _, l := range tr.Levels {
+		if _, ok := l.RejectedBy["connections"]; ok {
+			t.Errorf("level %v: rejections by reason %v, want no reason that did not grow", l.Level, l.RejectedBy)
+		}
+		byServer += l.RejectedBy["queue_full"]
+	}
+	if byServer == 0 || byServer > int(f.rejected.Load()) {
+		t.Errorf("%d rejections by the server's queue_full counter, want 1..%d", byServer, f.rejected.Load())
+	}
 	// Server-side counts equal client-side counts: nothing was lost or
 	// double counted, and 503s are rejected, not failed.
 	if int64(completed) != f.ok.Load() || int64(rejected) != f.rejected.Load() || int64(failed) != f.failed.Load() {
@@ -130,6 +143,8 @@ func TestRunClosedLoopGenerate(t *testing.T) {
 		"| target | 2 users |",
 		"HTTP 500: internal",
 		"| GPU utilisation (at peak QPS) | 50%, 1.40 GiB used |",
+		"Turned away, by the server's reason",
+		" × queue_full",
 	} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md.String())

@@ -136,7 +136,7 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF $SMF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
 				--duration 6s --warmup 2s --quiet --json $OUT/gpu-$bin-k$k.json --out $OUT/gpu-$bin-k$k.md > /dev/null 2>&1
 			echo "$bin bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
-			grep -E "^\| engine \|" $OUT/gpu-$bin-k$k.md >> $S
+			grep -E "^\| engine \||^- engine " $OUT/gpu-$bin-k$k.md >> $S
 		done
 	done
 	if [ "${REPLICAS:-1}" = 1 ]; then
