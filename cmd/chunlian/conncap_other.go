@@ -2,6 +2,5 @@
 
 package main
 
-// maxConnsForFDs: no open-file limit to respect on this platform; 0 means
-// the server's default.
-func maxConnsForFDs(serverDefault int) int { return 0 }
+// maxConnsForFDs: no open-file limit to respect on this platform.
+func maxConnsForFDs(want int) int { return want }

@@ -18,6 +18,7 @@ import (
 
 	"chunlian/engine"
 	"chunlian/model"
+	"chunlian/server"
 )
 
 // serveMain end to end: flags → listen → load a model dir → warm up →
@@ -139,6 +140,30 @@ func TestServeDefaultsPerBackend(t *testing.T) {
 		}
 		if tc.wantInFlight && sc.MaxInFlight != cudaDefaultMaxNumSeqs+engine.DefaultConfig().MaxQueue {
 			t.Errorf("%s: MaxInFlight %d, want the GPU's step limit plus the queue", tc.backend, sc.MaxInFlight)
+		}
+	}
+}
+
+// TestServeMaxConns: --max-conns reaches the server as given (the open-file
+// limit only lowers it), and without it the server's default applies.
+func TestServeMaxConns(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{{nil, maxConnsForFDs(server.DefaultMaxConns)}, {[]string{"--max-conns", "100"}, 100}} {
+		var c serveConfig
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		c.register(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		c.stack.resolveLimits("cpu")
+		sc, err := c.serverConfig(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sc.MaxConns != tc.want {
+			t.Errorf("%v: MaxConns %d, want %d", tc.args, sc.MaxConns, tc.want)
 		}
 	}
 }
