@@ -486,3 +486,40 @@ func TestUnsuitableMatchesReference(t *testing.T) {
 		t.Fatalf("only %d of 20000 texts had an unsuitable word: the test does not exercise the scan", hits)
 	}
 }
+
+// What the reranker asks of each candidate line with the year check on.
+func BenchmarkJudgeUnsuitable(b *testing.B) {
+	loadLists()
+	j := Judge{Year: 2027}
+	lines := []string{"新春柳绿千山绿", "盛世花红万户红", "金蛇辞岁千家乐", "骏马迎春万户欢", "门纳平安开泰运", "户迎富贵纳祯祥"}
+	for i := 0; b.Loop(); i++ {
+		j.Unsuitable(lines[i%len(lines)])
+	}
+}
+
+// TestEveryWordFound: each word of unsuitable.txt, standing alone, is
+// reported (so the first-rune index, bitmap included, knows every word).
+func TestEveryWordFound(t *testing.T) {
+	ls := loadLists()
+	if len(ls.words) < 100 {
+		t.Fatalf("%d words loaded", len(ls.words))
+	}
+	for _, w := range ls.words {
+		if !slices.Contains(Unsuitable(w), w) {
+			t.Errorf("Unsuitable(%q) = %q, want it listed", w, Unsuitable(w))
+		}
+	}
+}
+
+func TestIsYearAnimal(t *testing.T) {
+	for _, c := range zodiac {
+		if !IsYearAnimal(c) {
+			t.Errorf("IsYearAnimal(%q) = false", c)
+		}
+	}
+	for _, c := range []rune{'犬', '春', 0, 'a'} {
+		if IsYearAnimal(c) {
+			t.Errorf("IsYearAnimal(%q) = true", c)
+		}
+	}
+}

@@ -26,6 +26,15 @@ type lists struct {
 	// By first rune: indices into words and exceptions, so that a text is
 	// scanned once instead of once per entry.
 	wordsAt, exceptionsAt map[rune][]int32
+	// starts has bit r set when a word or an exception begins with rune r
+	// (r < 1<<16; other runes go to the maps): most characters of a text
+	// begin no entry, and the bit spares them two map lookups.
+	starts [1 << 16 / 64]uint64
+}
+
+// mayStart reports whether some word or exception may begin with r.
+func (ls *lists) mayStart(r rune) bool {
+	return r >= 1<<16 || ls.starts[r>>6]&(1<<(r&63)) != 0
 }
 
 var (
@@ -54,6 +63,13 @@ func loadLists() *lists {
 		}
 		theLists.wordsAt = byFirstRune(theLists.words)
 		theLists.exceptionsAt = byFirstRune(theLists.exceptions)
+		for _, at := range []map[rune][]int32{theLists.wordsAt, theLists.exceptionsAt} {
+			for r := range at {
+				if r >= 0 && r < 1<<16 {
+					theLists.starts[r>>6] |= 1 << (r & 63)
+				}
+			}
+		}
 	})
 	return &theLists
 }
@@ -125,6 +141,9 @@ func Unsuitable(text string) []string {
 	var masked []bool      // byte offsets covered by an exception occurrence
 	var next map[int32]int // entry → where its next occurrence may start
 	for i, r := range text {
+		if !ls.mayStart(r) {
+			continue
+		}
 		for _, k := range ls.exceptionsAt[r] {
 			e := ls.exceptions[k]
 			if i < next[k] || !strings.HasPrefix(text[i:], e) {
@@ -143,6 +162,9 @@ func Unsuitable(text string) []string {
 	clear(next)
 	var hits []int32
 	for i, r := range text {
+		if !ls.mayStart(r) {
+			continue
+		}
 		for _, k := range ls.wordsAt[r] {
 			w := ls.words[k]
 			if i < next[k] || !strings.HasPrefix(text[i:], w) || slices.Contains(hits, k) {
@@ -217,8 +239,16 @@ func UnsuitableBanner(banner string) bool {
 // whose Spring Festival starts the year of the rat has year%12 == 4.
 const zodiac = "鼠牛虎兔龙蛇马羊猴鸡狗猪"
 
-// aliases names an animal by another character (犬 for 狗).
-var aliases = map[rune]rune{'犬': '狗'}
+// yearAnimal returns the year animal that c names (犬 names 狗), or 0.
+func yearAnimal(c rune) rune {
+	switch c {
+	case '鼠', '牛', '虎', '兔', '龙', '蛇', '马', '羊', '猴', '鸡', '狗', '猪':
+		return c
+	case '犬':
+		return '狗'
+	}
+	return 0
+}
 
 // Year-claim verbs: an animal directly followed by one of these (玉兔迎春,
 // 金龙辞岁, 金鸡报晓) says which year arrives or leaves; elsewhere an
@@ -257,15 +287,15 @@ func YearAnimals(y int) (arriving, leaving rune) {
 // (马辞), the arriving one welcomed (羊迎), or either one named with 年, 岁
 // or 金.
 func WrongYear(text string, y int) []string {
+	if !strings.ContainsFunc(text, func(c rune) bool { return yearAnimal(c) != 0 }) {
+		return nil // most lines name no animal
+	}
 	arriving, leaving := YearAnimals(y)
 	r := []rune(text)
 	var out []string
 	for i := 0; i+1 < len(r); i++ {
-		a := r[i]
-		if b, ok := aliases[a]; ok {
-			a = b
-		}
-		if !IsYearAnimal(a) {
+		a := yearAnimal(r[i])
+		if a == 0 {
 			continue
 		}
 		v := r[i+1]
@@ -291,7 +321,7 @@ func WrongYear(text string, y int) []string {
 }
 
 // IsYearAnimal reports whether c is one of the twelve year animals (鼠 … 猪).
-func IsYearAnimal(c rune) bool { return containsRune(zodiac, c) }
+func IsYearAnimal(c rune) bool { return c != 0 && yearAnimal(c) == c }
 
 func containsRune(s string, c rune) bool {
 	for _, x := range s {
