@@ -60,19 +60,21 @@ func loadFestive() *festiveTable {
 // (docs/EVAL.md, "Reading as a reader does").
 func Festive(text string) float64 {
 	t := loadFestive()
-	r := []rune(text)
 	var s float64
 	n := 0
-	for i := range r {
-		if !isHan(r[i]) {
+	prev := rune(-1) // the previous rune when it is Han
+	for _, c := range text {
+		if !isHan(c) {
+			prev = -1
 			continue
 		}
-		s += t.chars[r[i]]
-		n++
-		if i+1 < len(r) && isHan(r[i+1]) {
-			s += t.bigrams[[2]rune{r[i], r[i+1]}]
+		if prev >= 0 {
+			s += t.bigrams[[2]rune{prev, c}]
 			n++
 		}
+		s += t.chars[c]
+		n++
+		prev = c
 	}
 	if n == 0 {
 		return 0

@@ -126,8 +126,8 @@ type Word struct {
 func Segment(line string) []Word {
 	ws := SegmentDict(line)
 	for i, w := range ws {
-		if r := []rune(w.Text); len(r) == 1 {
-			if c, ok := charClass[r[0]]; ok {
+		if r, size := utf8.DecodeRuneInString(w.Text); size > 0 && size == len(w.Text) {
+			if c, ok := charClass[r]; ok {
 				ws[i].Class = c
 			}
 		}
@@ -210,7 +210,7 @@ func layout(ws []Word, n int) (start []bool, class []Class) {
 	class = make([]Class, n)
 	i := 0
 	for _, w := range ws {
-		k := len([]rune(w.Text))
+		k := utf8.RuneCountInString(w.Text)
 		if i < n {
 			start[i] = true
 		}
