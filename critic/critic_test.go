@@ -523,3 +523,58 @@ func TestIsYearAnimal(t *testing.T) {
 		}
 	}
 }
+
+// TestHanSegmentMatchesGse: lines of ideographs only are segmented off
+// gse's own path (hanDict), which must give gse's words and classes
+// exactly: on random lines built from the dictionary's words and from
+// characters it does not know (ties, overlaps, lines past 32 characters),
+// and on the corpus when it is present.
+func TestHanSegmentMatchesGse(t *testing.T) {
+	Load()
+	var singles, pairs []string
+	for _, l := range strings.Split(wordsTxt, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || f[0][0] == '#' {
+			continue
+		}
+		if len([]rune(f[0])) == 1 {
+			singles = append(singles, f[0])
+		} else {
+			pairs = append(pairs, f[0])
+		}
+	}
+	if len(singles) < 1000 || len(pairs) < 10000 {
+		t.Fatalf("%d single and %d two-character words", len(singles), len(pairs))
+	}
+	rng := rand.New(rand.NewPCG(7, 11))
+	check := func(line string) {
+		t.Helper()
+		got, want := SegmentDict(line), gseSegment(line)
+		if !slices.Equal(got, want) {
+			t.Fatalf("SegmentDict(%q) = %v, gse %v", line, got, want)
+		}
+	}
+	for range 30000 {
+		var b strings.Builder
+		for n := 1 + rng.IntN(20); n > 0; n-- {
+			switch k := rng.IntN(10); {
+			case k < 5:
+				b.WriteString(pairs[rng.IntN(len(pairs))])
+			case k < 9:
+				b.WriteString(singles[rng.IntN(len(singles))])
+			case k == 9 && rng.IntN(2) == 0:
+				b.WriteRune(rune(0x3400 + rng.IntN(0x4dbf-0x3400+1)))
+			default:
+				b.WriteRune(rune(0x4e00 + rng.IntN(0x9fff-0x4e00+1)))
+			}
+		}
+		check(b.String())
+	}
+	for _, p := range readTSV(t, "../../shared/data/couplets/test.tsv") {
+		for _, line := range p {
+			if line != "" && !strings.ContainsFunc(line, func(r rune) bool { return !isIdeograph(r) }) {
+				check(line)
+			}
+		}
+	}
+}

@@ -2,6 +2,8 @@ package critic
 
 import (
 	_ "embed"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -75,12 +77,116 @@ var (
 	segOnce   sync.Once
 	seg       gse.Segmenter
 	charClass map[rune]Class
+	han       hanDict
 )
 
 // Load loads the segmenter's dictionary now rather than on first use (a
 // server calls it at start so the first request does not pay for it).
 func Load() {
-	segOnce.Do(func() { seg, charClass = loadSegmenter() })
+	segOnce.Do(func() {
+		seg, charClass = loadSegmenter()
+		han = newHanDict(&seg)
+	})
+}
+
+// hanDict is gse's dictionary as two tables, for segmenting lines of
+// ideographs only (every couplet line) without gse's per-call work: its
+// words of one and of two characters with their path distances, computed
+// as gse's CalcToken does, and coarse classes.
+type hanDict struct {
+	single map[rune]hanWord
+	pair   map[[2]rune]hanWord
+}
+
+type hanWord struct {
+	dist  float32
+	class Class
+}
+
+// newHanDict reads every word of words.txt back from s's dictionary (a
+// word listed twice keeps its first entry there, as in gse).
+func newHanDict(s *gse.Segmenter) hanDict {
+	h := hanDict{single: map[rune]hanWord{}, pair: map[[2]rune]hanWord{}}
+	logTotal := float32(math.Log2(s.Dict.TotalFreq()))
+	for _, l := range strings.Split(wordsTxt, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || f[0][0] == '#' {
+			continue
+		}
+		freq, pos, ok := s.Dict.Find([]byte(f[0]))
+		if !ok || freq <= 0 {
+			continue
+		}
+		w := hanWord{dist: logTotal - float32(math.Log2(freq)), class: classOf(pos)}
+		switch r := []rune(f[0]); {
+		case len(r) == 1 && isIdeograph(r[0]):
+			h.single[r[0]] = w
+		case len(r) == 2 && isIdeograph(r[0]) && isIdeograph(r[1]):
+			h.pair[[2]rune{r[0], r[1]}] = w
+		}
+	}
+	return h
+}
+
+// isIdeograph: CJK unified ideographs and extension A, each of which gse
+// takes as a text unit of its own.
+func isIdeograph(r rune) bool { return r >= 0x3400 && r <= 0x4dbf || r >= 0x4e00 && r <= 0x9fff }
+
+// segment is gse's shortest path (segmentWords, not in search mode) over
+// line's characters, which must all be ideographs: a word of the
+// dictionary or, where a character is no word by itself, that character
+// at distance 32 and class unknown. Ties and the float32 sums are gse's.
+func (h *hanDict) segment(line string, out []Word) []Word {
+	var rs [32]rune
+	var offs [33]int // byte offset of each rune, then len(line)
+	r, off := rs[:0], offs[:0]
+	for i, c := range line {
+		r, off = append(r, c), append(off, i)
+	}
+	off = append(off, len(line))
+	n := len(r)
+	type jumper struct {
+		dist  float32
+		len   int8 // 1 or 2 characters; 0 = none yet
+		class Class
+	}
+	var js [32]jumper
+	j := js[:0]
+	if n <= len(js) {
+		j = js[:n]
+	} else {
+		j = make([]jumper, n)
+	}
+	update := func(at int, d float32, k int8, c Class) {
+		if j[at].dist == 0 || j[at].dist > d {
+			j[at] = jumper{d, k, c}
+		}
+	}
+	for cur := range n {
+		var base float32
+		if cur > 0 {
+			base = j[cur-1].dist
+		}
+		w1, ok1 := h.single[r[cur]]
+		if ok1 {
+			update(cur, base+w1.dist, 1, w1.class)
+		}
+		if cur+1 < n {
+			if w2, ok := h.pair[[2]rune{r[cur], r[cur+1]}]; ok {
+				update(cur+1, base+w2.dist, 2, w2.class)
+			}
+		}
+		if !ok1 {
+			update(cur, base+32, 1, ClassUnknown)
+		}
+	}
+	start := len(out)
+	for i := n - 1; i >= 0; i -= int(j[i].len) {
+		k := int(j[i].len)
+		out = append(out, Word{Text: line[off[i-k+1]:off[i+1]], Class: j[i].class})
+	}
+	slices.Reverse(out[start:])
+	return out
 }
 
 // loadSegmenter parses the embedded tables (the cost Load pays once).
@@ -138,6 +244,14 @@ func Segment(line string) []Word {
 // SegmentDict is Segment with every class from the dictionary's tags.
 func SegmentDict(line string) []Word {
 	Load()
+	if line != "" && !strings.ContainsFunc(line, func(r rune) bool { return !isIdeograph(r) }) {
+		return han.segment(line, make([]Word, 0, utf8.RuneCountInString(line)))
+	}
+	return gseSegment(line)
+}
+
+// gseSegment is SegmentDict through gse itself.
+func gseSegment(line string) []Word {
 	segs := seg.Segment([]byte(line))
 	out := make([]Word, 0, len(segs))
 	for _, s := range segs {
