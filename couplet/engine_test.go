@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"chunlian/critic"
 	"chunlian/engine"
 	"chunlian/forward"
 	"chunlian/forward/forwardtest"
@@ -494,7 +495,8 @@ func BenchmarkHostLoop(b *testing.B) {
 			}
 			eng := engine.NewShards(es...)
 			defer eng.Close()
-			g, err := New(m, eng, WithOversample(c.samples), WithFinishers(c.finish), WithKeptSamples(c.keep))
+			// The served generator's judge (ranking features, the year check).
+			g, err := New(m, eng, WithOversample(c.samples), WithFinishers(c.finish), WithKeptSamples(c.keep), WithJudge(critic.Judge{Year: 2027}))
 			if err != nil {
 				b.Fatal(err)
 			}
