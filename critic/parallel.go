@@ -89,24 +89,43 @@ func Load() {
 	})
 }
 
-// hanDict is gse's dictionary as two tables, for segmenting lines of
-// ideographs only (every couplet line) without gse's per-call work: its
-// words of one and of two characters with their path distances, computed
-// as gse's CalcToken does, and coarse classes.
+// hanDict is gse's dictionary laid out for segmenting lines of
+// ideographs only (every couplet line) without gse's per-call work: each
+// character's word of one character and its words of two, with their path
+// distances, computed as gse's CalcToken does, and coarse classes.
 type hanDict struct {
-	single map[rune]hanWord
-	pair   map[[2]rune]hanWord
+	at    []int32 // by ideograph (ideographIndex): 1 + index into chars, 0 = none
+	chars []hanChar
+}
+
+type hanChar struct {
+	single hanWord   // its word of one character, if single.ok
+	next   []hanNext // words of two characters that it opens, by second rune
 }
 
 type hanWord struct {
 	dist  float32
 	class Class
+	ok    bool
+}
+
+type hanNext struct {
+	r rune
+	w hanWord
 }
 
 // newHanDict reads every word of words.txt back from s's dictionary (a
 // word listed twice keeps its first entry there, as in gse).
 func newHanDict(s *gse.Segmenter) hanDict {
-	h := hanDict{single: map[rune]hanWord{}, pair: map[[2]rune]hanWord{}}
+	h := hanDict{at: make([]int32, numIdeographs)}
+	char := func(r rune) *hanChar {
+		k := ideographIndex(r)
+		if h.at[k] == 0 {
+			h.chars = append(h.chars, hanChar{})
+			h.at[k] = int32(len(h.chars))
+		}
+		return &h.chars[h.at[k]-1]
+	}
 	logTotal := float32(math.Log2(s.Dict.TotalFreq()))
 	for _, l := range strings.Split(wordsTxt, "\n") {
 		f := strings.Fields(l)
@@ -117,15 +136,48 @@ func newHanDict(s *gse.Segmenter) hanDict {
 		if !ok || freq <= 0 {
 			continue
 		}
-		w := hanWord{dist: logTotal - float32(math.Log2(freq)), class: classOf(pos)}
+		w := hanWord{dist: logTotal - float32(math.Log2(freq)), class: classOf(pos), ok: true}
 		switch r := []rune(f[0]); {
 		case len(r) == 1 && isIdeograph(r[0]):
-			h.single[r[0]] = w
+			char(r[0]).single = w
 		case len(r) == 2 && isIdeograph(r[0]) && isIdeograph(r[1]):
-			h.pair[[2]rune{r[0], r[1]}] = w
+			c := char(r[0])
+			if _, dup := c.pair(r[1]); !dup {
+				c.next = append(c.next, hanNext{r[1], w})
+			}
 		}
 	}
+	for i := range h.chars {
+		slices.SortFunc(h.chars[i].next, func(a, b hanNext) int { return int(a.r - b.r) })
+	}
 	return h
+}
+
+// char returns r's entry, or nil when r opens no word.
+func (h *hanDict) char(r rune) *hanChar {
+	if k := h.at[ideographIndex(r)]; k > 0 {
+		return &h.chars[k-1]
+	}
+	return nil
+}
+
+// pair returns the word of c's character followed by r.
+func (c *hanChar) pair(r rune) (hanWord, bool) {
+	i, ok := slices.BinarySearchFunc(c.next, r, func(n hanNext, r rune) int { return int(n.r - r) })
+	if !ok {
+		return hanWord{}, false
+	}
+	return c.next[i].w, true
+}
+
+// The ideographs that isIdeograph accepts, numbered from 0.
+const numIdeographs = 0x4dbf - 0x3400 + 1 + 0x9fff - 0x4e00 + 1
+
+func ideographIndex(r rune) int {
+	if r <= 0x4dbf {
+		return int(r - 0x3400)
+	}
+	return int(r-0x4e00) + 0x4dbf - 0x3400 + 1
 }
 
 // isIdeograph: CJK unified ideographs and extension A, each of which gse
@@ -167,16 +219,16 @@ func (h *hanDict) segment(line string, out []Word) []Word {
 		if cur > 0 {
 			base = j[cur-1].dist
 		}
-		w1, ok1 := h.single[r[cur]]
-		if ok1 {
-			update(cur, base+w1.dist, 1, w1.class)
+		c := h.char(r[cur])
+		if c != nil && c.single.ok {
+			update(cur, base+c.single.dist, 1, c.single.class)
 		}
-		if cur+1 < n {
-			if w2, ok := h.pair[[2]rune{r[cur], r[cur+1]}]; ok {
+		if c != nil && cur+1 < n {
+			if w2, ok := c.pair(r[cur+1]); ok {
 				update(cur+1, base+w2.dist, 2, w2.class)
 			}
 		}
-		if !ok1 {
+		if c == nil || !c.single.ok {
 			update(cur, base+32, 1, ClassUnknown)
 		}
 	}
