@@ -578,3 +578,46 @@ func TestHanSegmentMatchesGse(t *testing.T) {
 		}
 	}
 }
+
+// TestFestiveMatchesTable: Festive is the plain mean over festive.txt's
+// units (looked up in its maps, 0 when absent), on random text mixing
+// the table's characters, others and separators.
+func TestFestiveMatchesTable(t *testing.T) {
+	tb := loadFestive()
+	var pool []rune
+	for r := range tb.chars {
+		pool = append(pool, r)
+	}
+	for k := range tb.bigrams {
+		pool = append(pool, k[0], k[1])
+	}
+	slices.Sort(pool)
+	pool = append(pool, '人', '\t', '，', 'a', 0x20000)
+	rng := rand.New(rand.NewPCG(3, 5))
+	for range 5000 {
+		r := make([]rune, 1+rng.IntN(16))
+		for i := range r {
+			r[i] = pool[rng.IntN(len(pool))]
+		}
+		var s float64
+		n := 0
+		for i, c := range r {
+			if !isHan(c) {
+				continue
+			}
+			s += tb.chars[c]
+			n++
+			if i+1 < len(r) && isHan(r[i+1]) {
+				s += tb.bigrams[[2]rune{c, r[i+1]}]
+				n++
+			}
+		}
+		want := 0.0
+		if n > 0 {
+			want = s / float64(n)
+		}
+		if got := Festive(string(r)); got != want {
+			t.Fatalf("Festive(%q) = %v, want %v", string(r), got, want)
+		}
+	}
+}

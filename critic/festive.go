@@ -23,6 +23,24 @@ var (
 type festiveTable struct {
 	chars   map[rune]float64
 	bigrams map[[2]rune]float64
+	// hasChar and opens have bit r set when the table scores character r,
+	// or a bigram that r opens (r < 1<<16; other runes go to the maps):
+	// most characters of a line are in neither, and the bits spare them
+	// the map lookups.
+	hasChar, opens [1 << 16 / 64]uint64
+}
+
+// bit reports whether r is in set, a set of the runes below 1<<16 that
+// holds every rune above.
+func bit(set *[1 << 16 / 64]uint64, r rune) bool {
+	return r >= 1<<16 || set[r>>6]&(1<<(r&63)) != 0
+}
+
+// setBit adds r to set (a no-op for runes past 1<<16: bit holds them).
+func setBit(set *[1 << 16 / 64]uint64, r rune) {
+	if r >= 0 && r < 1<<16 {
+		set[r>>6] |= 1 << (r & 63)
+	}
 }
 
 func loadFestive() *festiveTable {
@@ -37,8 +55,10 @@ func loadFestive() *festiveTable {
 			switch r := []rune(k); len(r) {
 			case 1:
 				festive.chars[r[0]] = f
+				setBit(&festive.hasChar, r[0])
 			case 2:
 				festive.bigrams[[2]rune{r[0], r[1]}] = f
+				setBit(&festive.opens, r[0])
 			}
 		}
 	})
@@ -69,10 +89,14 @@ func Festive(text string) float64 {
 			continue
 		}
 		if prev >= 0 {
-			s += t.bigrams[[2]rune{prev, c}]
+			if bit(&t.opens, prev) {
+				s += t.bigrams[[2]rune{prev, c}]
+			}
 			n++
 		}
-		s += t.chars[c]
+		if bit(&t.hasChar, c) {
+			s += t.chars[c]
+		}
 		n++
 		prev = c
 	}

@@ -33,9 +33,7 @@ type lists struct {
 }
 
 // mayStart reports whether some word or exception may begin with r.
-func (ls *lists) mayStart(r rune) bool {
-	return r >= 1<<16 || ls.starts[r>>6]&(1<<(r&63)) != 0
-}
+func (ls *lists) mayStart(r rune) bool { return bit(&ls.starts, r) }
 
 var (
 	listsOnce sync.Once
@@ -65,9 +63,7 @@ func loadLists() *lists {
 		theLists.exceptionsAt = byFirstRune(theLists.exceptions)
 		for _, at := range []map[rune][]int32{theLists.wordsAt, theLists.exceptionsAt} {
 			for r := range at {
-				if r >= 0 && r < 1<<16 {
-					theLists.starts[r>>6] |= 1 << (r & 63)
-				}
+				setBit(&theLists.starts, r)
 			}
 		}
 	})
