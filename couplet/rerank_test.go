@@ -364,3 +364,20 @@ func TestIdleSamples(t *testing.T) {
 		t.Errorf("samples per candidate request %v, want %v (idle unseeded, seeded, busy)", se.n, want)
 	}
 }
+
+// BenchmarkTextFeatures is the ranking's reader-side work for one
+// candidate, with the served judge (year check on).
+func BenchmarkTextFeatures(b *testing.B) {
+	j := critic.Judge{Year: 2027}
+	critic.Load()
+	pairs := [][2]string{
+		{"春回大地千山秀", "日照神州万木荣"}, {"门纳平安开泰运", "户迎富贵纳祯祥"},
+		{"金蛇辞岁千家乐", "骏马迎春万户欢"}, {"天增岁月人增寿", "春满乾坤福满门"},
+		{"一帆风顺年年好", "万事如意步步高"}, {"新春柳绿千山绿", "盛世花红万户红"},
+		{"吉祥如意家家乐", "富贵平安岁岁欢"}, {"爆竹声中辞旧岁", "梅花香里报新春"},
+	}
+	for i := 0; b.Loop(); i++ {
+		p := pairs[i%len(pairs)]
+		TextFeatures(p[0], p[1], -1, j)
+	}
+}
