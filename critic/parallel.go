@@ -163,11 +163,19 @@ func (h *hanDict) char(r rune) *hanChar {
 
 // pair returns the word of c's character followed by r.
 func (c *hanChar) pair(r rune) (hanWord, bool) {
-	i, ok := slices.BinarySearchFunc(c.next, r, func(n hanNext, r rune) int { return int(n.r - r) })
-	if !ok {
-		return hanWord{}, false
+	lo, hi := 0, len(c.next)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if c.next[m].r < r {
+			lo = m + 1
+		} else {
+			hi = m
+		}
 	}
-	return c.next[i].w, true
+	if lo < len(c.next) && c.next[lo].r == r {
+		return c.next[lo].w, true
+	}
+	return hanWord{}, false
 }
 
 // The ideographs that isIdeograph accepts, numbered from 0.
