@@ -142,13 +142,15 @@ func newHanDict(s *gse.Segmenter) hanDict {
 			char(r[0]).single = w
 		case len(r) == 2 && isIdeograph(r[0]) && isIdeograph(r[1]):
 			c := char(r[0])
-			if _, dup := c.pair(r[1]); !dup {
-				c.next = append(c.next, hanNext{r[1], w})
-			}
+			c.next = append(c.next, hanNext{r[1], w})
 		}
 	}
 	for i := range h.chars {
-		slices.SortFunc(h.chars[i].next, func(a, b hanNext) int { return int(a.r - b.r) })
+		c := &h.chars[i]
+		slices.SortStableFunc(c.next, func(a, b hanNext) int { return int(a.r - b.r) })
+		// A word listed twice was read back twice alike (Find returns
+		// its first entry): keep one.
+		c.next = slices.CompactFunc(c.next, func(a, b hanNext) bool { return a.r == b.r })
 	}
 	return h
 }
