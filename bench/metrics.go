@@ -147,8 +147,12 @@ func rejectedFromProm(m map[string]promValue) map[string]float64 {
 }
 
 // rejectedSince is what each reason's counter grew by from before to
-// after; nil when none grew (or the server exports none).
+// after; nil when none grew, or when either scrape had no counter (a
+// failed first scrape must not count the server's whole history).
 func rejectedSince(before, after map[string]float64) map[string]int {
+	if before == nil || after == nil {
+		return nil
+	}
 	var out map[string]int
 	for r, v := range after {
 		if d := int(math.Round(v - before[r])); d > 0 {

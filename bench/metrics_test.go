@@ -241,6 +241,9 @@ chunlian:requests_rejected_total{reason="say \"hi\""} 2
 	if got := rejectedSince(before, before); got != nil {
 		t.Errorf("no growth gave %v, want nil", got)
 	}
+	if got := rejectedSince(nil, before); got != nil {
+		t.Errorf("without a first reading: %v, want nil", got)
+	}
 	if rejectedFromProm(parseProm(strings.NewReader("process_cpu_seconds_total 1\n"))) != nil {
 		t.Error("a server without the counter gave reasons")
 	}

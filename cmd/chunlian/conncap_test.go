@@ -16,8 +16,7 @@ func TestMaxConnsForFDs(t *testing.T) {
 		t.Errorf("limit %d open files, cap asked above it: %d, want below the limit minus %d", r.Cur, got, fdReserve)
 	}
 	if r.Cur > 2*fdReserve {
-		// An explicit --max-conns under the limit is kept as asked (it
-		// once came back as 0, the server's default of 2,048).
+		// A cap well under the limit is kept as asked.
 		if want := int(r.Cur) / 4; maxConnsForFDs(want) != want {
 			t.Errorf("cap %d well under the open-file limit %d: got %d, want it kept", want, r.Cur, maxConnsForFDs(want))
 		}
