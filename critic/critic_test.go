@@ -553,6 +553,10 @@ func TestHanSegmentMatchesGse(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("SegmentDict(%q) = %v, gse %v", line, got, want)
 		}
+		got, want = Segment(line), withClassAlone(gseSegment(line))
+		if !slices.Equal(got, want) {
+			t.Fatalf("Segment(%q) = %v, gse and charclass.txt %v", line, got, want)
+		}
 	}
 	for range 30000 {
 		var b strings.Builder

@@ -85,7 +85,7 @@ var (
 func Load() {
 	segOnce.Do(func() {
 		seg, charClass = loadSegmenter()
-		han = newHanDict(&seg)
+		han = newHanDict(&seg, charClass)
 	})
 }
 
@@ -101,6 +101,10 @@ type hanDict struct {
 type hanChar struct {
 	single hanWord   // its word of one character, if single.ok
 	next   []hanNext // words of two characters that it opens, by second rune
+	// alone is the class it takes standing alone in a couplet
+	// (charclass.txt), if aloneOK: Segment's class for it as a word of one.
+	alone   Class
+	aloneOK bool
 }
 
 type hanWord struct {
@@ -115,8 +119,9 @@ type hanNext struct {
 }
 
 // newHanDict reads every word of words.txt back from s's dictionary (a
-// word listed twice keeps its first entry there, as in gse).
-func newHanDict(s *gse.Segmenter) hanDict {
+// word listed twice keeps its first entry there, as in gse), and the
+// characters' classes alone from cc.
+func newHanDict(s *gse.Segmenter, cc map[rune]Class) hanDict {
 	h := hanDict{at: make([]int32, numIdeographs)}
 	char := func(r rune) *hanChar {
 		k := ideographIndex(r)
@@ -143,6 +148,12 @@ func newHanDict(s *gse.Segmenter) hanDict {
 		case len(r) == 2 && isIdeograph(r[0]) && isIdeograph(r[1]):
 			c := char(r[0])
 			c.next = append(c.next, hanNext{r[1], w})
+		}
+	}
+	for r, class := range cc {
+		if isIdeograph(r) {
+			c := char(r)
+			c.alone, c.aloneOK = class, true
 		}
 	}
 	for i := range h.chars {
@@ -198,7 +209,15 @@ func isIdeograph(r rune) bool { return r >= 0x3400 && r <= 0x4dbf || r >= 0x4e00
 // line's characters, which must all be ideographs: a word of the
 // dictionary or, where a character is no word by itself, that character
 // at distance 32 and class unknown. Ties and the float32 sums are gse's.
-func (h *hanDict) segment(line string, out []Word) []Word {
+// With alone, a word of one character takes its class alone where it has
+// one (Segment); else every class is the dictionary's (SegmentDict).
+func (h *hanDict) segment(line string, out []Word, alone bool) []Word {
+	pick := func(c *hanChar, dict Class) Class {
+		if alone && c != nil && c.aloneOK {
+			return c.alone
+		}
+		return dict
+	}
 	var rs [32]rune
 	var offs [33]int // byte offset of each rune, then len(line)
 	r, off := rs[:0], offs[:0]
@@ -231,7 +250,7 @@ func (h *hanDict) segment(line string, out []Word) []Word {
 		}
 		c := h.char(r[cur])
 		if c != nil && c.single.ok {
-			update(cur, base+c.single.dist, 1, c.single.class)
+			update(cur, base+c.single.dist, 1, pick(c, c.single.class))
 		}
 		if c != nil && cur+1 < n {
 			if w2, ok := c.pair(r[cur+1]); ok {
@@ -239,7 +258,7 @@ func (h *hanDict) segment(line string, out []Word) []Word {
 			}
 		}
 		if c == nil || !c.single.ok {
-			update(cur, base+32, 1, ClassUnknown)
+			update(cur, base+32, 1, pick(c, ClassUnknown))
 		}
 	}
 	start := len(out)
@@ -292,7 +311,16 @@ type Word struct {
 // characters are words of their own (gse lowercases Latin letters and
 // keeps a run of them as one word).
 func Segment(line string) []Word {
-	ws := SegmentDict(line)
+	Load()
+	if allIdeographs(line) {
+		return han.segment(line, make([]Word, 0, utf8.RuneCountInString(line)), true)
+	}
+	return withClassAlone(gseSegment(line))
+}
+
+// withClassAlone gives each word of one character of ws its class alone
+// (charclass.txt) where it has one.
+func withClassAlone(ws []Word) []Word {
 	for i, w := range ws {
 		if r, size := utf8.DecodeRuneInString(w.Text); size > 0 && size == len(w.Text) {
 			if c, ok := charClass[r]; ok {
@@ -306,10 +334,15 @@ func Segment(line string) []Word {
 // SegmentDict is Segment with every class from the dictionary's tags.
 func SegmentDict(line string) []Word {
 	Load()
-	if line != "" && !strings.ContainsFunc(line, func(r rune) bool { return !isIdeograph(r) }) {
-		return han.segment(line, make([]Word, 0, utf8.RuneCountInString(line)))
+	if allIdeographs(line) {
+		return han.segment(line, make([]Word, 0, utf8.RuneCountInString(line)), false)
 	}
 	return gseSegment(line)
+}
+
+// allIdeographs: line is not empty and all ideographs (hanDict's lines).
+func allIdeographs(line string) bool {
+	return line != "" && !strings.ContainsFunc(line, func(r rune) bool { return !isIdeograph(r) })
 }
 
 // gseSegment is SegmentDict through gse itself.
