@@ -625,3 +625,11 @@ func TestFestiveMatchesTable(t *testing.T) {
 		}
 	}
 }
+
+func TestIsPunct(t *testing.T) {
+	for r := rune(0); r < 0x10000; r++ {
+		if isPunct(r) != unicode.IsPunct(r) {
+			t.Fatalf("isPunct(%U) = %v, unicode.IsPunct %v", r, isPunct(r), unicode.IsPunct(r))
+		}
+	}
+}

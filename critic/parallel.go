@@ -201,6 +201,9 @@ func ideographIndex(r rune) int {
 	return int(r-0x4e00) + 0x4dbf - 0x3400 + 1
 }
 
+// isPunct is unicode.IsPunct, answered at once for ideographs (none is).
+func isPunct(r rune) bool { return !isIdeograph(r) && unicode.IsPunct(r) }
+
 // isIdeograph: CJK unified ideographs and extension A, each of which gse
 // takes as a text unit of its own.
 func isIdeograph(r rune) bool { return r >= 0x3400 && r <= 0x4dbf || r >= 0x4e00 && r <= 0x9fff }
@@ -388,7 +391,7 @@ func Parallelism(upper, lower string) float64 {
 	lb, lc := layout(Segment(lower), n)
 	var cls float64
 	for i := 0; i < n; i++ {
-		switch pu, pl := unicode.IsPunct(u[i]), unicode.IsPunct(l[i]); {
+		switch pu, pl := isPunct(u[i]), isPunct(l[i]); {
 		case pu || pl:
 			if u[i] == l[i] {
 				cls++
