@@ -14,23 +14,6 @@ import (
 	"time"
 )
 
-// hasLabel reports whether the label text ls (a="x",b="y") holds the
-// pair want (name="value") whole.
-func hasLabel(ls, want string) bool {
-	for off := 0; ; {
-		i := strings.Index(ls[off:], want)
-		if i < 0 {
-			return false
-		}
-		i += off
-		end := i + len(want)
-		if (i == 0 || ls[i-1] == ',' || ls[i-1] == ' ') && (end == len(ls) || ls[end] == ',' || ls[end] == ' ') {
-			return true
-		}
-		off = i + 1
-	}
-}
-
 // parseProm reads Prometheus text exposition format and returns, per metric
 // name, the sum over its label sets and the number of series. Comments, and
 // lines that do not parse, are skipped: the bench must survive any /metrics.
@@ -91,10 +74,9 @@ type promValue struct {
 
 // Label sums the series whose labels include name="value".
 func (p promValue) Label(name, value string) (float64, bool) {
-	want := name + "=" + strconv.Quote(value)
 	sum, ok := 0.0, false
 	for ls, v := range p.labels {
-		if hasLabel(ls, want) {
+		if got, found := labelValue(ls, name); found && got == value {
 			sum, ok = sum+v, true
 		}
 	}
