@@ -209,12 +209,13 @@ func isPunct(r rune) bool { return !isIdeograph(r) && unicode.IsPunct(r) }
 func isIdeograph(r rune) bool { return r >= 0x3400 && r <= 0x4dbf || r >= 0x4e00 && r <= 0x9fff }
 
 // segment is gse's shortest path (segmentWords, not in search mode) over
-// line's characters, which must all be ideographs: a word of the
-// dictionary or, where a character is no word by itself, that character
-// at distance 32 and class unknown. Ties and the float32 sums are gse's.
-// With alone, a word of one character takes its class alone where it has
-// one (Segment); else every class is the dictionary's (SegmentDict).
-func (h *hanDict) segment(line string, out []Word, alone bool) []Word {
+// line's characters: a word of the dictionary or, where a character is no
+// word by itself, that character at distance 32 and class unknown. Ties
+// and the float32 sums are gse's. With alone, a word of one character
+// takes its class alone where it has one (Segment); else every class is
+// the dictionary's (SegmentDict). ok is false, and nothing is done, when
+// line is empty or holds anything but ideographs (gse's own path then).
+func (h *hanDict) segment(line string, alone bool) (out []Word, ok bool) {
 	pick := func(c *hanChar, dict Class) Class {
 		if alone && c != nil && c.aloneOK {
 			return c.alone
@@ -225,10 +226,16 @@ func (h *hanDict) segment(line string, out []Word, alone bool) []Word {
 	var offs [33]int // byte offset of each rune, then len(line)
 	r, off := rs[:0], offs[:0]
 	for i, c := range line {
+		if !isIdeograph(c) {
+			return nil, false
+		}
 		r, off = append(r, c), append(off, i)
 	}
 	off = append(off, len(line))
 	n := len(r)
+	if n == 0 {
+		return nil, false
+	}
 	type jumper struct {
 		dist  float32
 		len   int8 // 1 or 2 characters; 0 = none yet
@@ -264,13 +271,13 @@ func (h *hanDict) segment(line string, out []Word, alone bool) []Word {
 			update(cur, base+32, 1, pick(c, ClassUnknown))
 		}
 	}
-	start := len(out)
+	out = make([]Word, 0, n)
 	for i := n - 1; i >= 0; i -= int(j[i].len) {
 		k := int(j[i].len)
 		out = append(out, Word{Text: line[off[i-k+1]:off[i+1]], Class: j[i].class})
 	}
-	slices.Reverse(out[start:])
-	return out
+	slices.Reverse(out)
+	return out, true
 }
 
 // loadSegmenter parses the embedded tables (the cost Load pays once).
@@ -315,8 +322,8 @@ type Word struct {
 // keeps a run of them as one word).
 func Segment(line string) []Word {
 	Load()
-	if allIdeographs(line) {
-		return han.segment(line, make([]Word, 0, utf8.RuneCountInString(line)), true)
+	if ws, ok := han.segment(line, true); ok {
+		return ws
 	}
 	return withClassAlone(gseSegment(line))
 }
@@ -337,15 +344,10 @@ func withClassAlone(ws []Word) []Word {
 // SegmentDict is Segment with every class from the dictionary's tags.
 func SegmentDict(line string) []Word {
 	Load()
-	if allIdeographs(line) {
-		return han.segment(line, make([]Word, 0, utf8.RuneCountInString(line)), false)
+	if ws, ok := han.segment(line, false); ok {
+		return ws
 	}
 	return gseSegment(line)
-}
-
-// allIdeographs: line is not empty and all ideographs (hanDict's lines).
-func allIdeographs(line string) bool {
-	return line != "" && !strings.ContainsFunc(line, func(r rune) bool { return !isIdeograph(r) })
 }
 
 // gseSegment is SegmentDict through gse itself.
