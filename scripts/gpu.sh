@@ -161,7 +161,7 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 			echo "trace: $(stat -c %s /tmp/server.trace) bytes" >> $S
 		fi
 		wait $BP
-		curl -s 127.0.0.1:8099/metrics | grep -E "^chunlian:(engine|kv|kept|num_preempt|prefix|request_success)|^go_(gc_duration_seconds_count|gc_gomemlimit_bytes|goroutines|memstats_(heap_inuse|next_gc|gc_cpu_fraction|mallocs_total)_?)|^process_resident" > $OUT/profile-metrics.txt
+		curl -s 127.0.0.1:8099/metrics | grep -E "^chunlian:(engine|kv|kept|num_preempt|prefix|request_success|requests_rejected)|^go_(gc_duration_seconds_count|gc_gomemlimit_bytes|goroutines|memstats_(heap_inuse|next_gc|gc_cpu_fraction|mallocs_total))|^process_resident" > $OUT/profile-metrics.txt
 		kill $SP
 		wait $SP 2> /dev/null
 		[ -s $OUT/profile-serve.log ] || rm -f $OUT/profile-serve.log
