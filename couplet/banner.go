@@ -140,45 +140,74 @@ func (s *runeSet) has(r rune) bool {
 	return false
 }
 
-// sharedTier keeps the candidates of pool that share the most characters
-// with text (relevance order kept); all of pool when none shares any. A
-// candidate that text contains whole (a copy, which pickBanner ranks last)
-// does not set the tier unless every candidate is one. Blind readers found
-// a 横批 fits far more often when it shares as many of the couplet's
-// characters as any listed one does (docs/DECISIONS.md, "横批 candidates"),
-// so the model chooses only within that tier.
-func sharedTier(pool []*bannerCand, text string) []*bannerCand {
-	var ctx runeSet
+// bannerContext is the text a 横批 is chosen for (keyword, 上联, 下联) with
+// the set of its Chinese characters, built once per couplet for both
+// topBanners and sharedTier.
+type bannerContext struct {
+	text  string
+	chars runeSet
+}
+
+func newBannerContext(text string) *bannerContext {
+	c := &bannerContext{text: text}
+	c.chars.runes = make([]rune, 0, 64)
 	for _, r := range text {
 		if IsHan(r) {
-			ctx.add(r)
+			c.chars.add(r)
 		}
 	}
-	shared := func(c *bannerCand) int { // distinct characters: 大吉大利 shares 大 once
-		n := 0
-		for i, r := range c.runes {
-			if ctx.has(r) && !slices.Contains(c.runes[:i], r) {
-				n++
-			}
-		}
-		return n
+	return c
+}
+
+// sharedTier keeps the candidates of pool that share the most characters
+// with the context (relevance order kept); all of pool when none shares
+// any. A candidate that the text contains whole (a copy, which pickBanner
+// ranks last) does not set the tier unless every candidate is one. Blind
+// readers found a 横批 fits far more often when it shares as many of the
+// couplet's characters as any listed one does (docs/DECISIONS.md, "横批
+// candidates"), so the model chooses only within that tier.
+func sharedTier(pool []*bannerCand, ctx *bannerContext) []*bannerCand {
+	// shared[i]: pool[i]'s distinct characters in the context (大吉大利
+	// shares 大 once), plus isCopy when the text contains it whole. A copy
+	// has all four characters in the context, so only then is the text
+	// searched.
+	const isCopy = 8
+	var buf [64]int8
+	shared := buf[:0]
+	if len(pool) > len(buf) {
+		shared = make([]int8, 0, len(pool))
 	}
 	copies := 0
 	for _, c := range pool {
-		if strings.Contains(text, c.text) {
+		n, at := int8(0), 0
+		for i, r := range c.runes {
+			if ctx.chars.has(r) {
+				at++
+				if !slices.Contains(c.runes[:i], r) {
+					n++
+				}
+			}
+		}
+		if at == len(c.runes) && strings.Contains(ctx.text, c.text) {
+			n += isCopy
 			copies++
 		}
+		shared = append(shared, n)
 	}
-	counts := func(c *bannerCand) bool { return copies == len(pool) || !strings.Contains(text, c.text) }
-	best := 0
-	for _, c := range pool {
-		if counts(c) {
-			best = max(best, shared(c))
+	if copies == len(pool) { // every one a copy: they compete by shared count
+		for i := range shared {
+			shared[i] -= isCopy
+		}
+	}
+	best := int8(0)
+	for _, n := range shared {
+		if n < isCopy {
+			best = max(best, n)
 		}
 	}
 	out := pool[:0:0]
-	for _, c := range pool {
-		if counts(c) && shared(c) == best {
+	for i, c := range pool {
+		if shared[i] == best {
 			out = append(out, c)
 		}
 	}
@@ -189,16 +218,9 @@ func sharedTier(pool []*bannerCand, text string) []*bannerCand {
 // first (ties keep list order, real 横批 lists first). It keeps a sorted
 // buffer of the best k while scanning (O(n·k) worst case, O(n) typical),
 // instead of sorting all n: it runs once per couplet on the request path.
-func topBanners(cands []bannerCand, text string, k int) []*bannerCand {
+func topBanners(cands []bannerCand, ctx *bannerContext, k int) []*bannerCand {
 	if k <= 0 || len(cands) == 0 {
 		return nil
-	}
-	var ctx runeSet
-	ctx.runes = make([]rune, 0, 64)
-	for _, r := range text {
-		if IsHan(r) {
-			ctx.add(r)
-		}
 	}
 	type scored struct {
 		c *bannerCand
@@ -206,7 +228,7 @@ func topBanners(cands []bannerCand, text string, k int) []*bannerCand {
 	}
 	top := make([]scored, 0, k+1) // [≤k] best so far, by s descending, list order within ties
 	for i := range cands {
-		s := relevance(&cands[i], &ctx)
+		s := relevance(&cands[i], &ctx.chars)
 		if len(top) == k && s <= top[k-1].s {
 			continue
 		}

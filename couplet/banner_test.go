@@ -71,7 +71,7 @@ func TestTopBanners(t *testing.T) {
 		cands := g.t.parseBanners(strings.NewReader(strings.Join(lines, "\n")), trial%2, map[string]bool{}, nil)
 		text := word() + word()
 		for _, k := range []int{0, 1, 3, 8, 32, 100} {
-			got, want := topBanners(cands, text, k), topBannersRef(cands, text, k)
+			got, want := topBanners(cands, newBannerContext(text), k), topBannersRef(cands, text, k)
 			if fmt.Sprint(got) != fmt.Sprint(want) || len(got) != min(k, len(cands)) {
 				t.Fatalf("trial %d k=%d: got %d %v, want %d %v", trial, k, len(got), got, len(want), want)
 			}
@@ -156,14 +156,16 @@ func BenchmarkTopBanners(b *testing.B) {
 		b.Fatal(err)
 	}
 	const text = "平安平安二字平安福和睦一家幸福家"
-	if fmt.Sprint(topBanners(g.banners, text, DefaultBannerPool)) != fmt.Sprint(topBannersOld(g.banners, text, DefaultBannerPool)) {
+	if fmt.Sprint(topBanners(g.banners, newBannerContext(text), DefaultBannerPool)) != fmt.Sprint(topBannersOld(g.banners, text, DefaultBannerPool)) {
 		b.Fatal("old and new differ")
 	}
 	b.Logf("%d candidates", len(g.banners))
 	for _, impl := range []struct {
 		name string
 		f    func([]bannerCand, string, int) []*bannerCand
-	}{{"old", topBannersOld}, {"new", topBanners}} {
+	}{{"old", topBannersOld}, {"new", func(c []bannerCand, text string, k int) []*bannerCand {
+		return topBanners(c, newBannerContext(text), k)
+	}}} {
 		b.Run(impl.name, func(b *testing.B) {
 			for b.Loop() {
 				impl.f(g.banners, text, DefaultBannerPool)
@@ -274,7 +276,7 @@ func TestBannerRequestRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := topBanners(g.banners, "平安"+cs[0].Upper+cs[0].Lower, 1)[0].text
+			want := topBanners(g.banners, newBannerContext("平安"+cs[0].Upper+cs[0].Lower), 1)[0].text
 			if cs[0].Banner != want || !Check(cs[0].Upper, cs[0].Lower, cs[0].Banner).OK() {
 				t.Errorf("got %+v; want the lines with fallback 横批 %s", cs[0], want)
 			}
@@ -354,7 +356,7 @@ func TestSharedTier(t *testing.T) {
 		for i, s := range c.pool {
 			pool[i] = mk(s)
 		}
-		if got := texts(sharedTier(pool, c.text)); !slices.Equal(got, c.want) {
+		if got := texts(sharedTier(pool, newBannerContext(c.text))); !slices.Equal(got, c.want) {
 			t.Errorf("sharedTier(%v, %s) = %v, want %v", c.pool, c.text, got, c.want)
 		}
 	}
@@ -383,4 +385,107 @@ func TestBannerOneCandidate(t *testing.T) {
 			t.Errorf("n=%d: %d 横批 requests, want %d", n, fe.bannerCalls, want)
 		}
 	}
+}
+
+// sharedTierRef is sharedTier written plainly (a map of the context's
+// characters; the shared count and the copy test recomputed per use).
+func sharedTierRef(pool []*bannerCand, text string) []*bannerCand {
+	ctx := map[rune]bool{}
+	for _, r := range text {
+		if IsHan(r) {
+			ctx[r] = true
+		}
+	}
+	shared := func(c *bannerCand) int { // distinct characters: 大吉大利 shares 大 once
+		n := 0
+		for i, r := range c.runes {
+			if ctx[r] && !slices.Contains(c.runes[:i], r) {
+				n++
+			}
+		}
+		return n
+	}
+	copies := 0
+	for _, c := range pool {
+		if strings.Contains(text, c.text) {
+			copies++
+		}
+	}
+	counts := func(c *bannerCand) bool { return copies == len(pool) || !strings.Contains(text, c.text) }
+	best := 0
+	for _, c := range pool {
+		if counts(c) {
+			best = max(best, shared(c))
+		}
+	}
+	out := pool[:0:0]
+	for _, c := range pool {
+		if counts(c) && shared(c) == best {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// TestSharedTierMatchesRef: sharedTier keeps exactly what sharedTierRef
+// does for random pools (repeated characters, copies of the text, pools
+// of copies only) and contexts.
+func TestSharedTierMatchesRef(t *testing.T) {
+	alphabet := []rune("春福年喜安康吉大利")
+	rng := rand.New(rand.NewPCG(7, 8))
+	word := func() string {
+		rs := make([]rune, 4)
+		for i := range rs {
+			rs[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		return string(rs)
+	}
+	for trial := 0; trial < 2000; trial++ {
+		text := word() + "，" + word() + word()
+		var pool []*bannerCand
+		for range rng.IntN(70) {
+			w := word()
+			switch rng.IntN(4) {
+			case 0: // a copy of part of the text
+				at := []int{0, 5, 9}[rng.IntN(3)] * 3
+				w = text[at : at+12]
+			}
+			c := &bannerCand{text: w}
+			copy(c.runes[:], []rune(w))
+			pool = append(pool, c)
+		}
+		got, want := sharedTier(pool, newBannerContext(text)), sharedTierRef(pool, text)
+		if !slices.Equal(got, want) {
+			str := func(p []*bannerCand) (s []string) {
+				for _, c := range p {
+					s = append(s, c.text)
+				}
+				return s
+			}
+			t.Fatalf("trial %d, %s: got %v, want %v", trial, text, str(got), str(want))
+		}
+	}
+}
+
+// BenchmarkBannerPool: a couplet's 横批 pool (topBanners, then sharedTier)
+// over the shipped list, with one context (new) and with sharedTierRef.
+func BenchmarkBannerPool(b *testing.B) {
+	m := defaultModel(b)
+	g, err := New(m, &fakeEngine{vocab: m.Tok.Size()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const text = "平安平安二字平安福和睦一家幸福家"
+	b.Logf("%d candidates", len(g.banners))
+	b.Run("ref", func(b *testing.B) {
+		for b.Loop() {
+			sharedTierRef(topBanners(g.banners, newBannerContext(text), DefaultBannerPool), text)
+		}
+	})
+	b.Run("new", func(b *testing.B) {
+		for b.Loop() {
+			bc := newBannerContext(text)
+			sharedTier(topBanners(g.banners, bc, DefaultBannerPool), bc)
+		}
+	})
 }

@@ -71,7 +71,7 @@ func (c bqConfig) choose(s *bqScored) int {
 				cands[j] = &bannerCand{text: s.texts[i]}
 				copy(cands[j].runes[:], []rune(s.texts[i]))
 			}
-			tier := sharedTier(cands, s.item.ctxText)
+			tier := sharedTier(cands, newBannerContext(s.item.ctxText))
 			idx = slices.DeleteFunc(idx, func(i int) bool {
 				return !slices.ContainsFunc(tier, func(c *bannerCand) bool { return c.text == s.texts[i] })
 			})
@@ -173,7 +173,7 @@ func bqScore(b *testing.B, g *Generator, it bqItem, seed uint64) *bqScored {
 	sp := g.t.sp
 	s := &bqScored{item: it, texts: []string{""}}
 	seqs := [][]int32{nil}
-	for _, c := range topBanners(g.banners, it.ctxText, bqMaxK) {
+	for _, c := range topBanners(g.banners, newBannerContext(it.ctxText), bqMaxK) {
 		s.texts = append(s.texts, c.text)
 		seqs = append(seqs, append(append([]int32(nil), c.ids[:]...), sp.EOS))
 	}

@@ -165,8 +165,8 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 	pools := make([][]*bannerCand, len(chosen)) // [len(chosen)][≤bannerPool]
 	if g.o.bannerTopK > 0 {
 		for ci, cd := range chosen {
-			text := g.t.text(prompt) + cd.c.Upper + cd.c.Lower
-			pools[ci] = sharedTier(topBanners(g.banners, text, g.o.bannerPool), text)
+			bc := newBannerContext(g.t.text(prompt) + cd.c.Upper + cd.c.Lower)
+			pools[ci] = sharedTier(topBanners(g.banners, bc, g.o.bannerPool), bc)
 		}
 	}
 	stage.end()
@@ -332,7 +332,7 @@ func fallbackBanner(pool []*bannerCand, all []bannerCand, text string) *bannerCa
 	if len(pool) > 0 {
 		return pool[0]
 	}
-	if top := topBanners(all, text, 1); len(top) > 0 {
+	if top := topBanners(all, newBannerContext(text), 1); len(top) > 0 {
 		return top[0]
 	}
 	return nil

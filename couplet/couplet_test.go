@@ -580,7 +580,7 @@ func TestBannerRanking(t *testing.T) {
 				// The candidates the model had to beat: top k of the pool
 				// by the logit of the first character at <ban>.
 				row := fe.row(full)
-				pool := topBanners(g.banners, "平安"+c.Upper+c.Lower, DefaultBannerPool)
+				pool := topBanners(g.banners, newBannerContext("平安"+c.Upper+c.Lower), DefaultBannerPool)
 				sort.SliceStable(pool, func(i, j int) bool { return row[pool[i].ids[0]] > row[pool[j].ids[0]] })
 				rivals := pool[:min(k, len(pool))]
 				chosen := score(c.Banner)
