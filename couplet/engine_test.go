@@ -478,7 +478,7 @@ func BenchmarkHostLoop(b *testing.B) {
 	for _, c := range []struct {
 		users, samples, finish, bs int
 		keep                       bool
-	}{{100, 5, 4, 2, false}, {1000, 5, 4, 2, false}, {1000, 5, 4, 2, true}, {1000, 5, 4, 4, false}, {1000, 5, 4, 1, false}, {1000, 1, 0, 2, false}, {2000, 1, 0, 2, false}} {
+	}{{100, 5, 4, 2, false}, {1000, 5, 4, 2, false}, {1000, 5, 4, 2, true}, {1000, 5, 4, 1, true}, {1000, 5, 4, 4, false}, {1000, 5, 4, 1, false}, {1000, 1, 0, 2, false}, {2000, 1, 0, 2, false}} {
 		users := c.users
 		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d/block=%d/keep=%v", users, c.samples, c.finish, c.bs, c.keep), func(b *testing.B) {
 			var es []engine.Engine
