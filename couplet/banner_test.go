@@ -49,19 +49,25 @@ func topBannersRef(cands []bannerCand, text string, k int) []*bannerCand {
 	return out
 }
 
+// randomWords returns a source of random four-character words over
+// alphabet: a small alphabet gives many shared characters and ties.
+func randomWords(rng *rand.Rand, alphabet string) func() string {
+	rs := []rune(alphabet)
+	return func() string {
+		w := make([]rune, 4)
+		for i := range w {
+			w[i] = rs[rng.IntN(len(rs))]
+		}
+		return string(w)
+	}
+}
+
 // TestTopBanners: the bounded-buffer selection returns exactly what a full
 // stable sort would, for random lists (many ties), contexts and k.
 func TestTopBanners(t *testing.T) {
 	g := newFakeGen(t, &fakeEngine{vocab: testModel.Tok.Size()})
-	alphabet := []rune("春福年喜安康吉祥如意平富贵门家和顺兴旺人天地山水风花月")
 	rng := rand.New(rand.NewPCG(1, 2))
-	word := func() string {
-		rs := make([]rune, 4)
-		for i := range rs {
-			rs[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		return string(rs)
-	}
+	word := randomWords(rng, "春福年喜安康吉祥如意平富贵门家和顺兴旺人天地山水风花月")
 	for trial := 0; trial < 200; trial++ {
 		n := rng.IntN(60)
 		var lines []string
@@ -431,15 +437,8 @@ func sharedTierRef(pool []*bannerCand, text string) []*bannerCand {
 // does for random pools (repeated characters, copies of the text, pools
 // of copies only) and contexts.
 func TestSharedTierMatchesRef(t *testing.T) {
-	alphabet := []rune("春福年喜安康吉大利")
 	rng := rand.New(rand.NewPCG(7, 8))
-	word := func() string {
-		rs := make([]rune, 4)
-		for i := range rs {
-			rs[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		return string(rs)
-	}
+	word := randomWords(rng, "春福年喜安康吉大利")
 	for trial := 0; trial < 2000; trial++ {
 		text := word() + "，" + word() + word()
 		var pool []*bannerCand
