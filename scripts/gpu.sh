@@ -68,9 +68,9 @@ build)
 	# blocks: the tracked files take ~56.5 MiB, so one server fits and a
 	# BASE build beside it does not. Then move tracked files the check does
 	# not read out of the tree for the call (the three largest sheets in
-	# quality/testdata/readings,
-	# forward/testdata/reference.json, training/data/written_triples.tsv:
-	# ~1.4 MiB) and restore them after it with `git checkout -- .`.
+	# quality/testdata/readings, forward/testdata/reference.json and
+	# training/data/written_triples.tsv: ~1.4 MiB) and restore them after
+	# it with `git checkout -- .`.
 	TRAVEL=$( (git ls-files -z; find .carry/gpu -type f -print0) | du -c -B1 --files0-from=- | tail -1 | cut -f1)
 	echo "travels: $((TRAVEL >> 10)) KiB of $((64 << 10)) KiB"
 	[ "$TRAVEL" -le $((64 << 20)) ] || echo "gpu.sh: over the device tool's 64 MiB (see the comment above)" >&2
