@@ -255,6 +255,7 @@ func (g *Generator) bannerRequest(p *plan, prompt []int32, cd *candidate, pool [
 		Prompt:   full,
 		From:     cd.handle, // the couplet's kept sample, when the engine kept it
 		FollowUp: true,
+		Final:    true, // no request continues a 横批
 		Params: sampler.Params{
 			Temperature: p.temp, TopP: p.topP, TopK: p.topK,
 			MaxTokens: 4, N: own + k,

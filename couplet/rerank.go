@@ -331,6 +331,7 @@ func (g *Generator) reverseScores(ctx context.Context, p *plan, cands []*candida
 			},
 			NewProcessor: func(int) sampler.LogitsProcessor { return forcedSeq(want) },
 			FollowUp:     true,
+			Final:        true, // a score: nothing continues it
 		}
 		wg.Add(1)
 		go func() {

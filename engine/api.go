@@ -52,6 +52,11 @@ type Request struct {
 	// a request the service had accepted. A caller's follow-ups are
 	// bounded by the first requests the queue let in.
 	FollowUp bool
+	// Final marks a request whose samples no later request continues (a
+	// couplet's 横批): as for Keep, its generated tokens are not
+	// registered in the prefix cache, so their blocks cost no hashing or
+	// eviction and are reused first when freed. Its prompt is.
+	Final bool
 }
 
 // Handle names a sample's cache held by Request.Keep (0: none).

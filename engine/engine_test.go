@@ -316,6 +316,41 @@ func TestPrefixCacheHits(t *testing.T) {
 	}
 }
 
+// TestFinalRegistersPromptOnly: a request's generated tokens are found by
+// a later request that extends them, unless it was Final; its prompt is
+// found either way.
+func TestFinalRegistersPromptOnly(t *testing.T) {
+	const vocab, bs = 24, 4
+	for _, final := range []bool{false, true} {
+		t.Run(fmt.Sprintf("final=%v", final), func(t *testing.T) {
+			e, err := New(newFake(64, bs, vocab), Config{EnablePrefixCaching: true, MaxQueue: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8}
+			first, err := e.Generate(context.Background(), &Request{Prompt: prompt, Final: final, Params: sampler.Params{MaxTokens: 9}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			more := append(slices.Clone(prompt), first.Completions[0].Tokens...)
+			second, err := e.Generate(context.Background(), &Request{Prompt: more, Params: sampler.Params{MaxTokens: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 17 tokens: the first 16 were computed (the last generated
+			// one never is), four full blocks.
+			want := 16
+			if final {
+				want = len(prompt)
+			}
+			if second.CachedTokens != want {
+				t.Errorf("second request found %d tokens cached, want %d", second.CachedTokens, want)
+			}
+			checkDrained(t, e)
+		})
+	}
+}
+
 // TestCancelFreesBlocks cancels a request in the middle of decoding.
 func TestCancelFreesBlocks(t *testing.T) {
 	e, err := New(newFake(64, 4, 24), Config{})

@@ -138,10 +138,10 @@ func (e *Paged) admitWaiting(budget, maxSeqs int) {
 				return
 			}
 		}
-		if r.req.Keep && s.adopted == 0 {
+		if (r.req.Keep || r.req.Final) && s.adopted == 0 {
 			// What a kept request generates is continued through its
-			// handle, not found by hash (an adopted sequence keeps the
-			// bound it was kept with).
+			// handle, and a final one's not at all: neither is found by
+			// hash (an adopted sequence keeps the bound it was kept with).
 			e.mgr.SetCacheLimit(s.id, len(r.req.Prompt))
 		}
 		e.waiting = e.waiting[1:]
