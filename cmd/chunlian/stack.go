@@ -133,8 +133,8 @@ func samplesFor(backend string, flag int) int {
 
 // noKeepFor reports whether the generator on backend continues its
 // requests through the prefix cache instead of kept samples: on CUDA
-// unless featCUDAKeep, since kept samples lose on the GPU's several
-// engine loops (docs/DECISIONS.md, "Kept samples continued by handle").
+// unless featCUDAKeep, since kept samples lose when served on the GPU
+// (docs/DECISIONS.md, "Kept samples continued by handle").
 func noKeepFor(backend string, exp features) bool {
 	return backend == "cuda" && !exp.Has(featCUDAKeep)
 }
