@@ -60,17 +60,18 @@ build)
 		BINS="chunlian-base $BINS"
 	fi
 	# All binaries in one xz stream: they share most of their code within
-	# xz's 64 MiB window (one server 7.3 MiB, two 8.1 MiB).
+	# xz's 64 MiB window (one server 7.3 MiB; two 7.5 MiB a few commits
+	# apart, 8.1 MiB a day apart).
 	(cd .carry/gpu && for b in $BINS; do echo "$b $(stat -c %s $b)"; done > bins.txt && cat $BINS | xz -9 -T1 > bins.xz && rm $BINS)
 	{ git rev-parse HEAD; git log -1 --format=%s; [ -z "${BASE:-}" ] || echo "base: $(git rev-parse "$BASE")"; date -u; } > .carry/gpu/BUILD.txt
 	ls -la .carry/gpu
 	# The device tool refuses a working tree over 64 MiB counted as disk
-	# blocks: the tracked files take ~56.5 MiB, so one server fits and a
-	# BASE build beside it does not. Then move tracked files the check does
-	# not read out of the tree for the call (the three largest sheets in
-	# quality/testdata/readings, forward/testdata/reference.json and
-	# training/data/written_triples.tsv: ~1.4 MiB) and restore them after
-	# it with `git checkout -- .`.
+	# blocks: the tracked files take ~56.5 MiB, so one server fits, and a
+	# BASE build beside it only when the two are close. Else move tracked
+	# files the check does not read out of the tree for the call (the three
+	# largest sheets in quality/testdata/readings,
+	# forward/testdata/reference.json and training/data/written_triples.tsv:
+	# ~1.4 MiB) and restore them after it with `git checkout -- .`.
 	TRAVEL=$( (git ls-files -z; find .carry/gpu -type f -print0) | du -c -B1 --files0-from=- | tail -1 | cut -f1)
 	echo "travels: $((TRAVEL >> 10)) KiB of $((64 << 10)) KiB"
 	[ "$TRAVEL" -le $((64 << 20)) ] || echo "gpu.sh: over the device tool's 64 MiB (see the comment above)" >&2
