@@ -120,9 +120,9 @@ func rejectedFromProm(m map[string]promValue) map[string]float64 {
 		return nil
 	}
 	out := map[string]float64{}
-	for ls := range v.labels {
+	for ls, n := range v.labels {
 		if r, ok := labelValue(ls, "reason"); ok {
-			out[r] += v.labels[ls]
+			out[r] += n
 		}
 	}
 	return out
@@ -150,8 +150,9 @@ func rejectedSince(before, after map[string]float64) map[string]int {
 // labelValue returns the value of label name in the label text ls
 // (a="x",b="y"), unescaped.
 func labelValue(ls, name string) (string, bool) {
+	key := name + "=\""
 	for off := 0; off < len(ls); {
-		i := strings.Index(ls[off:], name+"=\"")
+		i := strings.Index(ls[off:], key)
 		if i < 0 {
 			return "", false
 		}

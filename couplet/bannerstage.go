@@ -164,8 +164,9 @@ func (g *Generator) chooseBanners(ctx context.Context, p *plan, prompt []int32, 
 	stage := startStage(tr, eng, StageBannerRetrieval)
 	pools := make([][]*bannerCand, len(chosen)) // [len(chosen)][≤bannerPool]
 	if g.o.bannerTopK > 0 {
+		head := g.t.text(prompt) // the same for every chosen couplet
 		for ci, cd := range chosen {
-			bc := newBannerContext(g.t.text(prompt) + cd.c.Upper + cd.c.Lower)
+			bc := newBannerContext(head + cd.c.Upper + cd.c.Lower)
 			pools[ci] = sharedTier(topBanners(g.banners, bc, g.o.bannerPool), bc)
 		}
 	}
