@@ -40,6 +40,10 @@ type Options struct {
 	// TF32 tensor cores, float32 accumulation) or "fp32" (exact float32
 	// FMA; for tests).
 	Precision string
+	// KVCache is the KV cache's element: "fp32" (default) or "fp16" (IEEE
+	// half floats, rounded to nearest even: half the bytes attention reads
+	// per cached token, and twice the tokens a byte budget holds).
+	KVCache string
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
 	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
@@ -82,6 +86,9 @@ func (o *Options) defaults() error {
 	if o.Precision == "" {
 		o.Precision = "bf16"
 	}
+	if o.KVCache == "" {
+		o.KVCache = "fp32"
+	}
 	if o.MaxBatchTokens == 0 {
 		o.MaxBatchTokens = 8192
 	}
@@ -95,6 +102,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("cuda: MemoryFraction %g not in (0, 1]", o.MemoryFraction)
 	case o.Precision != "tf32" && o.Precision != "fp32" && o.Precision != "bf16":
 		return fmt.Errorf("cuda: Precision %q: want tf32, bf16 or fp32", o.Precision)
+	case o.KVCache != "fp32" && o.KVCache != "fp16":
+		return fmt.Errorf("cuda: KVCache %q: want fp32 or fp16", o.KVCache)
 	case o.NVRTCTarget != "" && o.NVRTCTarget != "cubin" && o.NVRTCTarget != "ptx":
 		return fmt.Errorf("cuda: NVRTCTarget %q: want cubin or ptx", o.NVRTCTarget)
 	case o.GEMVWeights != "auto" && o.GEMVWeights != "fp32" && o.GEMVWeights != "bf16":
@@ -112,6 +121,7 @@ type Info struct {
 	Multiprocessors int
 	TotalMemory     int64
 	KVCacheBytes    int64
+	KVCache         string // the cache's element: Options.KVCache
 	WeightBytes     int64
 	// SmallBatchPath says how steps of at most gemvUpTo tokens run:
 	// "gemv-bf16", "gemv-fp32" (the fused GEMV kernels) or "cublas".
@@ -258,7 +268,18 @@ func (b *Backend) sync() error {
 
 // kvSlab returns the device address of layer l's K (v=0) or V (v=1) cache.
 func (b *Backend) kvSlab(l, v int) uintptr {
-	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*4)
+	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*int64(b.kvBytes()))
+}
+
+// kvF16 reports whether the KV cache holds half floats (the kernels' KV_F16).
+func (b *Backend) kvF16() bool { return b.opt.KVCache == "fp16" }
+
+// kvBytes is the size of one KV cache element.
+func (b *Backend) kvBytes() int {
+	if b.kvF16() {
+		return 2
+	}
+	return 4
 }
 
 // launch starts kernel name with a 1-D block and a (gx, gy) grid. Each

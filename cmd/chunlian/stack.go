@@ -192,6 +192,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.IntVar(&c.CUDA.Device, "device", c.CUDA.Device, "CUDA device ordinal to run on, counted among the GPUs CUDA_VISIBLE_DEVICES leaves visible (one replica per GPU: --device N, or CUDA_VISIBLE_DEVICES=N with --device 0)")
 	fs.StringVar(&c.CUDA.LibDir, "cuda-lib-dir", c.CUDA.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first")
 	fs.StringVar(&c.CUDA.Precision, "gpu-precision", c.CUDA.Precision, "CUDA GEMM precision of batches over 4 tokens: bf16 (bf16 weights and inputs), tf32 (float32 inputs on TF32 tensor cores) or fp32 (exact); float32 accumulation in each")
+	fs.StringVar(&c.CUDA.KVCache, "gpu-kv-cache", c.CUDA.KVCache, "CUDA KV cache element: fp32 or fp16 (half the bytes attention reads, twice the tokens per byte)")
 	fs.StringVar(&c.CUDA.NVRTCTarget, "cuda-nvrtc-target", c.CUDA.NVRTCTarget, "what NVRTC compiles the kernels to: cubin (default) or ptx (the driver compiles it; for an NVRTC that fails on a new GPU)")
 }
 

@@ -27,6 +27,7 @@ type cudaConfig struct {
 	MemoryFraction float64       // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
 	MaxBlocks      int           // cap on KV blocks per engine; 0 = none, -1 = cudaCacheTokens' worth
 	Precision      string        // bf16 | tf32 | fp32 (--gpu-precision, registerModel)
+	KVCache        string        // fp32 | fp16 (--gpu-kv-cache, registerModel)
 	HandoffSpin    time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
 }
 
@@ -35,7 +36,7 @@ type cudaConfig struct {
 const cudaDefaultBlockSize = cuda.DefaultBlockSize
 
 func defaultCUDAConfig() cudaConfig {
-	return cudaConfig{MemoryFraction: 0.9, Precision: "bf16", MaxBlocks: -1}
+	return cudaConfig{MemoryFraction: 0.9, Precision: "bf16", KVCache: "fp32", MaxBlocks: -1}
 }
 
 // cudaCacheTokens caps each engine's KV cache unless --gpu-max-blocks is
@@ -71,6 +72,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		MemoryFraction: cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
 		MaxBlocks:      cfg.CUDA.maxBlocks(cmp.Or(cfg.BlockSize, cuda.DefaultBlockSize)),
 		Precision:      cfg.CUDA.Precision,
+		KVCache:        cfg.CUDA.KVCache,
 		EagerOnly:      cfg.Experimental.Has(featCUDAEager),
 		HandoffSpin:    cfg.CUDA.HandoffSpin,
 		NVRTCTarget:    cfg.CUDA.NVRTCTarget,
