@@ -44,6 +44,10 @@ type Options struct {
 	// half floats, rounded to nearest even: half the bytes attention reads
 	// per cached token, and twice the tokens a byte budget holds).
 	KVCache string
+	// GroupedAttention computes each key's dot product with 8 lanes of a
+	// warp together (the _g attention kernels: whole K rows per load)
+	// instead of one key per lane.
+	GroupedAttention bool
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
 	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
@@ -269,6 +273,21 @@ func (b *Backend) sync() error {
 // kvSlab returns the device address of layer l's K (v=0) or V (v=1) cache.
 func (b *Backend) kvSlab(l, v int) uintptr {
 	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*int64(b.kvBytes()))
+}
+
+// attnKernel names the attention kernel (paged_attention_rope or
+// paged_attention_chunked) of Options.GroupedAttention.
+func (b *Backend) attnKernel(name string) string {
+	if !b.opt.GroupedAttention {
+		return name
+	}
+	switch name {
+	case "paged_attention_rope":
+		return "paged_attention_rope_g"
+	case "paged_attention_chunked":
+		return "paged_attention_chunked_g"
+	}
+	panic("cuda: no grouped attention kernel for " + name)
 }
 
 // kvF16 reports whether the KV cache holds half floats (the kernels' KV_F16).
@@ -660,7 +679,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 func (b *Backend) attention(T, stride int, kc, vc uintptr, positions, slots, tokSeq, tables, in16 uint64) error {
 	nH, nKV := b.cfg.NumHeads, b.cfg.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
-	return b.launch("paged_attention_rope", (T*nH+3)/4, 1, 128, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
+	return b.launch(b.attnKernel("paged_attention_rope"), (T*nH+3)/4, 1, 128, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
 		dptr(kc), dptr(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
 		i32(b.opt.BlockSize), f32(scale), in16)
 }

@@ -282,11 +282,12 @@ func TestForwardMatchesCPU(t *testing.T) {
 		// the shipped model). Programmatic dependent launches are on
 		// wherever the device supports them.
 		// -bsN (last): N-token KV blocks instead of 16 (the CUDA default
-		// is 2); -kvf16: a half-float KV cache.
+		// is 2); -kvf16: a half-float KV cache; -attg: grouped attention.
 		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w", "bf16", "bf16-eager-bf16w", "bf16-bf16w-bs4", "fp32-bs1", "fp32-eager-bs1",
-			"fp32-kvf16", "bf16-bf16w-kvf16-bs2", "fp32-eager-kvf16-bs1"} {
+			"fp32-kvf16", "bf16-bf16w-kvf16-bs2", "fp32-eager-kvf16-bs1", "fp32-attg", "fp32-eager-attg-bs1", "bf16-bf16w-kvf16-attg-bs2"} {
 			prec, _, _ := strings.Cut(variant, "-")
 			eager, bf16w, kvf16 := strings.Contains(variant, "-eager"), strings.Contains(variant, "-bf16w"), strings.Contains(variant, "-kvf16")
+			attg := strings.Contains(variant, "-attg")
 			bs := 16
 			if _, n, ok := strings.Cut(variant, "-bs"); ok {
 				bs, _ = strconv.Atoi(n)
@@ -307,7 +308,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 				if bf16w {
 					roundModelBF16(m)
 				}
-				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, KVCache: kv})
+				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, KVCache: kv, GroupedAttention: attg})
 				t.Logf("device %+v", g.Info())
 				if g.Info().KVCache != kv {
 					t.Fatalf("KV cache %q, want %q", g.Info().KVCache, kv)
@@ -405,7 +406,8 @@ func TestForwardMatchesCPU(t *testing.T) {
 // kernels round the qkv-row keys and values as the cache stores them
 // (kv_round), so the two rows differ only by the GEMMs' batch shape: far
 // less than the half-float rounding itself, measured here as the same
-// row's distance to a float32 cache's.
+// row's distance to a float32 cache's. Both attention kinds (one key per
+// lane, grouped).
 func TestKVF16ChunkInvariant(t *testing.T) {
 	gpuOrSkip(t)
 	cfg := testConfigs()["mid-tied"]
@@ -417,9 +419,17 @@ func TestKVF16ChunkInvariant(t *testing.T) {
 	for i := range tokens {
 		tokens[i] = int32(r.IntN(V))
 	}
+	for _, grouped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) { kvF16ChunkInvariant(t, m, tokens, grouped) })
+	}
+}
+
+func kvF16ChunkInvariant(t *testing.T, m *model.Model, tokens []int32, grouped bool) {
+	V := m.Config.VocabSize
+	r := rand.New(rand.NewPCG(5, 6))
 	// rows returns A's last-token logits (one step) and B's (two steps).
 	rows := func(kv string) (a, b []float32) {
-		g, err := New(m, Options{Precision: "fp32", BlockSize: 4, EagerOnly: true, KVCache: kv, KVCacheBytes: 16 << 20, MaxBatchTokens: 64})
+		g, err := New(m, Options{Precision: "fp32", BlockSize: 4, EagerOnly: true, KVCache: kv, GroupedAttention: grouped, KVCacheBytes: 16 << 20, MaxBatchTokens: 64})
 		if err != nil {
 			t.Fatal(err)
 		}

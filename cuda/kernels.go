@@ -24,7 +24,7 @@ var kernelSource = llamaSource + "\n" + drawSource
 // kernelNames are the entry points resolved after loading the module.
 var kernelNames = []string{"embed_gather", "rmsnorm", "silu_mul", "copy_blocks", "row_lse",
 	"gemv", "gemv_qkv_rope", "gemv_gu_silu", "gemv_bf16", "gemv_qkv_rope_bf16", "gemv_gu_silu_bf16",
-	"paged_attention_chunked", "paged_attention_rope", "draw_rows", "gather_rows", "mark_done"}
+	"paged_attention_chunked", "paged_attention_rope", "paged_attention_chunked_g", "paged_attention_rope_g", "draw_rows", "gather_rows", "mark_done"}
 
 // kernelOptions are the NVRTC options for a model with this head dimension
 // and KV cache element (half floats or float32).

@@ -615,13 +615,17 @@ const (
 	// featCUDAKeep lets the couplet generator keep samples on the CUDA
 	// backend (couplet.WithKeptSamples), off there by default.
 	featCUDAKeep = "cuda-keep"
+	// featCUDAAttnGroup computes attention scores with 8 lanes per key
+	// (cuda.Options.GroupedAttention).
+	featCUDAAttnGroup = "cuda-attn-group"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featCUDAKeep:  "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
+	featCPUInt8:       "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager:     "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
+	featCUDAAttnGroup: "CUDA backend: attention scores with 8 lanes of a warp per key (whole K rows per load) instead of one key per lane",
+	featCUDAKeep:      "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
 }
 
 // knownFeatures lists the feature names for help and errors.

@@ -65,18 +65,19 @@ func (c *cudaConfig) register(fs *pflag.FlagSet) {
 // the device up to (i+1)/n of it).
 func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forward.Backend, error) {
 	return cuda.New(m, cuda.Options{
-		Device:         cfg.CUDA.Device,
-		LibDir:         cfg.CUDA.LibDir,
-		BlockSize:      cfg.BlockSize,
-		KVCacheBytes:   kv,
-		MemoryFraction: cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
-		MaxBlocks:      cfg.CUDA.maxBlocks(cmp.Or(cfg.BlockSize, cuda.DefaultBlockSize)),
-		Precision:      cfg.CUDA.Precision,
-		KVCache:        cfg.CUDA.KVCache,
-		EagerOnly:      cfg.Experimental.Has(featCUDAEager),
-		HandoffSpin:    cfg.CUDA.HandoffSpin,
-		NVRTCTarget:    cfg.CUDA.NVRTCTarget,
-		MaxBatchTokens: max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
+		Device:           cfg.CUDA.Device,
+		LibDir:           cfg.CUDA.LibDir,
+		BlockSize:        cfg.BlockSize,
+		KVCacheBytes:     kv,
+		MemoryFraction:   cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
+		MaxBlocks:        cfg.CUDA.maxBlocks(cmp.Or(cfg.BlockSize, cuda.DefaultBlockSize)),
+		Precision:        cfg.CUDA.Precision,
+		KVCache:          cfg.CUDA.KVCache,
+		EagerOnly:        cfg.Experimental.Has(featCUDAEager),
+		GroupedAttention: cfg.Experimental.Has(featCUDAAttnGroup),
+		HandoffSpin:      cfg.CUDA.HandoffSpin,
+		NVRTCTarget:      cfg.CUDA.NVRTCTarget,
+		MaxBatchTokens:   max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
 	})
 }
 

@@ -220,12 +220,14 @@ __device__ __forceinline__ float v_at(long long r, int d) {
 
 // attend: one warp's causal attention over keys 0..pos, 32 keys at a time
 // (one per lane), online softmax in float32, the result written to
-// out/out16 at o (out16 bf16 instead of out when non-null). key(j, vref)
-// returns key j's dot product with the warp's scaled query and sets vref
-// to key j's V row [HEAD_DIM] (v_ref_cache / v_ref_qkv); lane l
+// out/out16 at o (out16 bf16 instead of out when non-null). score(base)
+// is called by the whole warp and returns the dot product of key
+// base + lane with the warp's scaled query (NEG_INF past pos); vref(j)
+// returns key j's V row [HEAD_DIM] (v_ref_cache / v_ref_qkv). Lane l
 // accumulates dims l, l+32, ...
-template <typename Key>
-__device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o, int pos, Key key) {
+template <typename Score, typename VRef>
+__device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o, int pos, Score score,
+                                       VRef vref_of) {
     int lane = threadIdx.x & (WARP - 1);
     float acc[MAX_LANE_DIMS];
 #pragma unroll
@@ -234,9 +236,8 @@ __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o,
     for (int base = 0; base <= pos; base += WARP) {
         int j = base + lane;
         bool valid = j <= pos;
-        float s = NEG_INF;
-        long long vref = 0;
-        if (valid) s = key(j, vref);
+        float s = score(base);
+        long long vref = valid ? vref_of(j) : 0;
         float mn = fmaxf(m, warp_max(s)); // finite: key `base` (lane 0) is valid
         float c = m == NEG_INF ? 0.f : expf(m - mn);
         float p = valid ? expf(s - mn) : 0.f;
@@ -264,26 +265,110 @@ __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o,
     }
 }
 
+// Grouped scoring (the _g attention kernels): AG lanes compute one key's
+// dot product together, AKPR keys a round, so each load instruction reads
+// a few whole K rows (coalesced) instead of 32 rows one 16-byte piece at a
+// time. Lane e = lane % AG of group lane / AG holds dims [e*AQD,
+// (e+1)*AQD) of each half of the query and of its group's key, so a RoPE
+// pair (i, i + HEAD_DIM/2) stays in one lane.
+#if HEAD_DIM % 16 == 0
+#define AG 8
+#elif HEAD_DIM % 8 == 0
+#define AG 4
+#elif HEAD_DIM % 4 == 0
+#define AG 2
+#else
+#define AG 1
+#endif
+#define AKPR (WARP / AG)
+#define AQD (HEAD_DIM / (2 * AG))
+
+// load_dims: AQD consecutive K elements at k as float32.
+__device__ __forceinline__ void load_dims(const kv_t* k, float* out) {
+#if AQD % 4 == 0 && KV_F16
+#pragma unroll
+    for (int i = 0; i < AQD; i += 4) {
+        uint2 v = *reinterpret_cast<const uint2*>(k + i);
+        out[i] = h2f(v.x & 0xffffu);
+        out[i + 1] = h2f(v.x >> 16);
+        out[i + 2] = h2f(v.y & 0xffffu);
+        out[i + 3] = h2f(v.y >> 16);
+    }
+#elif AQD % 4 == 0
+#pragma unroll
+    for (int i = 0; i < AQD; i += 4) {
+        float4 v = *reinterpret_cast<const float4*>(k + i);
+        out[i] = v.x;
+        out[i + 1] = v.y;
+        out[i + 2] = v.z;
+        out[i + 3] = v.w;
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < AQD; i++) out[i] = kv_load(k, i);
+#endif
+}
+
+// score_grouped: attend's score for the grouped layout. dims(j, ka, kb)
+// fills the lane's dims of key j (first half, second half); qa, qb are
+// the same dims of the scaled query. Every lane of a group ends the
+// butterfly with the same bits (each step adds the same two numbers).
+template <typename Dims>
+__device__ __forceinline__ float score_grouped(int base, int pos, const float* qa, const float* qb, Dims dims) {
+    int lane = threadIdx.x & (WARP - 1);
+    int rounds = min(AG, (pos - base) / AKPR + 1); // warp-uniform
+    float s = NEG_INF;
+    for (int r = 0; r < rounds; r++) {
+        int j = base + r * AKPR + lane / AG;
+        float part = 0.f;
+        if (j <= pos) {
+            float ka[AQD], kb[AQD];
+            dims(j, ka, kb);
+#pragma unroll
+            for (int i = 0; i < AQD; i++) {
+                part += ka[i] * qa[i];
+                part += kb[i] * qb[i];
+            }
+        }
+#pragma unroll
+        for (int o = 1; o < AG; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+        float sr = __shfl_sync(0xffffffffu, part, (lane % AKPR) * AG); // group lane % AKPR: key base + lane
+        if (lane / AKPR == r) s = sr;
+    }
+    return base + lane <= pos ? s : NEG_INF;
+}
+
+// query_dims: the lane's grouped dims of the scaled query in shared memory.
+__device__ __forceinline__ void query_dims(const float* qw, float* qa, float* qb) {
+    int e = (threadIdx.x & (WARP - 1)) % AG;
+#pragma unroll
+    for (int i = 0; i < AQD; i++) {
+        qa[i] = qw[e * AQD + i];
+        qb[i] = qw[HEAD_DIM / 2 + e * AQD + i];
+    }
+}
+
 // paged_attention_chunked: causal attention of every new token over its
 // sequence's cached keys 0..position, whose K/V were stored, and q rotated
 // in qkv, before this launch (gemv_qkv_rope: the GEMV path). One warp per
-// (token, query head), taking 32 keys at a time, one per lane (attend): a
-// loop over one key at a time across the lanes was a chain of dependent
-// steps per key (load K, 5 shuffles, exp, load V) of ~0.3 µs each, so a
-// decode token with 40 keys took ~10 µs per layer; here each lane computes
+// (token, query head), taking 32 keys at a time (attend): a loop over one
+// key at a time across the lanes was a chain of dependent steps per key
+// (load K, 5 shuffles, exp, load V) of ~0.3 µs each, so a decode token
+// with 40 keys took ~10 µs per layer. GROUPED = false: each lane computes
 // its key's whole dot product from the pre-scaled query in shared memory
-// (independent loads), the chunk's softmax update is one max and one sum
-// over the warp, and the V accumulation loops over the chunk's keys with
-// independent loads. out [T, nH*HEAD_DIM] (or out16 bf16 when non-null);
-// the other layouts above. grid = ceil(T*nH / 4), block = 128.
-extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, const float* __restrict__ qkv,
-                                                   const kv_t* __restrict__ kcache,
-                                                   const kv_t* __restrict__ vcache,
-                                                   const int* __restrict__ tokSeq,
-                                                   const int* __restrict__ positions,
-                                                   const int* __restrict__ blockTables, int btStride,
-                                                   int T, int nH, int nKV, int blockSize, float scale,
-                                                   unsigned short* __restrict__ out16) {
+// (independent loads); true: score_grouped. The chunk's softmax update is
+// one max and one sum over the warp, and the V accumulation loops over the
+// chunk's keys with independent loads. out [T, nH*HEAD_DIM] (or out16 bf16
+// when non-null); the other layouts above. grid = ceil(T*nH / 4), block = 128.
+template <bool GROUPED>
+__device__ __forceinline__ void paged_attention_chunked_t(float* __restrict__ out, const float* __restrict__ qkv,
+                                                          const kv_t* __restrict__ kcache,
+                                                          const kv_t* __restrict__ vcache,
+                                                          const int* __restrict__ tokSeq,
+                                                          const int* __restrict__ positions,
+                                                          const int* __restrict__ blockTables, int btStride,
+                                                          int T, int nH, int nKV, int blockSize, float scale,
+                                                          unsigned short* __restrict__ out16) {
     __shared__ __align__(16) float qs[4][HEAD_DIM]; // blockDim.x == 128: one row per warp
     pdl_wait();
     int wib = threadIdx.x / WARP;
@@ -299,11 +384,24 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
     __syncwarp();
     const int* bt = blockTables + (i64)tokSeq[t] * btStride;
     int pos = positions[t];
-    attend(out, out16, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, long long& vref) {
-        i64 r = cache_row(bt, j, blockSize, nKV, kvh);
-        vref = v_ref_cache(vcache + r);
-        return dot_q(kcache + r, qw);
-    });
+    auto vref = [&](int j) { return v_ref_cache(vcache + cache_row(bt, j, blockSize, nKV, kvh)); };
+    i64 o = ((i64)t * nH + h) * HEAD_DIM;
+    if (GROUPED) {
+        float qa[AQD], qb[AQD];
+        query_dims(qw, qa, qb);
+        int e0 = (lane % AG) * AQD;
+        auto dims = [&](int j, float* ka, float* kb) {
+            const kv_t* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
+            load_dims(k + e0, ka);
+            load_dims(k + HEAD_DIM / 2 + e0, kb);
+        };
+        attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vref);
+        return;
+    }
+    attend(out, out16, o, pos, [&](int base) {
+        int j = base + lane;
+        return j <= pos ? dot_q(kcache + cache_row(bt, j, blockSize, nKV, kvh), qw) : NEG_INF;
+    }, vref);
 }
 
 // paged_attention_rope: RoPE, the K/V cache store and
@@ -315,18 +413,19 @@ extern "C" __global__ void paged_attention_chunked(float* __restrict__ out, cons
 // sequence's chunk: contiguous in T, consecutive positions) are read from
 // the qkv rows and rotated here, since other warps of the launch are still
 // writing their cache slots; earlier keys come from the cache. The
-// rotation is gemv_qkv_rope's and each dot product paged_attention_chunked's,
-// term for term. out16 [T, nH*HEAD_DIM] bf16: written instead of out when
-// non-null.
-extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const float* __restrict__ qkv,
-                                                const float* __restrict__ cosSin,
-                                                const int* __restrict__ slots,
-                                                kv_t* __restrict__ kcache, kv_t* __restrict__ vcache,
-                                                const int* __restrict__ tokSeq,
-                                                const int* __restrict__ positions,
-                                                const int* __restrict__ blockTables, int btStride,
-                                                int T, int nH, int nKV, int blockSize, float scale,
-                                                unsigned short* __restrict__ out16) {
+// rotation is gemv_qkv_rope's and each dot product
+// paged_attention_chunked's (of the same GROUPED), term for term. out16
+// [T, nH*HEAD_DIM] bf16: written instead of out when non-null.
+template <bool GROUPED>
+__device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, const float* __restrict__ qkv,
+                                                       const float* __restrict__ cosSin,
+                                                       const int* __restrict__ slots,
+                                                       kv_t* __restrict__ kcache, kv_t* __restrict__ vcache,
+                                                       const int* __restrict__ tokSeq,
+                                                       const int* __restrict__ positions,
+                                                       const int* __restrict__ blockTables, int btStride,
+                                                       int T, int nH, int nKV, int blockSize, float scale,
+                                                       unsigned short* __restrict__ out16) {
     __shared__ __align__(16) float qs[4][HEAD_DIM]; // blockDim.x == 128: one row per warp
     const int half = HEAD_DIM / 2;
     pdl_wait();
@@ -377,15 +476,43 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
     }
     int firstPos = positions[c0];
     const int* bt = blockTables + (i64)seq * btStride;
-    attend(out, out16, ((i64)t * nH + h) * HEAD_DIM, pos, [&](int j, long long& vref) {
-        if (j < firstPos) {
-            i64 r = cache_row(bt, j, blockSize, nKV, kvh);
-            vref = v_ref_cache(vcache + r);
-            return dot_q(kcache + r, qw);
-        }
-        const float* kr = qkv + (i64)(c0 + (j - firstPos)) * stride;
-        const float* k = kr + (nH + kvh) * HEAD_DIM;
-        vref = v_ref_qkv(kr + (nH + nKV + kvh) * HEAD_DIM);
+    // qkvKey: key j's row in qkv (j >= firstPos), not rotated.
+    auto qkvKey = [&](int j) { return qkv + (i64)(c0 + (j - firstPos)) * stride + (nH + kvh) * HEAD_DIM; };
+    auto vref = [&](int j) {
+        if (j < firstPos) return v_ref_cache(vcache + cache_row(bt, j, blockSize, nKV, kvh));
+        return v_ref_qkv(qkvKey(j) + nKV * HEAD_DIM);
+    };
+    i64 o = ((i64)t * nH + h) * HEAD_DIM;
+    if (GROUPED) {
+        float qa[AQD], qb[AQD];
+        query_dims(qw, qa, qb);
+        int e0 = (lane % AG) * AQD;
+        auto dims = [&](int j, float* ka, float* kb) {
+            if (j < firstPos) {
+                const kv_t* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
+                load_dims(k + e0, ka);
+                load_dims(k + half + e0, kb);
+                return;
+            }
+            const float* k = qkvKey(j);
+            const float* cj = cosSin + (i64)j * half * 2;
+#pragma unroll
+            for (int i = 0; i < AQD; i++) {
+                int d = e0 + i;
+                float y1, y2;
+                rope_pair(k[d], k[d + half], cj[2 * d], cj[2 * d + 1], y1, y2);
+                ka[i] = kv_round(y1);
+                kb[i] = kv_round(y2);
+            }
+        };
+        attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vref);
+        return;
+    }
+    attend(out, out16, o, pos, [&](int base) {
+        int j = base + lane;
+        if (j > pos) return NEG_INF;
+        if (j < firstPos) return dot_q(kcache + cache_row(bt, j, blockSize, nKV, kvh), qw);
+        const float* k = qkvKey(j);
         const float* cj = cosSin + (i64)j * half * 2;
         float kd[HEAD_DIM]; // key j rotated, as stored in the cache (registers, kv_round)
 #pragma unroll
@@ -406,8 +533,28 @@ extern "C" __global__ void paged_attention_rope(float* __restrict__ out, const f
         for (int d = 0; d < HEAD_DIM; d++) dot += kd[d] * qw[d];
 #endif
         return dot;
-    });
+    }, vref);
 }
+
+#define ATTN_ARGS                                                                                      \
+    float *__restrict__ out, const float *__restrict__ qkv, const kv_t *__restrict__ kcache,          \
+        const kv_t *__restrict__ vcache, const int *__restrict__ tokSeq,                               \
+        const int *__restrict__ positions, const int *__restrict__ blockTables, int btStride, int T,   \
+        int nH, int nKV, int blockSize, float scale, unsigned short *__restrict__ out16
+#define ATTN_PASS out, qkv, kcache, vcache, tokSeq, positions, blockTables, btStride, T, nH, nKV, blockSize, scale, out16
+extern "C" __global__ void paged_attention_chunked(ATTN_ARGS) { paged_attention_chunked_t<false>(ATTN_PASS); }
+extern "C" __global__ void paged_attention_chunked_g(ATTN_ARGS) { paged_attention_chunked_t<true>(ATTN_PASS); }
+
+#define ROPE_ARGS                                                                                      \
+    float *__restrict__ out, const float *__restrict__ qkv, const float *__restrict__ cosSin,         \
+        const int *__restrict__ slots, kv_t *__restrict__ kcache, kv_t *__restrict__ vcache,           \
+        const int *__restrict__ tokSeq, const int *__restrict__ positions,                             \
+        const int *__restrict__ blockTables, int btStride, int T, int nH, int nKV, int blockSize,      \
+        float scale, unsigned short *__restrict__ out16
+#define ROPE_PASS                                                                                      \
+    out, qkv, cosSin, slots, kcache, vcache, tokSeq, positions, blockTables, btStride, T, nH, nKV, blockSize, scale, out16
+extern "C" __global__ void paged_attention_rope(ROPE_ARGS) { paged_attention_rope_t<false>(ROPE_PASS); }
+extern "C" __global__ void paged_attention_rope_g(ROPE_ARGS) { paged_attention_rope_t<true>(ROPE_PASS); }
 
 // silu_mul: act[t, i] = silu(gu[t, i]) * gu[t, ffn + i].
 // gu [T, 2*ffn] (gate then up, one fused GEMM); act [T, ffn] (or act16
