@@ -40,14 +40,11 @@ type Options struct {
 	// TF32 tensor cores, float32 accumulation) or "fp32" (exact float32
 	// FMA; for tests).
 	Precision string
-	// KVCache is the KV cache's element: "fp32" (default) or "fp16" (IEEE
-	// half floats, rounded to nearest even: half the bytes attention reads
-	// per cached token, and twice the tokens a byte budget holds).
-	KVCache string
-	// GroupedAttention computes each key's dot product with 8 lanes of a
-	// warp together (the _g attention kernels: whole K rows per load)
-	// instead of one key per lane.
-	GroupedAttention bool
+	// GroupedAttentionFrom: steps of at least this many tokens run the
+	// grouped attention kernels (8 lanes of a warp per key: whole K rows
+	// per load), smaller ones one key per lane. 0 means
+	// DefaultGroupedAttentionFrom, negative never.
+	GroupedAttentionFrom int
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
 	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
@@ -77,6 +74,12 @@ type Options struct {
 // "KV block size").
 const DefaultBlockSize = 2
 
+// DefaultGroupedAttentionFrom is Options.GroupedAttentionFrom's default:
+// the grouped kernels serve 9–14 % more couplets at 1,000 users (steps of
+// hundreds of tokens), one key per lane is faster for the few tokens of a
+// step at one user (docs/DECISIONS.md, "Grouped attention scoring").
+const DefaultGroupedAttentionFrom = 64
+
 func (o *Options) defaults() error {
 	if o.NVRTCTarget == "" {
 		o.NVRTCTarget = testNVRTCTarget
@@ -90,8 +93,8 @@ func (o *Options) defaults() error {
 	if o.Precision == "" {
 		o.Precision = "bf16"
 	}
-	if o.KVCache == "" {
-		o.KVCache = "fp32"
+	if o.GroupedAttentionFrom == 0 {
+		o.GroupedAttentionFrom = DefaultGroupedAttentionFrom
 	}
 	if o.MaxBatchTokens == 0 {
 		o.MaxBatchTokens = 8192
@@ -106,8 +109,6 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("cuda: MemoryFraction %g not in (0, 1]", o.MemoryFraction)
 	case o.Precision != "tf32" && o.Precision != "fp32" && o.Precision != "bf16":
 		return fmt.Errorf("cuda: Precision %q: want tf32, bf16 or fp32", o.Precision)
-	case o.KVCache != "fp32" && o.KVCache != "fp16":
-		return fmt.Errorf("cuda: KVCache %q: want fp32 or fp16", o.KVCache)
 	case o.NVRTCTarget != "" && o.NVRTCTarget != "cubin" && o.NVRTCTarget != "ptx":
 		return fmt.Errorf("cuda: NVRTCTarget %q: want cubin or ptx", o.NVRTCTarget)
 	case o.GEMVWeights != "auto" && o.GEMVWeights != "fp32" && o.GEMVWeights != "bf16":
@@ -125,7 +126,6 @@ type Info struct {
 	Multiprocessors int
 	TotalMemory     int64
 	KVCacheBytes    int64
-	KVCache         string // the cache's element: Options.KVCache
 	WeightBytes     int64
 	// SmallBatchPath says how steps of at most gemvUpTo tokens run:
 	// "gemv-bf16", "gemv-fp32" (the fused GEMV kernels) or "cublas".
@@ -272,33 +272,7 @@ func (b *Backend) sync() error {
 
 // kvSlab returns the device address of layer l's K (v=0) or V (v=1) cache.
 func (b *Backend) kvSlab(l, v int) uintptr {
-	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*int64(b.kvBytes()))
-}
-
-// attnKernel names the attention kernel (paged_attention_rope or
-// paged_attention_chunked) of Options.GroupedAttention.
-func (b *Backend) attnKernel(name string) string {
-	if !b.opt.GroupedAttention {
-		return name
-	}
-	switch name {
-	case "paged_attention_rope":
-		return "paged_attention_rope_g"
-	case "paged_attention_chunked":
-		return "paged_attention_chunked_g"
-	}
-	panic("cuda: no grouped attention kernel for " + name)
-}
-
-// kvF16 reports whether the KV cache holds half floats (the kernels' KV_F16).
-func (b *Backend) kvF16() bool { return b.opt.KVCache == "fp16" }
-
-// kvBytes is the size of one KV cache element.
-func (b *Backend) kvBytes() int {
-	if b.kvF16() {
-		return 2
-	}
-	return 4
+	return b.cache + uintptr(int64(2*l+v)*int64(b.allocBlocks)*int64(b.blockElems)*4)
 }
 
 // launch starts kernel name with a 1-D block and a (gx, gy) grid. Each
@@ -679,9 +653,25 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 func (b *Backend) attention(T, stride int, kc, vc uintptr, positions, slots, tokSeq, tables, in16 uint64) error {
 	nH, nKV := b.cfg.NumHeads, b.cfg.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
-	return b.launch(b.attnKernel("paged_attention_rope"), (T*nH+3)/4, 1, 128, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
+	return b.launch(b.attnKernel("paged_attention_rope", T), (T*nH+3)/4, 1, 128, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
 		dptr(kc), dptr(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
 		i32(b.opt.BlockSize), f32(scale), in16)
+}
+
+// attnKernel names the attention kernel (paged_attention_rope or
+// paged_attention_chunked) for a step of T tokens: the grouped one (_g)
+// from Options.GroupedAttentionFrom tokens on.
+func (b *Backend) attnKernel(name string, T int) string {
+	if g := b.opt.GroupedAttentionFrom; g < 0 || T < g {
+		return name
+	}
+	switch name {
+	case "paged_attention_rope":
+		return "paged_attention_rope_g"
+	case "paged_attention_chunked":
+		return "paged_attention_chunked_g"
+	}
+	panic("cuda: no grouped attention kernel for " + name)
 }
 
 // rmsnormRowsPerBlock: the rmsnorm kernel normalises a row per warp, 8

@@ -31,9 +31,6 @@ const (
 	tolFP32 = 1e-3
 	tolTF32 = 3e-2
 	tolBF16 = 1e-1
-	// tolKVF16: a half-float KV cache (11 significant bits) beside the
-	// CPU's float32 one.
-	tolKVF16 = 3e-2
 )
 
 // tolFor is the logits tolerance of a Precision.
@@ -106,16 +103,42 @@ func TestOptionsDefaults(t *testing.T) {
 		{Options{Precision: "int8"}, true},
 		{Options{KVCacheBytes: -5}, true},
 		{Options{Precision: "fp32", BlockSize: 32}, false},
-		{Options{KVCache: "fp16"}, false},
-		{Options{KVCache: "bf16"}, true},
 	} {
 		o := tc.o
 		err := o.defaults()
 		if (err != nil) != tc.wantErr {
 			t.Errorf("%+v: err = %v, wantErr %v", tc.o, err, tc.wantErr)
 		}
-		if err == nil && (o.BlockSize < 1 || o.MemoryFraction <= 0 || o.MaxBatchTokens < 1 || o.KVCache == "") {
+		if err == nil && (o.BlockSize < 1 || o.MemoryFraction <= 0 || o.MaxBatchTokens < 1 || o.GroupedAttentionFrom == 0) {
 			t.Errorf("%+v: defaults left %+v", tc.o, o)
+		}
+	}
+}
+
+// TestAttnKernel: which attention kernel a step of T tokens runs, by
+// Options.GroupedAttentionFrom (no GPU needed).
+func TestAttnKernel(t *testing.T) {
+	for _, tc := range []struct {
+		from, T int
+		want    string
+	}{
+		{DefaultGroupedAttentionFrom, DefaultGroupedAttentionFrom - 1, "paged_attention_rope"},
+		{DefaultGroupedAttentionFrom, DefaultGroupedAttentionFrom, "paged_attention_rope_g"},
+		{1, 1, "paged_attention_rope_g"},
+		{-1, 1 << 20, "paged_attention_rope"},
+	} {
+		b := &Backend{opt: Options{GroupedAttentionFrom: tc.from}}
+		if got := b.attnKernel("paged_attention_rope", tc.T); got != tc.want {
+			t.Errorf("from %d, %d tokens: %s, want %s", tc.from, tc.T, got, tc.want)
+		}
+		want := strings.Replace(tc.want, "rope", "chunked", 1)
+		if got := b.attnKernel("paged_attention_chunked", tc.T); got != want {
+			t.Errorf("from %d, %d tokens: %s, want %s", tc.from, tc.T, got, want)
+		}
+	}
+	for _, n := range []string{"paged_attention_rope_g", "paged_attention_chunked_g"} {
+		if !slices.Contains(kernelNames, n) {
+			t.Errorf("kernelNames lacks %s", n)
 		}
 	}
 }
@@ -281,26 +304,23 @@ func TestForwardMatchesCPU(t *testing.T) {
 		// first, so the GEMV path reads its bf16 copies (lossless, like
 		// the shipped model). Programmatic dependent launches are on
 		// wherever the device supports them.
-		// -bsN (last): N-token KV blocks instead of 16 (the CUDA default
-		// is 2); -kvf16: a half-float KV cache; -attg: grouped attention.
+		// -attg: the grouped attention kernels at every step (the
+		// default takes them from 64 tokens, more than any step here).
+		// -bsN (last): N-token KV blocks instead of 16 (the CUDA default is 2).
 		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w", "bf16", "bf16-eager-bf16w", "bf16-bf16w-bs4", "fp32-bs1", "fp32-eager-bs1",
-			"fp32-kvf16", "bf16-bf16w-kvf16-bs2", "fp32-eager-kvf16-bs1", "fp32-attg", "fp32-eager-attg-bs1", "bf16-bf16w-kvf16-attg-bs2"} {
+			"fp32-attg", "fp32-eager-attg-bs1", "bf16-bf16w-attg-bs2"} {
 			prec, _, _ := strings.Cut(variant, "-")
-			eager, bf16w, kvf16 := strings.Contains(variant, "-eager"), strings.Contains(variant, "-bf16w"), strings.Contains(variant, "-kvf16")
-			attg := strings.Contains(variant, "-attg")
+			eager, bf16w := strings.Contains(variant, "-eager"), strings.Contains(variant, "-bf16w")
+			grouped := 0
+			if strings.Contains(variant, "-attg") {
+				grouped = 1
+			}
 			bs := 16
 			if _, n, ok := strings.Cut(variant, "-bs"); ok {
 				bs, _ = strconv.Atoi(n)
 			}
-			kv := "fp32"
-			if kvf16 {
-				kv = "fp16"
-			}
 			t.Run(name+"/"+variant, func(t *testing.T) {
 				tol := tolFor(prec)
-				if kvf16 {
-					tol = max(tol, tolKVF16)
-				}
 				m := model.NewRandom(cfg, 7)
 				if cfg.TieWordEmbeddings {
 					m.Weights.LMHead = m.Weights.Embed
@@ -308,11 +328,8 @@ func TestForwardMatchesCPU(t *testing.T) {
 				if bf16w {
 					roundModelBF16(m)
 				}
-				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, KVCache: kv, GroupedAttention: attg})
+				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, GroupedAttentionFrom: grouped})
 				t.Logf("device %+v", g.Info())
-				if g.Info().KVCache != kv {
-					t.Fatalf("KV cache %q, want %q", g.Info().KVCache, kv)
-				}
 				wantPath := "gemv-fp32"
 				switch {
 				case name == "odd-ffn":
@@ -355,7 +372,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 					if worst > tol {
 						t.Errorf("%s: worst relative |Δlogit| %.3e > %.0e", label, worst, tol)
 					}
-					if prec == "fp32" && !kvf16 && diff > 0 {
+					if prec == "fp32" && diff > 0 {
 						t.Errorf("%s: argmax differs in %d rows", label, diff)
 					}
 				}
@@ -395,69 +412,6 @@ func TestForwardMatchesCPU(t *testing.T) {
 				}
 			})
 		}
-	}
-}
-
-// TestKVF16ChunkInvariant: with a half-float cache, a token's logits do
-// not depend on how its context was split into steps. Sequence A prefills
-// 24 tokens in one step, so its last token attends to 23 keys and values
-// read from the launch's own qkv rows; sequence B, with the same tokens,
-// prefills 12 and then 12, so half of them come from the cache. The
-// kernels round the qkv-row keys and values as the cache stores them
-// (kv_round), so the two rows differ only by the GEMMs' batch shape: far
-// less than the half-float rounding itself, measured here as the same
-// row's distance to a float32 cache's. Both attention kinds (one key per
-// lane, grouped).
-func TestKVF16ChunkInvariant(t *testing.T) {
-	gpuOrSkip(t)
-	cfg := testConfigs()["mid-tied"]
-	m := model.NewRandom(cfg, 11)
-	m.Weights.LMHead = m.Weights.Embed
-	V := cfg.VocabSize
-	r := rand.New(rand.NewPCG(3, 4))
-	tokens := make([]int32, 24)
-	for i := range tokens {
-		tokens[i] = int32(r.IntN(V))
-	}
-	for _, grouped := range []bool{false, true} {
-		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) { kvF16ChunkInvariant(t, m, tokens, grouped) })
-	}
-}
-
-func kvF16ChunkInvariant(t *testing.T, m *model.Model, tokens []int32, grouped bool) {
-	V := m.Config.VocabSize
-	r := rand.New(rand.NewPCG(5, 6))
-	// rows returns A's last-token logits (one step) and B's (two steps).
-	rows := func(kv string) (a, b []float32) {
-		g, err := New(m, Options{Precision: "fp32", BlockSize: 4, EagerOnly: true, KVCache: kv, GroupedAttention: grouped, KVCacheBytes: 16 << 20, MaxBatchTokens: 64})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer g.Close()
-		pool := newBlockPool(64, r)
-		seqs := []*seqSim{{tokens: slices.Clone(tokens)}, {tokens: slices.Clone(tokens)}}
-		step := func(chunks ...chunk) []float32 {
-			b := buildBatch(seqs, chunks, 4, pool, r, V)
-			out := make([]float32, len(b.LogitRows)*V)
-			if err := g.Forward(b, out); err != nil {
-				t.Fatalf("%s: Forward: %v", kv, err)
-			}
-			return out
-		}
-		a = step(chunk{0, 24, []int{23}}, chunk{1, 12, nil})
-		b = step(chunk{1, 12, []int{11}})
-		return a, b
-	}
-	a16, b16 := rows("fp16")
-	a32, _ := rows("fp32")
-	split, _ := compareLogits(b16, a16, V)
-	rounding, _ := compareLogits(a16, a32, V)
-	t.Logf("one step vs two: worst rel |Δ| %.2e; half-float vs float32 cache: %.2e", split, rounding)
-	if rounding == 0 {
-		t.Fatal("the half-float cache gave exactly the float32 cache's logits: is KVCache fp16 in effect?")
-	}
-	if split > rounding/10 {
-		t.Errorf("a token's logits depend on its context's split into steps: %.2e (the cache's rounding is %.2e)", split, rounding)
 	}
 }
 
@@ -767,25 +721,23 @@ func TestKernelsCompile(t *testing.T) {
 		if tc.arch == "" {
 			continue
 		}
-		for _, kvF16 := range []bool{false, true} {
-			res, err := f.compileSource("llama.cu", kernelSource, tc.arch, kernelOptions(tc.headDim, kvF16))
-			if err != nil {
-				t.Fatalf("headDim %d arch %s kvF16 %v: %v", tc.headDim, tc.arch, kvF16, err)
-			}
-			if len(res.image) < 100 {
-				t.Fatalf("headDim %d: image only %d bytes", tc.headDim, len(res.image))
-			}
-			if !res.cubin {
-				ptx := string(res.image)
-				for _, k := range kernelNames {
-					if !strings.Contains(ptx, ".entry "+k) {
-						t.Errorf("headDim %d: PTX has no entry %s", tc.headDim, k)
-					}
+		res, err := f.compileSource("llama.cu", kernelSource, tc.arch, kernelOptions(tc.headDim))
+		if err != nil {
+			t.Fatalf("headDim %d arch %s: %v", tc.headDim, tc.arch, err)
+		}
+		if len(res.image) < 100 {
+			t.Fatalf("headDim %d: image only %d bytes", tc.headDim, len(res.image))
+		}
+		if !res.cubin {
+			ptx := string(res.image)
+			for _, k := range kernelNames {
+				if !strings.Contains(ptx, ".entry "+k) {
+					t.Errorf("headDim %d: PTX has no entry %s", tc.headDim, k)
 				}
 			}
-			if res.log != "" {
-				t.Logf("headDim %d kvF16 %v log: %s", tc.headDim, kvF16, res.log)
-			}
+		}
+		if res.log != "" {
+			t.Logf("headDim %d log: %s", tc.headDim, res.log)
 		}
 	}
 }

@@ -181,7 +181,7 @@ func (b *Backend) enqueueSmall(T, R, stride int, off [6]int) error {
 			qkvLaunch(kQKV, grid(b.qkvDim/2), 1, gemvThreads, T*dm*4,
 				dptr(b.qkv), src, ids, dptr(b.x), dptr(L.attnNorm), eps, dptr(wqkv), dptr(b.cosSin), positions, slots,
 				dptr(kc), dptr(vc), i32(T), i32(dm), i32(nH), i32(nKV)),
-			b.launchPDL(b.attnKernel("paged_attention_chunked"), (T*nH+3)/4, 1, 128, 0, dptr(b.attn), dptr(b.qkv), dptr(kc), dptr(vc), tokSeq, positions,
+			b.launchPDL(b.attnKernel("paged_attention_chunked", T), (T*nH+3)/4, 1, 128, 0, dptr(b.attn), dptr(b.qkv), dptr(kc), dptr(vc), tokSeq, positions,
 				tables, i32(stride), i32(T), i32(nH), i32(nKV), i32(b.opt.BlockSize), f32(scale), 0),
 			b.launchPDL(kGemv, grid(dm), 1, gemvThreads, T*nq*4,
 				dptr(b.x), dptr(b.attn), 0, 0, 0, dptr(wo), i32(T), i32(dm), i32(nq), 1),

@@ -26,14 +26,9 @@ var kernelNames = []string{"embed_gather", "rmsnorm", "silu_mul", "copy_blocks",
 	"gemv", "gemv_qkv_rope", "gemv_gu_silu", "gemv_bf16", "gemv_qkv_rope_bf16", "gemv_gu_silu_bf16",
 	"paged_attention_chunked", "paged_attention_rope", "paged_attention_chunked_g", "paged_attention_rope_g", "draw_rows", "gather_rows", "mark_done"}
 
-// kernelOptions are the NVRTC options for a model with this head dimension
-// and KV cache element (half floats or float32).
-func kernelOptions(headDim int, kvF16 bool) []string {
-	kv := 0
-	if kvF16 {
-		kv = 1
-	}
-	return []string{fmt.Sprintf("-DHEAD_DIM=%d", headDim), fmt.Sprintf("-DKV_F16=%d", kv), "-lineinfo"}
+// kernelOptions are the NVRTC options for a model with this head dimension.
+func kernelOptions(headDim int) []string {
+	return []string{fmt.Sprintf("-DHEAD_DIM=%d", headDim), "-lineinfo"}
 }
 
 // archFor names the NVRTC target for a compute capability and
@@ -55,16 +50,16 @@ var (
 )
 
 // compileCached compiles the kernels once per process for each (arch,
-// head dim, KV element): NVRTC takes about a second, and tests and
-// benchmarks create many backends.
-func compileCached(f *nvrtcFns, arch string, headDim int, kvF16 bool) (*compileResult, error) {
-	key := fmt.Sprintf("%s/%d/%v", arch, headDim, kvF16)
+// head dim): NVRTC takes about a second, and tests and benchmarks create
+// many backends.
+func compileCached(f *nvrtcFns, arch string, headDim int) (*compileResult, error) {
+	key := fmt.Sprintf("%s/%d", arch, headDim)
 	compileMu.Lock()
 	defer compileMu.Unlock()
 	if r, ok := compileCache[key]; ok {
 		return r, nil
 	}
-	r, err := f.compileSource("llama.cu", kernelSource, arch, kernelOptions(headDim, kvF16))
+	r, err := f.compileSource("llama.cu", kernelSource, arch, kernelOptions(headDim))
 	if err != nil {
 		return nil, err
 	}

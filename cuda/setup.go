@@ -149,7 +149,7 @@ func (b *Backend) queryDevice() error {
 // to CUBIN, cached) and loads their functions into b.fn.
 func (b *Backend) loadKernels() error {
 	d := &b.l.drv
-	res, err := compileCached(&b.l.rtc, archFor(b.info.Major, b.info.Minor, b.opt.NVRTCTarget), b.hd, b.kvF16())
+	res, err := compileCached(&b.l.rtc, archFor(b.info.Major, b.info.Minor, b.opt.NVRTCTarget), b.hd)
 	if err != nil {
 		return err
 	}
@@ -399,7 +399,7 @@ func (b *Backend) ensureMeta(n int) error {
 func (b *Backend) allocCache() error {
 	c := b.cfg
 	b.blockElems = b.opt.BlockSize * c.NumKVHeads * b.hd
-	perBlock := int64(2*c.NumLayers) * int64(b.blockElems) * int64(b.kvBytes())
+	perBlock := int64(2*c.NumLayers) * int64(b.blockElems) * 4
 	var budget int64
 	if b.opt.KVCacheBytes > 0 {
 		budget = b.opt.KVCacheBytes
@@ -431,7 +431,6 @@ func (b *Backend) allocCache() error {
 	b.numBlocks = int(n)
 	b.allocBlocks = int(n) + 1
 	b.info.KVCacheBytes = n * perBlock
-	b.info.KVCache = b.opt.KVCache
 	return nil
 }
 

@@ -191,8 +191,7 @@ func (c *stackConfig) registerModel(fs *pflag.FlagSet) {
 	fs.Var(&c.Experimental, "experimental", "comma-separated experimental features: "+knownFeatures())
 	fs.IntVar(&c.CUDA.Device, "device", c.CUDA.Device, "CUDA device ordinal to run on, counted among the GPUs CUDA_VISIBLE_DEVICES leaves visible (one replica per GPU: --device N, or CUDA_VISIBLE_DEVICES=N with --device 0)")
 	fs.StringVar(&c.CUDA.LibDir, "cuda-lib-dir", c.CUDA.LibDir, "directory holding libcuda/libnvrtc/libcublas, searched first")
-	fs.StringVar(&c.CUDA.Precision, "gpu-precision", c.CUDA.Precision, "CUDA GEMM precision of batches over 4 tokens: bf16 (bf16 weights and inputs), tf32 (float32 inputs on TF32 tensor cores) or fp32 (exact); float32 accumulation in each")
-	fs.StringVar(&c.CUDA.KVCache, "gpu-kv-cache", c.CUDA.KVCache, "CUDA KV cache element: fp32 or fp16 (half the bytes attention reads, twice the tokens per byte)")
+	fs.StringVar(&c.CUDA.Precision, "gpu-precision", c.CUDA.Precision, "CUDA GEMM precision of steps of more than one token: bf16 (bf16 weights and inputs), tf32 (float32 inputs on TF32 tensor cores) or fp32 (exact); float32 accumulation in each")
 	fs.StringVar(&c.CUDA.NVRTCTarget, "cuda-nvrtc-target", c.CUDA.NVRTCTarget, "what NVRTC compiles the kernels to: cubin (default) or ptx (the driver compiles it; for an NVRTC that fails on a new GPU)")
 }
 
@@ -615,17 +614,13 @@ const (
 	// featCUDAKeep lets the couplet generator keep samples on the CUDA
 	// backend (couplet.WithKeptSamples), off there by default.
 	featCUDAKeep = "cuda-keep"
-	// featCUDAAttnGroup computes attention scores with 8 lanes per key
-	// (cuda.Options.GroupedAttention).
-	featCUDAAttnGroup = "cuda-attn-group"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:       "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCUDAEager:     "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featCUDAAttnGroup: "CUDA backend: attention scores with 8 lanes of a warp per key (whole K rows per load) instead of one key per lane",
-	featCUDAKeep:      "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
+	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
+	featCUDAKeep:  "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
 }
 
 // knownFeatures lists the feature names for help and errors.

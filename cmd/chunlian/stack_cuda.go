@@ -27,8 +27,8 @@ type cudaConfig struct {
 	MemoryFraction float64       // like vLLM's gpu_memory_utilization (used when --kv-cache-memory is 0)
 	MaxBlocks      int           // cap on KV blocks per engine; 0 = none, -1 = cudaCacheTokens' worth
 	Precision      string        // bf16 | tf32 | fp32 (--gpu-precision, registerModel)
-	KVCache        string        // fp32 | fp16 (--gpu-kv-cache, registerModel)
 	HandoffSpin    time.Duration // cuda.Options.HandoffSpin (0 = its default, < 0 = no polling)
+	GroupedFrom    int           // cuda.Options.GroupedAttentionFrom (0 = its default, < 0 = never)
 }
 
 // cudaDefaultBlockSize is the CUDA backend's default KV block size, shown
@@ -36,7 +36,7 @@ type cudaConfig struct {
 const cudaDefaultBlockSize = cuda.DefaultBlockSize
 
 func defaultCUDAConfig() cudaConfig {
-	return cudaConfig{MemoryFraction: 0.9, Precision: "bf16", KVCache: "fp32", MaxBlocks: -1}
+	return cudaConfig{MemoryFraction: 0.9, Precision: "bf16", MaxBlocks: -1}
 }
 
 // cudaCacheTokens caps each engine's KV cache unless --gpu-max-blocks is
@@ -56,6 +56,7 @@ func (c cudaConfig) maxBlocks(blockSize int) int {
 func (c *cudaConfig) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.MemoryFraction, "gpu-memory-utilization", c.MemoryFraction, "CUDA: fraction of GPU memory for weights + activations + KV cache when --kv-cache-memory is 0")
 	fs.IntVar(&c.MaxBlocks, "gpu-max-blocks", c.MaxBlocks, fmt.Sprintf("CUDA: cap on KV cache blocks per engine (-1 = %d tokens' worth at the block size; 0 = no cap)", cudaCacheTokens))
+	fs.IntVar(&c.GroupedFrom, "gpu-grouped-attention-from", c.GroupedFrom, fmt.Sprintf("CUDA: steps of at least this many tokens compute attention scores with 8 lanes per key, smaller ones with one key per lane (0 = default %d; negative = never)", cuda.DefaultGroupedAttentionFrom))
 	fs.DurationVar(&c.HandoffSpin, "gpu-handoff-spin", c.HandoffSpin, "CUDA: how long the CUDA thread and its caller poll before parking (0 = default 2ms, negative = never; a launched step's wait polls its done word up to 20ms unless negative)")
 }
 
@@ -65,19 +66,18 @@ func (c *cudaConfig) register(fs *pflag.FlagSet) {
 // the device up to (i+1)/n of it).
 func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forward.Backend, error) {
 	return cuda.New(m, cuda.Options{
-		Device:           cfg.CUDA.Device,
-		LibDir:           cfg.CUDA.LibDir,
-		BlockSize:        cfg.BlockSize,
-		KVCacheBytes:     kv,
-		MemoryFraction:   cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
-		MaxBlocks:        cfg.CUDA.maxBlocks(cmp.Or(cfg.BlockSize, cuda.DefaultBlockSize)),
-		Precision:        cfg.CUDA.Precision,
-		KVCache:          cfg.CUDA.KVCache,
-		EagerOnly:        cfg.Experimental.Has(featCUDAEager),
-		GroupedAttention: cfg.Experimental.Has(featCUDAAttnGroup),
-		HandoffSpin:      cfg.CUDA.HandoffSpin,
-		NVRTCTarget:      cfg.CUDA.NVRTCTarget,
-		MaxBatchTokens:   max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
+		Device:               cfg.CUDA.Device,
+		LibDir:               cfg.CUDA.LibDir,
+		BlockSize:            cfg.BlockSize,
+		KVCacheBytes:         kv,
+		MemoryFraction:       cfg.CUDA.MemoryFraction * float64(i+1) / float64(n),
+		MaxBlocks:            cfg.CUDA.maxBlocks(cmp.Or(cfg.BlockSize, cuda.DefaultBlockSize)),
+		Precision:            cfg.CUDA.Precision,
+		EagerOnly:            cfg.Experimental.Has(featCUDAEager),
+		HandoffSpin:          cfg.CUDA.HandoffSpin,
+		GroupedAttentionFrom: cfg.CUDA.GroupedFrom,
+		NVRTCTarget:          cfg.CUDA.NVRTCTarget,
+		MaxBatchTokens:       max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
 	})
 }
 

@@ -389,11 +389,11 @@ func TestCUDAFlags(t *testing.T) {
 		args []string
 		want cudaConfig
 	}{
-		{nil, cudaConfig{LibDir: "/from/env", MemoryFraction: d.MemoryFraction, Precision: d.Precision, KVCache: d.KVCache, MaxBlocks: d.MaxBlocks}},
-		{[]string{"--cuda-lib-dir", "/x", "--gpu-precision", "fp32", "--gpu-memory-utilization", "0.5", "--gpu-max-blocks", "0", "--cuda-nvrtc-target", "ptx", "--gpu-kv-cache", "fp16"},
-			cudaConfig{LibDir: "/x", NVRTCTarget: "ptx", MemoryFraction: 0.5, Precision: "fp32", KVCache: "fp16", MaxBlocks: 0}},
-		{[]string{"--gpu-handoff-spin", "-1ns"},
-			cudaConfig{LibDir: "/from/env", MemoryFraction: d.MemoryFraction, Precision: d.Precision, KVCache: d.KVCache, MaxBlocks: d.MaxBlocks, HandoffSpin: -1}},
+		{nil, cudaConfig{LibDir: "/from/env", MemoryFraction: d.MemoryFraction, Precision: d.Precision, MaxBlocks: d.MaxBlocks}},
+		{[]string{"--cuda-lib-dir", "/x", "--gpu-precision", "fp32", "--gpu-memory-utilization", "0.5", "--gpu-max-blocks", "0", "--cuda-nvrtc-target", "ptx"},
+			cudaConfig{LibDir: "/x", NVRTCTarget: "ptx", MemoryFraction: 0.5, Precision: "fp32", MaxBlocks: 0}},
+		{[]string{"--gpu-handoff-spin", "-1ns", "--gpu-grouped-attention-from", "-1"},
+			cudaConfig{LibDir: "/from/env", MemoryFraction: d.MemoryFraction, Precision: d.Precision, MaxBlocks: d.MaxBlocks, HandoffSpin: -1, GroupedFrom: -1}},
 	} {
 		if got := parseStack(t, tc.args...).CUDA; got != tc.want {
 			t.Errorf("%q: CUDA config %+v, want %+v", tc.args, got, tc.want)

@@ -3,7 +3,6 @@
 // (The bf16 GEMM path stores some activations as bfloat16: out16 arguments.)
 // Model constants arrive as -D macros:
 //   HEAD_DIM  head dimension (any size up to 32*MAX_LANE_DIMS)
-//   KV_F16    1: the paged KV cache holds IEEE half floats (kv_t), 0: float32
 // Every kernel uses 64-bit offsets: the paged cache can exceed 2^31 floats.
 
 #define WARP 32
@@ -22,36 +21,6 @@ __device__ __forceinline__ unsigned short f2bf(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-
-// kv_t is the KV cache's element: IEEE half (rounded to nearest even on
-// store, clamped to ±65504 so a large value saturates instead of becoming
-// infinite) or float32. Every kernel that reads or writes the cache goes
-// through kv_load / kv_store, and a key or value that attention takes from
-// the qkv rows instead of the cache (the chunk being stored by the same
-// launch) goes through kv_round, so that a token sees the same K/V whether
-// its context was computed in one chunk or token by token.
-#if KV_F16
-typedef unsigned short kv_t;
-__device__ __forceinline__ float h2f(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ unsigned short f2h(float f) {
-    unsigned short h;
-    f = fminf(fmaxf(f, -65504.0f), 65504.0f);
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-__device__ __forceinline__ float kv_load(const kv_t* p, i64 i) { return h2f(p[i]); }
-__device__ __forceinline__ void kv_store(kv_t* p, i64 i, float v) { p[i] = f2h(v); }
-__device__ __forceinline__ float kv_round(float v) { return h2f(f2h(v)); }
-#else
-typedef float kv_t;
-__device__ __forceinline__ float kv_load(const kv_t* p, i64 i) { return p[i]; }
-__device__ __forceinline__ void kv_store(kv_t* p, i64 i, float v) { p[i] = v; }
-__device__ __forceinline__ float kv_round(float v) { return v; }
-#endif
 
 // store_act writes an activation: as bfloat16 into out16 when it is
 // non-null (the bf16 GEMM path), else as float32 into out.
@@ -144,7 +113,7 @@ extern "C" __global__ void rmsnorm(float* __restrict__ out, const float* __restr
 // i + HEAD_DIM/2), cosSin [maxPos, HEAD_DIM/2, 2] (cos, sin);
 // positions [T]; slots [T] (slot = block*blockSize + offset; negative = do
 // not store); kcache, vcache [numBlocks*blockSize, nKV, HEAD_DIM] of one
-// layer (kv_t); tokSeq [T] batch sequence index of each token; blockTables
+// layer; tokSeq [T] batch sequence index of each token; blockTables
 // [S, btStride] physical block ids.
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -168,31 +137,11 @@ __device__ __forceinline__ i64 cache_row(const int* bt, int j, int blockSize, in
 }
 
 // dot_q: Σ_d k[d] * qw[d] over HEAD_DIM in the order the attention
-// kernels use (groups of 4 dims in turn). qw in shared memory, 16-byte
-// aligned; k 16-byte aligned when HEAD_DIM % 4 == 0 (a half-float cache
-// row: when HEAD_DIM % 8 == 0).
-__device__ __forceinline__ float dot_q(const kv_t* k, const float* qw) {
+// kernels use (float4 groups in turn). qw in shared memory, 16-byte
+// aligned; k 16-byte aligned when HEAD_DIM % 4 == 0 (cache and qkv rows).
+__device__ __forceinline__ float dot_q(const float* k, const float* qw) {
     float dot = 0.f;
-#if KV_F16 && HEAD_DIM % 8 == 0
-#pragma unroll
-    for (int d = 0; d < HEAD_DIM; d += 8) {
-        uint4 kv = *reinterpret_cast<const uint4*>(k + d);
-        float4 q0 = *reinterpret_cast<const float4*>(qw + d);
-        float4 q1 = *reinterpret_cast<const float4*>(qw + d + 4);
-        dot += h2f(kv.x & 0xffffu) * q0.x + h2f(kv.x >> 16) * q0.y + h2f(kv.y & 0xffffu) * q0.z +
-               h2f(kv.y >> 16) * q0.w;
-        dot += h2f(kv.z & 0xffffu) * q1.x + h2f(kv.z >> 16) * q1.y + h2f(kv.w & 0xffffu) * q1.z +
-               h2f(kv.w >> 16) * q1.w;
-    }
-#elif KV_F16 && HEAD_DIM % 4 == 0
-#pragma unroll
-    for (int d = 0; d < HEAD_DIM; d += 4) {
-        uint2 kv = *reinterpret_cast<const uint2*>(k + d);
-        float4 qv = *reinterpret_cast<const float4*>(qw + d);
-        dot += h2f(kv.x & 0xffffu) * qv.x + h2f(kv.x >> 16) * qv.y + h2f(kv.y & 0xffffu) * qv.z +
-               h2f(kv.y >> 16) * qv.w;
-    }
-#elif HEAD_DIM % 4 == 0
+#if HEAD_DIM % 4 == 0
 #pragma unroll
     for (int d = 0; d < HEAD_DIM; d += 4) {
         float4 kv = *reinterpret_cast<const float4*>(k + d);
@@ -201,33 +150,20 @@ __device__ __forceinline__ float dot_q(const kv_t* k, const float* qw) {
     }
 #else
 #pragma unroll
-    for (int d = 0; d < HEAD_DIM; d++) dot += kv_load(k, d) * qw[d];
+    for (int d = 0; d < HEAD_DIM; d++) dot += k[d] * qw[d];
 #endif
     return dot;
-}
-
-// A V row's address as attend passes it between lanes: a cache row (kv_t),
-// or with bit 0 set a float32 row of qkv (v_ref_qkv), read through
-// kv_round. Both are at least 2-byte aligned, so bit 0 is free.
-__device__ __forceinline__ long long v_ref_cache(const kv_t* p) { return reinterpret_cast<long long>(p); }
-__device__ __forceinline__ long long v_ref_qkv(const float* p) { return reinterpret_cast<long long>(p) | 1; }
-
-// v_at: dim d of the V row r.
-__device__ __forceinline__ float v_at(long long r, int d) {
-    if (r & 1) return kv_round(reinterpret_cast<const float*>(r & ~1LL)[d]);
-    return kv_load(reinterpret_cast<const kv_t*>(r), d);
 }
 
 // attend: one warp's causal attention over keys 0..pos, 32 keys at a time
 // (one per lane), online softmax in float32, the result written to
 // out/out16 at o (out16 bf16 instead of out when non-null). score(base)
 // is called by the whole warp and returns the dot product of key
-// base + lane with the warp's scaled query (NEG_INF past pos); vref(j)
-// returns key j's V row [HEAD_DIM] (v_ref_cache / v_ref_qkv). Lane l
-// accumulates dims l, l+32, ...
-template <typename Score, typename VRef>
+// base + lane with the warp's scaled query (NEG_INF past pos); vrow(j)
+// returns key j's V row [HEAD_DIM]. Lane l accumulates dims l, l+32, ...
+template <typename Score, typename VRow>
 __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o, int pos, Score score,
-                                       VRef vref_of) {
+                                       VRow vrow_of) {
     int lane = threadIdx.x & (WARP - 1);
     float acc[MAX_LANE_DIMS];
 #pragma unroll
@@ -237,7 +173,7 @@ __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o,
         int j = base + lane;
         bool valid = j <= pos;
         float s = score(base);
-        long long vref = valid ? vref_of(j) : 0;
+        const float* vrow = valid ? vrow_of(j) : 0;
         float mn = fmaxf(m, warp_max(s)); // finite: key `base` (lane 0) is valid
         float c = m == NEG_INF ? 0.f : expf(m - mn);
         float p = valid ? expf(s - mn) : 0.f;
@@ -248,11 +184,12 @@ __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o,
 #pragma unroll 8
         for (int u = 0; u < n; u++) {
             float pu = __shfl_sync(0xffffffffu, p, u);
-            long long v = __shfl_sync(0xffffffffu, vref, u);
+            const float* v = reinterpret_cast<const float*>(
+                __shfl_sync(0xffffffffu, reinterpret_cast<long long>(vrow), u));
 #pragma unroll
             for (int i = 0; i < MAX_LANE_DIMS; i++) {
                 int dd = lane + i * WARP;
-                if (dd < HEAD_DIM) acc[i] += pu * v_at(v, dd);
+                if (dd < HEAD_DIM) acc[i] += pu * v[dd];
             }
         }
         m = mn;
@@ -283,18 +220,9 @@ __device__ __forceinline__ void attend(float* out, unsigned short* out16, i64 o,
 #define AKPR (WARP / AG)
 #define AQD (HEAD_DIM / (2 * AG))
 
-// load_dims: AQD consecutive K elements at k as float32.
-__device__ __forceinline__ void load_dims(const kv_t* k, float* out) {
-#if AQD % 4 == 0 && KV_F16
-#pragma unroll
-    for (int i = 0; i < AQD; i += 4) {
-        uint2 v = *reinterpret_cast<const uint2*>(k + i);
-        out[i] = h2f(v.x & 0xffffu);
-        out[i + 1] = h2f(v.x >> 16);
-        out[i + 2] = h2f(v.y & 0xffffu);
-        out[i + 3] = h2f(v.y >> 16);
-    }
-#elif AQD % 4 == 0
+// load_dims: AQD consecutive K elements at k.
+__device__ __forceinline__ void load_dims(const float* k, float* out) {
+#if AQD % 4 == 0
 #pragma unroll
     for (int i = 0; i < AQD; i += 4) {
         float4 v = *reinterpret_cast<const float4*>(k + i);
@@ -305,7 +233,7 @@ __device__ __forceinline__ void load_dims(const kv_t* k, float* out) {
     }
 #else
 #pragma unroll
-    for (int i = 0; i < AQD; i++) out[i] = kv_load(k, i);
+    for (int i = 0; i < AQD; i++) out[i] = k[i];
 #endif
 }
 
@@ -362,8 +290,8 @@ __device__ __forceinline__ void query_dims(const float* qw, float* qa, float* qb
 // when non-null); the other layouts above. grid = ceil(T*nH / 4), block = 128.
 template <bool GROUPED>
 __device__ __forceinline__ void paged_attention_chunked_t(float* __restrict__ out, const float* __restrict__ qkv,
-                                                          const kv_t* __restrict__ kcache,
-                                                          const kv_t* __restrict__ vcache,
+                                                          const float* __restrict__ kcache,
+                                                          const float* __restrict__ vcache,
                                                           const int* __restrict__ tokSeq,
                                                           const int* __restrict__ positions,
                                                           const int* __restrict__ blockTables, int btStride,
@@ -384,24 +312,24 @@ __device__ __forceinline__ void paged_attention_chunked_t(float* __restrict__ ou
     __syncwarp();
     const int* bt = blockTables + (i64)tokSeq[t] * btStride;
     int pos = positions[t];
-    auto vref = [&](int j) { return v_ref_cache(vcache + cache_row(bt, j, blockSize, nKV, kvh)); };
+    auto vrow = [&](int j) { return vcache + cache_row(bt, j, blockSize, nKV, kvh); };
     i64 o = ((i64)t * nH + h) * HEAD_DIM;
     if (GROUPED) {
         float qa[AQD], qb[AQD];
         query_dims(qw, qa, qb);
         int e0 = (lane % AG) * AQD;
         auto dims = [&](int j, float* ka, float* kb) {
-            const kv_t* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
+            const float* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
             load_dims(k + e0, ka);
             load_dims(k + HEAD_DIM / 2 + e0, kb);
         };
-        attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vref);
+        attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vrow);
         return;
     }
     attend(out, out16, o, pos, [&](int base) {
         int j = base + lane;
         return j <= pos ? dot_q(kcache + cache_row(bt, j, blockSize, nKV, kvh), qw) : NEG_INF;
-    }, vref);
+    }, vrow);
 }
 
 // paged_attention_rope: RoPE, the K/V cache store and
@@ -420,7 +348,7 @@ template <bool GROUPED>
 __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, const float* __restrict__ qkv,
                                                        const float* __restrict__ cosSin,
                                                        const int* __restrict__ slots,
-                                                       kv_t* __restrict__ kcache, kv_t* __restrict__ vcache,
+                                                       float* __restrict__ kcache, float* __restrict__ vcache,
                                                        const int* __restrict__ tokSeq,
                                                        const int* __restrict__ positions,
                                                        const int* __restrict__ blockTables, int btStride,
@@ -452,15 +380,11 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
     if (slot >= 0 && h % group == 0) {
         const float* k = row + (nH + kvh) * HEAD_DIM;
         const float* v = row + (nH + nKV + kvh) * HEAD_DIM;
-        kv_t* kd = kcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
-        kv_t* vd = vcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
-        for (int i = lane; i < half; i += WARP) {
-            float y1, y2;
-            rope_pair(k[i], k[i + half], cs[2 * i], cs[2 * i + 1], y1, y2);
-            kv_store(kd, i, y1);
-            kv_store(kd, i + half, y2);
-        }
-        for (int d = lane; d < HEAD_DIM; d += WARP) kv_store(vd, d, v[d]);
+        float* kd = kcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
+        float* vd = vcache + ((i64)slot * nKV + kvh) * HEAD_DIM;
+        for (int i = lane; i < half; i += WARP)
+            rope_pair(k[i], k[i + half], cs[2 * i], cs[2 * i + 1], kd[i], kd[i + half]);
+        for (int d = lane; d < HEAD_DIM; d += WARP) vd[d] = v[d];
     }
     __syncwarp();
     // c0: the first token of t's chunk (32 earlier tokens per round).
@@ -478,9 +402,9 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
     const int* bt = blockTables + (i64)seq * btStride;
     // qkvKey: key j's row in qkv (j >= firstPos), not rotated.
     auto qkvKey = [&](int j) { return qkv + (i64)(c0 + (j - firstPos)) * stride + (nH + kvh) * HEAD_DIM; };
-    auto vref = [&](int j) {
-        if (j < firstPos) return v_ref_cache(vcache + cache_row(bt, j, blockSize, nKV, kvh));
-        return v_ref_qkv(qkvKey(j) + nKV * HEAD_DIM);
+    auto vrow = [&](int j) -> const float* {
+        if (j < firstPos) return vcache + cache_row(bt, j, blockSize, nKV, kvh);
+        return qkvKey(j) + nKV * HEAD_DIM;
     };
     i64 o = ((i64)t * nH + h) * HEAD_DIM;
     if (GROUPED) {
@@ -489,7 +413,7 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
         int e0 = (lane % AG) * AQD;
         auto dims = [&](int j, float* ka, float* kb) {
             if (j < firstPos) {
-                const kv_t* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
+                const float* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
                 load_dims(k + e0, ka);
                 load_dims(k + half + e0, kb);
                 return;
@@ -499,13 +423,10 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
 #pragma unroll
             for (int i = 0; i < AQD; i++) {
                 int d = e0 + i;
-                float y1, y2;
-                rope_pair(k[d], k[d + half], cj[2 * d], cj[2 * d + 1], y1, y2);
-                ka[i] = kv_round(y1);
-                kb[i] = kv_round(y2);
+                rope_pair(k[d], k[d + half], cj[2 * d], cj[2 * d + 1], ka[i], kb[i]);
             }
         };
-        attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vref);
+        attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vrow);
         return;
     }
     attend(out, out16, o, pos, [&](int base) {
@@ -514,13 +435,9 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
         if (j < firstPos) return dot_q(kcache + cache_row(bt, j, blockSize, nKV, kvh), qw);
         const float* k = qkvKey(j);
         const float* cj = cosSin + (i64)j * half * 2;
-        float kd[HEAD_DIM]; // key j rotated, as stored in the cache (registers, kv_round)
+        float kd[HEAD_DIM]; // key j rotated, as stored in the cache (registers)
 #pragma unroll
-        for (int i = 0; i < half; i++) {
-            rope_pair(k[i], k[i + half], cj[2 * i], cj[2 * i + 1], kd[i], kd[i + half]);
-            kd[i] = kv_round(kd[i]);
-            kd[i + half] = kv_round(kd[i + half]);
-        }
+        for (int i = 0; i < half; i++) rope_pair(k[i], k[i + half], cj[2 * i], cj[2 * i + 1], kd[i], kd[i + half]);
         float dot = 0.f; // dot_q's order
 #if HEAD_DIM % 4 == 0
 #pragma unroll
@@ -533,12 +450,12 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
         for (int d = 0; d < HEAD_DIM; d++) dot += kd[d] * qw[d];
 #endif
         return dot;
-    }, vref);
+    }, vrow);
 }
 
 #define ATTN_ARGS                                                                                      \
-    float *__restrict__ out, const float *__restrict__ qkv, const kv_t *__restrict__ kcache,          \
-        const kv_t *__restrict__ vcache, const int *__restrict__ tokSeq,                               \
+    float *__restrict__ out, const float *__restrict__ qkv, const float *__restrict__ kcache,          \
+        const float *__restrict__ vcache, const int *__restrict__ tokSeq,                               \
         const int *__restrict__ positions, const int *__restrict__ blockTables, int btStride, int T,   \
         int nH, int nKV, int blockSize, float scale, unsigned short *__restrict__ out16
 #define ATTN_PASS out, qkv, kcache, vcache, tokSeq, positions, blockTables, btStride, T, nH, nKV, blockSize, scale, out16
@@ -547,7 +464,7 @@ extern "C" __global__ void paged_attention_chunked_g(ATTN_ARGS) { paged_attentio
 
 #define ROPE_ARGS                                                                                      \
     float *__restrict__ out, const float *__restrict__ qkv, const float *__restrict__ cosSin,         \
-        const int *__restrict__ slots, kv_t *__restrict__ kcache, kv_t *__restrict__ vcache,           \
+        const int *__restrict__ slots, float *__restrict__ kcache, float *__restrict__ vcache,           \
         const int *__restrict__ tokSeq, const int *__restrict__ positions,                             \
         const int *__restrict__ blockTables, int btStride, int T, int nH, int nKV, int blockSize,      \
         float scale, unsigned short *__restrict__ out16
@@ -586,14 +503,14 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
 // copy_blocks: for every pair p and every layer-half lk (2*layer + {0:K,1:V}),
 // copies the first slots[p] slots of block src[p] to dst[p] (a block is
 // slot-major: slot s holds elements [s*slotElems, (s+1)*slotElems)).
-// cache [2*L, numBlocks, blockElems] (kv_t). grid = (npairs, 2*L), block = 256.
-extern "C" __global__ void copy_blocks(kv_t* __restrict__ cache, const int* __restrict__ src,
+// cache [2*L, numBlocks, blockElems]. grid = (npairs, 2*L), block = 256.
+extern "C" __global__ void copy_blocks(float* __restrict__ cache, const int* __restrict__ src,
                                        const int* __restrict__ dst, const int* __restrict__ slots,
                                        i64 numBlocks, int blockElems, int slotElems) {
     int p = blockIdx.x, lk = blockIdx.y;
-    kv_t* base = cache + (i64)lk * numBlocks * blockElems;
-    const kv_t* s = base + (i64)src[p] * blockElems;
-    kv_t* d = base + (i64)dst[p] * blockElems;
+    float* base = cache + (i64)lk * numBlocks * blockElems;
+    const float* s = base + (i64)src[p] * blockElems;
+    float* d = base + (i64)dst[p] * blockElems;
     int n = slots[p] * slotElems;
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
@@ -824,8 +741,8 @@ __device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict
                                 const int* __restrict__ ids, float* __restrict__ resid,
                                 const float* __restrict__ g, float eps, const WT* __restrict__ W,
                                 const float* __restrict__ cosSin, const int* __restrict__ positions,
-                                const int* __restrict__ slots, kv_t* __restrict__ kcache,
-                                kv_t* __restrict__ vcache, int M, int K, int nH, int nKV) {
+                                const int* __restrict__ slots, float* __restrict__ kcache,
+                                float* __restrict__ vcache, int M, int K, int nH, int nKV) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     const int half = HEAD_DIM / 2;
@@ -857,9 +774,9 @@ __device__ void gemv_qkv_rope_t(float* __restrict__ qkv, const float* __restrict
             row[r2] = x2;
             if (head >= nH && slot >= 0) {
                 int kv = head < nH + nKV ? head - nH : head - nH - nKV;
-                kv_t* dst = (head < nH + nKV ? kcache : vcache) + ((i64)slot * nKV + kv) * HEAD_DIM;
-                kv_store(dst, i, x1);
-                kv_store(dst, i + half, x2);
+                float* dst = (head < nH + nKV ? kcache : vcache) + ((i64)slot * nKV + kv) * HEAD_DIM;
+                dst[i] = x1;
+                dst[i + half] = x2;
             }
         }
     }
@@ -911,7 +828,7 @@ GEMV_ENTRY(gemv_bf16, unsigned short)
                                     const float* __restrict__ g, float eps, const WT* __restrict__ W, \
                                     const float* __restrict__ cosSin,                                 \
                                     const int* __restrict__ positions, const int* __restrict__ slots, \
-                                    kv_t* __restrict__ kcache, kv_t* __restrict__ vcache, int M,      \
+                                    float* __restrict__ kcache, float* __restrict__ vcache, int M,      \
                                     int K, int nH, int nKV) {                                         \
         gemv_qkv_rope_t<WT>(qkv, x, ids, resid, g, eps, W, cosSin, positions, slots, kcache, vcache, \
                             M, K, nH, nKV);                                                           \
