@@ -40,7 +40,9 @@
 // (optionally gathering the sampled rows before the LM head), RoPE, the
 // paged K/V store and paged attention in one kernel (one warp per token and
 // query head, 32 keys per warp step, online softmax over keys 0..position
-// through the block table: prefill, chunked prefill and decode alike),
+// through the block table: prefill, chunked prefill and decode alike; from
+// Options.GroupedAttentionFrom tokens a step, 8 lanes score each key
+// together),
 // SwiGLU, block copy for copy-on-write, and the row log-sum-exp (the
 // engine reads it as forward.RowLSEBackend). GEMMs go through cublasGemmEx (by
 // default bf16 weights and inputs, the kernel before each GEMM writing its
