@@ -237,6 +237,15 @@ __device__ __forceinline__ void load_dims(const float* k, float* out) {
 #endif
 }
 
+// cache_dims: a grouped lane's dims of cached key j (AQD from e0 in each
+// half), through the sequence's block table bt.
+__device__ __forceinline__ void cache_dims(const float* kcache, const int* bt, int j, int blockSize, int nKV,
+                                           int kvh, int e0, float* ka, float* kb) {
+    const float* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
+    load_dims(k + e0, ka);
+    load_dims(k + HEAD_DIM / 2 + e0, kb);
+}
+
 // score_grouped: attend's score for the grouped layout. dims(j, ka, kb)
 // fills the lane's dims of key j (first half, second half); qa, qb are
 // the same dims of the scaled query. Every lane of a group ends the
@@ -318,11 +327,7 @@ __device__ __forceinline__ void paged_attention_chunked_t(float* __restrict__ ou
         float qa[AQD], qb[AQD];
         query_dims(qw, qa, qb);
         int e0 = (lane % AG) * AQD;
-        auto dims = [&](int j, float* ka, float* kb) {
-            const float* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
-            load_dims(k + e0, ka);
-            load_dims(k + HEAD_DIM / 2 + e0, kb);
-        };
+        auto dims = [&](int j, float* ka, float* kb) { cache_dims(kcache, bt, j, blockSize, nKV, kvh, e0, ka, kb); };
         attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vrow);
         return;
     }
@@ -413,9 +418,7 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
         int e0 = (lane % AG) * AQD;
         auto dims = [&](int j, float* ka, float* kb) {
             if (j < firstPos) {
-                const float* k = kcache + cache_row(bt, j, blockSize, nKV, kvh);
-                load_dims(k + e0, ka);
-                load_dims(k + half + e0, kb);
+                cache_dims(kcache, bt, j, blockSize, nKV, kvh, e0, ka, kb);
                 return;
             }
             const float* k = qkvKey(j);
