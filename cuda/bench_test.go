@@ -87,12 +87,14 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // (KV blocks of one token instead of DefaultBlockSize), graph-nospin
 // (plain blocking channel hand-off to the CUDA worker,
 // Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
-// even where bf16 copies are exact). They run in the same process;
+// even where bf16 copies are exact), graph-lane / graph-grouped (one key
+// per lane / grouped attention scoring at every size, to place
+// DefaultGroupedAttentionFrom). They run in the same process;
 // -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "graph-lane", "graph-grouped", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-bs1": // one-token KV blocks (every slot live) against the default
@@ -101,6 +103,10 @@ func BenchmarkDecodeStep(b *testing.B) {
 			o.HandoffSpin = -1
 		case "graph-fp32w":
 			o.GEMVWeights = "fp32"
+		case "graph-lane": // one key per lane at every size
+			o.GroupedAttentionFrom = -1
+		case "graph-grouped": // grouped attention scoring at every size
+			o.GroupedAttentionFrom = 1
 		}
 		g, err := New(m, o)
 		if err != nil {
@@ -114,6 +120,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 			sizes = []int{1, 2, 3, 4, 5, 6, 7, 8}
 		case "graph-bs1":
 			sizes = []int{1, 16, 256, 1024, 4096}
+		case "graph-lane", "graph-grouped": // where grouped scoring starts to pay
+			sizes = []int{2, 4, 8, 16, 32, 64, 128, 256, 1024}
 		case "graph":
 		default:
 			sizes = []int{1, 8, 1024}
