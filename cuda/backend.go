@@ -75,9 +75,9 @@ type Options struct {
 const DefaultBlockSize = 2
 
 // DefaultGroupedAttentionFrom is Options.GroupedAttentionFrom's default:
-// the grouped kernels serve 9–14 % more couplets at 1,000 users (steps of
-// hundreds of tokens), one key per lane is faster for the few tokens of a
-// step at one user (docs/DECISIONS.md, "Grouped attention scoring").
+// the grouped kernels serve more couplets under load (steps of hundreds of
+// tokens), one key per lane is faster for the few tokens of a step at one
+// user (docs/DECISIONS.md, "Grouped attention scoring").
 const DefaultGroupedAttentionFrom = 64
 
 func (o *Options) defaults() error {
