@@ -275,13 +275,13 @@ __device__ __forceinline__ float score_grouped(int base, int pos, const float* q
     return base + lane <= pos ? s : NEG_INF;
 }
 
-// query_dims: the lane's grouped dims of the scaled query in shared memory.
-__device__ __forceinline__ void query_dims(const float* qw, float* qa, float* qb) {
-    int e = (threadIdx.x & (WARP - 1)) % AG;
+// query_dims: the lane's grouped dims (AQD from e0 in each half) of the
+// scaled query in shared memory.
+__device__ __forceinline__ void query_dims(const float* qw, int e0, float* qa, float* qb) {
 #pragma unroll
     for (int i = 0; i < AQD; i++) {
-        qa[i] = qw[e * AQD + i];
-        qb[i] = qw[HEAD_DIM / 2 + e * AQD + i];
+        qa[i] = qw[e0 + i];
+        qb[i] = qw[HEAD_DIM / 2 + e0 + i];
     }
 }
 
@@ -324,9 +324,9 @@ __device__ __forceinline__ void paged_attention_chunked_t(float* __restrict__ ou
     auto vrow = [&](int j) { return vcache + cache_row(bt, j, blockSize, nKV, kvh); };
     i64 o = ((i64)t * nH + h) * HEAD_DIM;
     if (GROUPED) {
-        float qa[AQD], qb[AQD];
-        query_dims(qw, qa, qb);
         int e0 = (lane % AG) * AQD;
+        float qa[AQD], qb[AQD];
+        query_dims(qw, e0, qa, qb);
         auto dims = [&](int j, float* ka, float* kb) { cache_dims(kcache, bt, j, blockSize, nKV, kvh, e0, ka, kb); };
         attend(out, out16, o, pos, [&](int base) { return score_grouped(base, pos, qa, qb, dims); }, vrow);
         return;
@@ -413,9 +413,9 @@ __device__ __forceinline__ void paged_attention_rope_t(float* __restrict__ out, 
     };
     i64 o = ((i64)t * nH + h) * HEAD_DIM;
     if (GROUPED) {
-        float qa[AQD], qb[AQD];
-        query_dims(qw, qa, qb);
         int e0 = (lane % AG) * AQD;
+        float qa[AQD], qb[AQD];
+        query_dims(qw, e0, qa, qb);
         auto dims = [&](int j, float* ka, float* kb) {
             if (j < firstPos) {
                 cache_dims(kcache, bt, j, blockSize, nKV, kvh, e0, ka, kb);
@@ -831,7 +831,7 @@ GEMV_ENTRY(gemv_bf16, unsigned short)
                                     const float* __restrict__ g, float eps, const WT* __restrict__ W, \
                                     const float* __restrict__ cosSin,                                 \
                                     const int* __restrict__ positions, const int* __restrict__ slots, \
-                                    float* __restrict__ kcache, float* __restrict__ vcache, int M,      \
+                                    float* __restrict__ kcache, float* __restrict__ vcache, int M,    \
                                     int K, int nH, int nKV) {                                         \
         gemv_qkv_rope_t<WT>(qkv, x, ids, resid, g, eps, W, cosSin, positions, slots, kcache, vcache, \
                             M, K, nH, nKV);                                                           \
