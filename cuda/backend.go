@@ -45,6 +45,11 @@ type Options struct {
 	// per load), smaller ones one key per lane. 0 means
 	// DefaultGroupedAttentionFrom, negative never.
 	GroupedAttentionFrom int
+	// GateUpBF16: with Precision "bf16", the MLP's gate/up GEMM writes
+	// bf16 instead of float32 and silu_mul16 reads it (half the bytes of
+	// the step's widest activation; the gate and up values are rounded to
+	// bf16 before SiLU·up, whose product was already rounded to bf16).
+	GateUpBF16 bool
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
 	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
@@ -184,6 +189,7 @@ type Backend struct {
 	// the normed, attention or SiLU activations the next GEMM reads.
 	in16     uintptr
 	bf16GEMM bool      // Options.Precision "bf16": GEMMs on bf16 copies (gemm16)
+	gu16     bool      // Options.GateUpBF16 in use (bf16GEMM and ffn % 8 == 0)
 	lseHost  []float32 // [R] of the last Forward
 	meta     uintptr   // int32 step metadata, capMeta entries
 	capMeta  int
@@ -376,6 +382,39 @@ func (b *Backend) gemm16(y, x16, w16 uintptr, M, N, K int, accumulate bool) erro
 		uintptr(unsafe.Pointer(b.one)), w16, cudaR16BF, uintptr(K), x16, cudaR16BF, uintptr(K),
 		uintptr(unsafe.Pointer(beta)), y, cudaR32F, uintptr(N), cublasCompute32F, uintptr(uint32(0xffffffff)))
 	return bl.err(fmt.Sprintf("gemmEx bf16(M=%d,N=%d,K=%d)", M, N, K), r)
+}
+
+// gemm16to16 is gemm16 with a bf16 output: y16[M,N] = bf16(x16[M,K] ·
+// w16[N,K]ᵀ), accumulated in float32 and rounded once.
+func (b *Backend) gemm16to16(y16, x16, w16 uintptr, M, N, K int) error {
+	bl := &b.l.blas
+	r := sc(bl.gemmEx, b.blas, cublasOpT, cublasOpN, uintptr(N), uintptr(M), uintptr(K),
+		uintptr(unsafe.Pointer(b.one)), w16, cudaR16BF, uintptr(K), x16, cudaR16BF, uintptr(K),
+		uintptr(unsafe.Pointer(b.zero)), y16, cudaR16BF, uintptr(N), cublasCompute32F, uintptr(uint32(0xffffffff)))
+	return bl.err(fmt.Sprintf("gemmEx bf16→bf16(M=%d,N=%d,K=%d)", M, N, K), r)
+}
+
+// mlpUp enqueues the MLP's first half for T tokens: the gate/up GEMM of
+// the normalised rows (in h, or in16 with bf16GEMM) and SiLU·up into act
+// (or in16). With gu16 the GEMM writes bf16 into gu and silu_mul16
+// reads it.
+func (b *Backend) mlpUp(T int, wgu uintptr, in16 uint64) error {
+	dm, ffn := b.cfg.HiddenSize, b.cfg.IntermediateSize
+	if b.gu16 {
+		n8 := T * ffn / 8
+		return errors.Join(
+			b.gemm16to16(b.gu, b.in16, wgu, T, 2*ffn, dm),
+			b.launch("silu_mul16", max(1, min((n8+255)/256, 4096)), 1, 256, in16, dptr(b.gu), i32(T), i32(ffn)),
+		)
+	}
+	mm, x := b.gemm, b.h
+	if b.bf16GEMM {
+		mm, x = b.gemm16, b.in16
+	}
+	return errors.Join(
+		mm(b.gu, x, wgu, T, 2*ffn, dm, false),
+		b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), in16),
+	)
 }
 
 // LogSumExp returns, for each logits row of the last Forward, log Σ exp of
@@ -629,8 +668,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			b.attention(T, stride, kc, vc, positions, slots, tokSeq, tables, in16),
 			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
 			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16),
-			mm(b.gu, a(b.h), wgu, T, 2*ffn, dm, false),
-			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), in16),
+			b.mlpUp(T, wgu, in16),
 			mm(b.x, a(b.act), down, T, dm, ffn, true),
 		)
 	}

@@ -22,7 +22,7 @@ var drawSource string
 var kernelSource = llamaSource + "\n" + drawSource
 
 // kernelNames are the entry points resolved after loading the module.
-var kernelNames = []string{"embed_gather", "rmsnorm", "silu_mul", "copy_blocks", "row_lse",
+var kernelNames = []string{"embed_gather", "rmsnorm", "silu_mul", "silu_mul16", "copy_blocks", "row_lse",
 	"gemv", "gemv_qkv_rope", "gemv_gu_silu", "gemv_bf16", "gemv_qkv_rope_bf16", "gemv_gu_silu_bf16",
 	"paged_attention_chunked", "paged_attention_rope", "paged_attention_chunked_g", "paged_attention_rope_g", "draw_rows", "gather_rows", "mark_done"}
 

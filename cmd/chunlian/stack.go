@@ -614,13 +614,17 @@ const (
 	// featCUDAKeep lets the couplet generator keep samples on the CUDA
 	// backend (couplet.WithKeptSamples), off there by default.
 	featCUDAKeep = "cuda-keep"
+	// featCUDAGateUp16 has the CUDA backend's gate/up GEMM write bf16
+	// (cuda.Options.GateUpBF16).
+	featCUDAGateUp16 = "cuda-gu16"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:   "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCUDAEager: "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featCUDAKeep:  "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
+	featCPUInt8:      "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager:    "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
+	featCUDAGateUp16: "CUDA backend: the MLP's gate/up GEMM writes bf16 (half the bytes of its output; values rounded before SiLU·up)",
+	featCUDAKeep:     "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
 }
 
 // knownFeatures lists the feature names for help and errors.

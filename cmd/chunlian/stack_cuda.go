@@ -74,6 +74,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		MaxBlocks:            cfg.CUDA.maxBlocks(cmp.Or(cfg.BlockSize, cuda.DefaultBlockSize)),
 		Precision:            cfg.CUDA.Precision,
 		EagerOnly:            cfg.Experimental.Has(featCUDAEager),
+		GateUpBF16:           cfg.Experimental.Has(featCUDAGateUp16),
 		HandoffSpin:          cfg.CUDA.HandoffSpin,
 		GroupedAttentionFrom: cfg.CUDA.GroupedFrom,
 		NVRTCTarget:          cfg.CUDA.NVRTCTarget,

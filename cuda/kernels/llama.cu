@@ -22,6 +22,11 @@ __device__ __forceinline__ unsigned short f2bf(float f) {
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// bf_lo, bf_hi: the low and high bfloat16 of a 32-bit word as float32
+// (exact: the bits shifted into the high half).
+__device__ __forceinline__ float bf_lo(unsigned int u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
+
 // store_act writes an activation: as bfloat16 into out16 when it is
 // non-null (the bf16 GEMM path), else as float32 into out.
 __device__ __forceinline__ void store_act(float* out, unsigned short* out16, i64 i, float v) {
@@ -248,28 +253,35 @@ __device__ __forceinline__ void cache_dims(const float* kcache, const int* bt, i
 
 // score_grouped: attend's score for the grouped layout. dims(j, ka, kb)
 // fills the lane's dims of key j (first half, second half); qa, qb are
-// the same dims of the scaled query. Every lane of a group ends the
-// butterfly with the same bits (each step adds the same two numbers).
+// the same dims of the scaled query. The AG rounds are unrolled and load
+// before any of them reduces, so their loads are in flight together (a
+// rolled loop waited a memory latency per round); a lane whose key lies
+// past pos loads key pos instead (a row that exists) and its score is
+// dropped. Every lane of a group ends the butterfly with the same bits
+// (each step adds the same two numbers).
 template <typename Dims>
 __device__ __forceinline__ float score_grouped(int base, int pos, const float* qa, const float* qb, Dims dims) {
     int lane = threadIdx.x & (WARP - 1);
-    int rounds = min(AG, (pos - base) / AKPR + 1); // warp-uniform
-    float s = NEG_INF;
-    for (int r = 0; r < rounds; r++) {
-        int j = base + r * AKPR + lane / AG;
-        float part = 0.f;
-        if (j <= pos) {
-            float ka[AQD], kb[AQD];
-            dims(j, ka, kb);
+    float part[AG];
 #pragma unroll
-            for (int i = 0; i < AQD; i++) {
-                part += ka[i] * qa[i];
-                part += kb[i] * qb[i];
-            }
+    for (int r = 0; r < AG; r++) {
+        float ka[AQD], kb[AQD];
+        dims(min(base + r * AKPR + lane / AG, pos), ka, kb);
+        float p = 0.f;
+#pragma unroll
+        for (int i = 0; i < AQD; i++) {
+            p += ka[i] * qa[i];
+            p += kb[i] * qb[i];
         }
+        part[r] = p;
+    }
+    float s = NEG_INF;
 #pragma unroll
-        for (int o = 1; o < AG; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-        float sr = __shfl_sync(0xffffffffu, part, (lane % AKPR) * AG); // group lane % AKPR: key base + lane
+    for (int r = 0; r < AG; r++) {
+        float p = part[r];
+#pragma unroll
+        for (int o = 1; o < AG; o <<= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+        float sr = __shfl_sync(0xffffffffu, p, (lane % AKPR) * AG); // group lane % AKPR: key base + lane
         if (lane / AKPR == r) s = sr;
     }
     return base + lane <= pos ? s : NEG_INF;
@@ -503,6 +515,28 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
     }
 }
 
+// silu_mul16: silu_mul on the gate/up GEMM's bf16 output
+// (Options.GateUpBF16): act16[t, i] = bf16(silu(g) * u) with g = gu16[t, i]
+// and u = gu16[t, ffn + i]. Eight elements a thread and 16-byte loads
+// (ffn % 8 == 0); T * ffn / 8 < 2^31. Grid-stride.
+__device__ __forceinline__ unsigned silu_mul2(unsigned g, unsigned u) {
+    float g0 = bf_lo(g), g1 = bf_hi(g);
+    float a0 = g0 / (1.0f + expf(-g0)) * bf_lo(u), a1 = g1 / (1.0f + expf(-g1)) * bf_hi(u);
+    return (unsigned)f2bf(a0) | ((unsigned)f2bf(a1) << 16);
+}
+
+extern "C" __global__ void silu_mul16(unsigned short* __restrict__ act16, const unsigned short* __restrict__ gu16,
+                                      int T, int ffn) {
+    unsigned f8 = (unsigned)ffn / 8, n = (unsigned)T * f8;
+    const uint4* gu = reinterpret_cast<const uint4*>(gu16);
+    uint4* act = reinterpret_cast<uint4*>(act16);
+    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+        unsigned t = e / f8, i = e - t * f8;
+        uint4 g = gu[(i64)t * 2 * f8 + i], u = gu[(i64)t * 2 * f8 + f8 + i];
+        act[e] = make_uint4(silu_mul2(g.x, u.x), silu_mul2(g.y, u.y), silu_mul2(g.z, u.z), silu_mul2(g.w, u.w));
+    }
+}
+
 // copy_blocks: for every pair p and every layer-half lk (2*layer + {0:K,1:V}),
 // copies the first slots[p] slots of block src[p] to dst[p] (a block is
 // slot-major: slot s holds elements [s*slotElems, (s+1)*slotElems)).
@@ -666,11 +700,9 @@ __device__ __forceinline__ void warp_dot(const float* __restrict__ w, const floa
         if (m < M) acc[m] = warp_sum(acc[m]);
 }
 
-// bf16 weights: 8 per 16-byte load; bfloat16 → float32 is exact (the bits
-// shifted into the high half), so a model stored in bf16 computes exactly
-// what the float32 kernel computes, reading half the bytes.
-__device__ __forceinline__ float bf_lo(unsigned int u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
+// bf16 weights: 8 per 16-byte load; bfloat16 → float32 is exact (bf_lo,
+// bf_hi), so a model stored in bf16 computes exactly what the float32
+// kernel computes, reading half the bytes.
 
 __device__ __forceinline__ void warp_dot(const unsigned short* __restrict__ w, const float* xs, int M,
                                          int K, float acc[GEMV_MAX_M]) {
