@@ -21,6 +21,13 @@
 # is (Go profiles carry their symbols). TRACE=S (with PROFILE) adds an
 # S-second execution trace right after the profile, still under load
 # ($OUT/server.trace.xz; `go tool trace` reads it after unxz).
+# TESTS=regexp runs only those CUDA tests. GOBENCH=regexp runs the CUDA
+# test binary's benchmarks matching it after the benches ($OUT/gobench.txt;
+# GOBENCH_FLAGS, default "-test.benchtime 300x -test.count 2").
+# EVAL="NAME=flags;NAME=flags" evaluates HEAD's model on the GPU once per
+# entry with those extra flags (an empty flags part: as shipped): BLEU and
+# perplexity on the whole test set, which build carries when
+# ../shared/data/couplets/test.tsv exists ($OUT/eval-NAME.txt).
 # CUDATEST=0 skips the CUDA tests, REPLICAS=0 the replica scaling; LEVELS
 # (default 1,1000) sets the bench's user
 # counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
@@ -63,6 +70,9 @@ build)
 	# xz's 64 MiB window (one server 7.3 MiB; two 7.5 MiB a few commits
 	# apart, 8.1 MiB a day apart).
 	(cd .carry/gpu && for b in $BINS; do echo "$b $(stat -c %s $b)"; done > bins.txt && cat $BINS | xz -9 -T1 > bins.xz && rm $BINS)
+	# The held-out test set for EVAL (after the clean-up above).
+	TS=../shared/data/couplets/test.tsv
+	[ ! -f "$TS" ] || xz -9 -c "$TS" > .carry/gpu/test.tsv.xz
 	{ git rev-parse HEAD; git log -1 --format=%s; [ -z "${BASE:-}" ] || echo "base: $(git rev-parse "$BASE")"; date -u; } > .carry/gpu/BUILD.txt
 	ls -la .carry/gpu
 	# The device tool refuses a working tree over 64 MiB counted as disk
@@ -133,7 +143,7 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 	{ cat .carry/gpu/BUILD.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > $S
 	T0=$(date +%s)
 	if [ "${CUDATEST:-1}" = 1 ]; then
-		timeout 170 $B/cuda.test -test.count 1 -test.v > $OUT/cuda_test.log 2>&1
+		timeout 170 $B/cuda.test -test.count 1 -test.v ${TESTS:+-test.run "$TESTS"} > $OUT/cuda_test.log 2>&1
 		echo "cuda.test rc=$? ($(($(date +%s) - T0)) s)" >> $S
 		grep -E "^(--- FAIL|FAIL|ok|PASS)|panic" $OUT/cuda_test.log | head -20 >> $S
 	fi
@@ -149,6 +159,22 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 			grep -E "^\| engine \||^- engine " $OUT/gpu-$bin-k$k.md >> $S
 		done
 	done
+	if [ -n "${EVAL:-}" ]; then
+		unxz .carry/gpu/test.tsv.xz /tmp/test.tsv
+		IFS=';' read -ra ES <<< "$EVAL"
+		for e in "${ES[@]}"; do
+			name=${e%%=*} flags=
+			[[ $e != *=* ]] || flags=${e#*=}
+			timeout 150 $B/chunlian eval --backend cuda --test /tmp/test.tsv --bleu-forced 3830 --ppl-limit 3830 \
+				--limit 0 --bleu-limit 0 --samples 0 --words 1 $flags > $OUT/eval-$name.txt 2>&1
+			echo "eval $name ($flags) rc=$? ($(($(date +%s) - T0)) s)" >> $S
+			grep -oE "BLEU-4 \*\*[0-9.]+\*\*|\*\*[0-9.]+\*\* \(NLL [0-9.]+" $OUT/eval-$name.txt >> $S
+		done
+	fi
+	if [ -n "${GOBENCH:-}" ]; then
+		timeout 200 $B/cuda.test -test.run '^$' -test.bench "$GOBENCH" ${GOBENCH_FLAGS:--test.benchtime 300x -test.count 2} > $OUT/gobench.txt 2>&1
+		echo "gobench rc=$? ($(($(date +%s) - T0)) s)" >> $S
+	fi
 	if [ "${REPLICAS:-1}" = 1 ]; then
 		CHUNLIAN=$B/chunlian OUT=/tmp/br SERIES=scale DURATION=6s timeout 150 bash deploy/bench-replicas.sh > /tmp/br.md 2>&1
 		echo "bench-replicas rc=$? ($(($(date +%s) - T0)) s)" >> $S
