@@ -15,7 +15,7 @@ import (
 )
 
 // TestDrawKernelEmulated runs kernels/draw.cu's draw_rows itself, compiled
-// by the host's C++ compiler against testdata/drawemu/shim.h (every block
+// by the host's C++ compiler against testdata/emu/shim.h (every block
 // on DRAW_THREADS OS threads, __syncthreads a barrier, warp shuffles
 // emulated), on draws packed by packDraws, and compares each result with
 // sampler.DrawRow: the kernel's logic (masking, reductions, the prefix
@@ -24,18 +24,9 @@ import (
 // one dominant token, large offsets, nearly all -Inf; vocabularies smaller
 // than the block and the shipped model's; 64 and 512 threads. It needs
 // g++ with C++20 (<barrier>); it skips without g++, under -short and
-// where a GPU is usable.
+// where a GPU is usable (emulatorOrSkip).
 func TestDrawKernelEmulated(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short")
-	}
-	if ok, _ := Available(""); ok {
-		t.Skip("a GPU is here: TestForwardDrawMatchesDrawRow runs the kernel itself")
-	}
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("no g++")
-	}
+	cxx := emulatorOrSkip(t, "TestForwardDrawMatchesDrawRow")
 	dir := t.TempDir()
 	src := strings.NewReplacer(
 		"extern __shared__ float dp[];", "", // the shim's global
@@ -53,15 +44,7 @@ func TestDrawKernelEmulated(t *testing.T) {
 		bin := filepath.Join(dir, "emu"+strconv.Itoa(tc.threads))
 		if _, err := os.Stat(bin); err != nil {
 			k := strings.Replace(src, "#define DRAW_THREADS 512\n", "#define DRAW_THREADS "+strconv.Itoa(tc.threads)+"\n", 1)
-			if err := os.WriteFile(filepath.Join(dir, "kernel.inc"), []byte(k), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			abs, _ := filepath.Abs("testdata/drawemu")
-			cmd := exec.Command(cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-I", dir, "-I", abs,
-				"-o", bin, filepath.Join(abs, "main.cpp"))
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("g++: %v\n%s", err, out)
-			}
+			buildEmulator(t, cxx, bin, "draw.cpp", k)
 		}
 		r := rand.New(rand.NewPCG(uint64(tc.V), uint64(tc.threads)))
 		rows := emuRows(r, 16, tc.V)
@@ -200,4 +183,42 @@ func runEmu(t *testing.T, bin, dir string, rows []float32, masks [][]uint64, dra
 		res[i] = forward.Drawn{Tok: int32(binary.LittleEndian.Uint32(ob[8*i:])), Logit: math.Float32frombits(binary.LittleEndian.Uint32(ob[8*i+4:]))}
 	}
 	return res
+}
+
+// emulatorOrSkip skips an emulated-kernel test under -short, where a GPU is
+// usable (gpuTest runs the kernel itself there) and without g++; it
+// returns g++'s path.
+func emulatorOrSkip(t *testing.T, gpuTest string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	if ok, _ := Available(""); ok {
+		t.Skip("a GPU is here: " + gpuTest + " runs the kernel itself")
+	}
+	cxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skip("no g++")
+	}
+	return cxx
+}
+
+// buildEmulator compiles testdata/emu/main (with shim.h) into bin, with
+// src as its kernel.inc (written into bin's directory) and the extra
+// compiler flags.
+func buildEmulator(t *testing.T, cxx, bin, main, src string, flags ...string) {
+	t.Helper()
+	dir := filepath.Dir(bin)
+	if err := os.WriteFile(filepath.Join(dir, "kernel.inc"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	abs, err := filepath.Abs("testdata/emu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-I", dir, "-I", abs}, flags...)
+	cmd := exec.Command(cxx, append(args, "-o", bin, filepath.Join(abs, main))...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("g++: %v\n%s", err, out)
+	}
 }

@@ -1,11 +1,16 @@
-// CPU emulation of the CUDA subset kernels/draw.cu uses, for
-// TestDrawKernelEmulated (draw_emu_test.go): one block at a time on
-// DRAW_THREADS std::threads, __syncthreads = a barrier, warp shuffles
-// through a block-wide exchange (draw.cu only shuffles in block-uniform
-// code), __shared__ = static, the dynamic shared array dp a global.
+// CPU emulation of the CUDA subset the emulated kernels use, for
+// TestDrawKernelEmulated (draw.cpp: draw.cu's draw_rows, one block at a
+// time on DRAW_THREADS std::threads) and TestAttentionKernelsEmulated
+// (attn.cpp: llama.cu's attention kernels, one warp at a time on 32).
+// __syncthreads (and __syncwarp) = the barrier g_bar of the threads that
+// run together; warp shuffles and ballots go through an exchange among
+// them, so every thread of those must make the same calls (draw.cu
+// shuffles in block-uniform code, the attention kernels in warp-uniform
+// code); __shared__ = static, the dynamic shared array dp a global.
 #include <algorithm>
 #include <barrier>
 #include <cmath>
+#include <math.h>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +52,28 @@ template <typename T> T __shfl_xor_sync(unsigned, T v, int o) {
     int t = threadIdx.x;
     return shfl_from(v, (t & ~31) | ((t & 31) ^ o));
 }
+template <typename T> T __shfl_sync(unsigned, T v, int src) {
+    int t = threadIdx.x;
+    return shfl_from(v, (t & ~31) | (src & 31));
+}
+static inline unsigned __ballot_sync(unsigned, int p) {
+    int t = threadIdx.x;
+    g_x[t] = p != 0;
+    __syncthreads();
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (unsigned)g_x[(t & ~31) | i] << i;
+    __syncthreads();
+    return r;
+}
+static inline void __syncwarp() { __syncthreads(); }
+static inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
+static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned x; memcpy(&x, &f, 4); return x; }
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+template <typename T> T __ldg(const T* p) { return *p; }
+#define __align__(n) __attribute__((aligned(n)))
 template <typename T> T __shfl_up_sync(unsigned, T v, int d) {
     int t = threadIdx.x;
     return shfl_from(v, (t & 31) >= d ? t - d : t);
