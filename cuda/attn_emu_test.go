@@ -28,15 +28,7 @@ import (
 func TestAttentionKernelsEmulated(t *testing.T) {
 	cxx := emulatorOrSkip(t, "TestForwardMatchesCPU")
 	dir := t.TempDir()
-	const marker = "// silu_mul: act[t, i]"
-	cut := strings.Index(llamaSource, marker)
-	if cut < 0 {
-		t.Fatalf("llama.cu has no %q: the emulated part (through the attention kernels) ends there", marker)
-	}
-	src := strings.NewReplacer(
-		`extern "C" __global__`, `extern "C"`,
-		`asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));`, `(void)(c + off);`,
-	).Replace(llamaSource[:cut])
+	src := emulatedLlama(t)
 	for _, tc := range []struct{ hd, nH, nKV, bs int }{
 		{64, 4, 2, 2}, {16, 2, 2, 3}, {48, 4, 1, 5}, {40, 2, 1, 1},
 	} {
@@ -63,6 +55,22 @@ func TestAttentionKernelsEmulated(t *testing.T) {
 			}
 		}
 	}
+}
+
+// emulatedLlama is the part of llama.cu the emulator compiles: its helpers
+// and kernels through the attention kernels (the GEMV kernels after them
+// need dynamic shared memory), without the L2 prefetch instruction.
+func emulatedLlama(t *testing.T) string {
+	t.Helper()
+	const marker = "// silu_mul: act[t, i]"
+	cut := strings.Index(llamaSource, marker)
+	if cut < 0 {
+		t.Fatalf("llama.cu has no %q: the emulated part (through the attention kernels) ends there", marker)
+	}
+	return strings.NewReplacer(
+		`extern "C" __global__`, `extern "C"`,
+		`asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));`, `(void)(c + off);`,
+	).Replace(llamaSource[:cut])
 }
 
 // attnScene is one step of the attention kernels' input: sequences of

@@ -45,6 +45,13 @@ type Options struct {
 	// per load), smaller ones one key per lane. 0 means
 	// DefaultGroupedAttentionFrom, negative never.
 	GroupedAttentionFrom int
+	// FusedMLP: with Precision "bf16", the MLP's gate/up GEMM and SiLU·up
+	// run as one tensor-core kernel (gemm_gu_silu, kernels/mlp.cu) on an
+	// interleaved copy of the gate/up weights: the float32 gate/up
+	// activations never reach memory and silu_mul is not launched. Needs
+	// the hidden size to be a multiple of 32 (ignored otherwise). Takes
+	// precedence over GateUpBF16.
+	FusedMLP bool
 	// GateUpBF16: with Precision "bf16", the MLP's gate/up GEMM writes
 	// bf16 instead of float32 and silu_mul16 reads it (half the bytes of
 	// the step's widest activation; the gate and up values are rounded to
@@ -190,6 +197,7 @@ type Backend struct {
 	in16     uintptr
 	bf16GEMM bool      // Options.Precision "bf16": GEMMs on bf16 copies (gemm16)
 	gu16     bool      // Options.GateUpBF16 in use (bf16GEMM and ffn % 8 == 0)
+	fusedMLP bool      // Options.FusedMLP in use (bf16GEMM and d % 32 == 0)
 	lseHost  []float32 // [R] of the last Forward
 	meta     uintptr   // int32 step metadata, capMeta entries
 	capMeta  int
@@ -252,6 +260,9 @@ type devLayer struct {
 	// bf16 copies of the four matrices for the GEMV path and the bf16
 	// GEMMs (0 unless gemvBF or bf16GEMM).
 	wqkvBF, woBF, wguBF, downBF uintptr
+	// wguIL: the gate and up rows interleaved (gate 0, up 0, gate 1, …)
+	// in bf16 for gemm_gu_silu (0 unless fusedMLP).
+	wguIL uintptr
 }
 
 // launchArgs holds kernel parameters for cuLaunchKernel: ptrs[i] points at
@@ -395,27 +406,40 @@ func (b *Backend) gemm16to16(y16, x16, w16 uintptr, M, N, K int) error {
 }
 
 // mlpUp enqueues the MLP's first half for T tokens: the gate/up GEMM of
-// the normalised rows (in h, or in16 with bf16GEMM) and SiLU·up into act
-// (or in16). With gu16 the GEMM writes bf16 into gu and silu_mul16
-// reads it.
-func (b *Backend) mlpUp(T int, wgu uintptr, in16 uint64) error {
+// the normalised rows (in h, or in16 with bf16GEMM) and SiLU·up. It
+// returns where it left the activation the down GEMM reads: act, or with
+// bf16GEMM in16 (gu with fusedMLP: gemm_gu_silu reads in16 while it
+// writes). With gu16 the GEMM writes bf16 into gu and silu_mul16 reads it.
+func (b *Backend) mlpUp(T int, L *devLayer, in16 uint64) (uintptr, error) {
 	dm, ffn := b.cfg.HiddenSize, b.cfg.IntermediateSize
-	if b.gu16 {
+	switch {
+	case b.fusedMLP:
+		return b.gu, b.launch("gemm_gu_silu", (T+mlpBM-1)/mlpBM, (2*ffn+mlpBN-1)/mlpBN, mlpThreads,
+			dptr(b.gu), in16, dptr(L.wguIL), i32(T), i32(dm), i32(ffn))
+	case b.gu16:
 		n8 := T * ffn / 8
-		return errors.Join(
-			b.gemm16to16(b.gu, b.in16, wgu, T, 2*ffn, dm),
+		return b.in16, errors.Join(
+			b.gemm16to16(b.gu, b.in16, L.wguBF, T, 2*ffn, dm),
 			b.launch("silu_mul16", max(1, min((n8+255)/256, 4096)), 1, 256, in16, dptr(b.gu), i32(T), i32(ffn)),
 		)
+	case b.bf16GEMM:
+		return b.in16, errors.Join(
+			b.gemm16(b.gu, b.in16, L.wguBF, T, 2*ffn, dm, false),
+			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, 0, dptr(b.gu), i32(T), i32(ffn), in16),
+		)
 	}
-	mm, x := b.gemm, b.h
-	if b.bf16GEMM {
-		mm, x = b.gemm16, b.in16
-	}
-	return errors.Join(
-		mm(b.gu, x, wgu, T, 2*ffn, dm, false),
-		b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), in16),
+	return b.act, errors.Join(
+		b.gemm(b.gu, b.h, L.wgu, T, 2*ffn, dm, false),
+		b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), 0),
 	)
 }
+
+// gemm_gu_silu's tile (MLP_BM, MLP_BN, MLP_BK and MLP_THREADS in
+// kernels/mlp.cu).
+const (
+	mlpBM, mlpBN, mlpBK = 64, 128, 32
+	mlpThreads          = 256
+)
 
 // LogSumExp returns, for each logits row of the last Forward, log Σ exp of
 // the row, computed on the GPU. A
@@ -658,9 +682,9 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			return errs
 		}
 		kc, vc := b.kvSlab(l, 0), b.kvSlab(l, 1)
-		wqkv, wo, wgu, down := L.wqkv, L.wo, L.wgu, L.down
+		wqkv, wo, down := L.wqkv, L.wo, L.down
 		if b.bf16GEMM {
-			wqkv, wo, wgu, down = L.wqkvBF, L.woBF, L.wguBF, L.downBF
+			wqkv, wo, down = L.wqkvBF, L.woBF, L.downBF
 		}
 		errs = errors.Join(
 			b.rmsnorm(b.h, b.x, L.attnNorm, 0, T, in16),
@@ -668,9 +692,11 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			b.attention(T, stride, kc, vc, positions, slots, tokSeq, tables, in16),
 			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
 			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16),
-			b.mlpUp(T, wgu, in16),
-			mm(b.x, a(b.act), down, T, dm, ffn, true),
 		)
+		if errs == nil {
+			act, err := b.mlpUp(T, &L, in16)
+			errs = errors.Join(err, mm(b.x, act, down, T, dm, ffn, true))
+		}
 	}
 	if errs == nil && R > 0 {
 		errs = errors.Join(

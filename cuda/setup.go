@@ -280,7 +280,8 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 	}
 	b.gemvBF = b.gemvOK && b.gemvBFWanted(m)
 	b.bf16GEMM = b.opt.Precision == "bf16"
-	b.gu16 = b.bf16GEMM && b.opt.GateUpBF16 && ffn%8 == 0 // silu_mul16's 16-byte loads
+	b.gu16 = b.bf16GEMM && b.opt.GateUpBF16 && ffn%8 == 0      // silu_mul16's 16-byte loads
+	b.fusedMLP = b.bf16GEMM && b.opt.FusedMLP && dm%mlpBK == 0 // gemm_gu_silu's whole stages
 	if b.gemvBF || b.bf16GEMM {
 		if b.lmHeadBF, err = b.uploadBF16(w.LMHead); err != nil {
 			return err
@@ -319,6 +320,16 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 				}
 				total += int64(len(x.src)) * 2
 			}
+		}
+		if b.fusedMLP { // gemm_gu_silu's weights: gate and up rows interleaved
+			il := make([]float32, 0, 2*ffn*dm)
+			for j := 0; j < ffn; j++ {
+				il = append(append(il, L.WGate[j*dm:(j+1)*dm]...), L.WUp[j*dm:(j+1)*dm]...)
+			}
+			if dl.wguIL, err = b.uploadBF16(il); err != nil {
+				return err
+			}
+			total += int64(len(il)) * 2
 		}
 		b.layers = append(b.layers, dl)
 	}

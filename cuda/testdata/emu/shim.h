@@ -1,7 +1,8 @@
 // CPU emulation of the CUDA subset the emulated kernels use, for
 // TestDrawKernelEmulated (draw.cpp: draw.cu's draw_rows, one block at a
 // time on DRAW_THREADS std::threads) and TestAttentionKernelsEmulated
-// (attn.cpp: llama.cu's attention kernels, one warp at a time on 32).
+// (attn.cpp: llama.cu's attention kernels, one warp at a time on 32) and
+// TestFusedMLPKernelEmulated (gemm.cpp: mlp.cu, one block at a time).
 // __syncthreads (and __syncwarp) = the barrier g_bar of the threads that
 // run together; warp shuffles and ballots go through an exchange among
 // them, so every thread of those must make the same calls (draw.cu
@@ -31,7 +32,7 @@ static inline float __fadd_rn(float a, float b) { volatile float r = a + b; retu
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 #define NEG_INF __int_as_float(0xff800000)
-struct dim3_ { unsigned x; };
+struct dim3_ { unsigned x, y; };
 thread_local dim3_ threadIdx;
 dim3_ blockIdx, blockDim;
 static std::barrier<>* g_bar;
@@ -74,6 +75,39 @@ struct alignas(16) uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 template <typename T> T __ldg(const T* p) { return *p; }
 #define __align__(n) __attribute__((aligned(n)))
+// mma.sync m16n8k16 (bf16 in, float32 accumulate), mlp.cu's mma_bf16:
+// the warp's fragments through the exchange, each thread then computes
+// its own four accumulators from the whole tile.
+#define MMA_EMULATED
+static unsigned g_frag[1024][6];
+static inline float emu_bf(unsigned w, int hi) {
+    unsigned u = hi ? (w & 0xffff0000u) : (w << 16);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline void mma_bf16(float* d, const unsigned* a, const unsigned* b) {
+    int self = threadIdx.x, w0 = self & ~31, lane = self & 31;
+    for (int i = 0; i < 4; i++) g_frag[self][i] = a[i];
+    g_frag[self][4] = b[0];
+    g_frag[self][5] = b[1];
+    g_bar->arrive_and_wait();
+    // A(row, col) is in lane (row % 8)·4 + (col % 8)/2, register
+    // (row ≥ 8) + 2·(col ≥ 8); B(k, n) in lane n·4 + (k % 8)/2, register
+    // 4 + (k ≥ 8); even columns (k) in the low half.
+    auto A = [&](int row, int col) { return emu_bf(g_frag[w0 + (row & 7) * 4 + ((col & 7) >> 1)][(row >> 3) + 2 * (col >> 3)], col & 1); };
+    auto B = [&](int k, int n) { return emu_bf(g_frag[w0 + n * 4 + ((k & 7) >> 1)][4 + (k >> 3)], k & 1); };
+    int g = lane >> 2, t = lane & 3;
+    float out[4];
+    for (int e = 0; e < 4; e++) {
+        int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        float s = 0.f;
+        for (int k = 0; k < 16; k++) s += A(row, k) * B(k, col);
+        out[e] = s;
+    }
+    g_bar->arrive_and_wait();
+    for (int e = 0; e < 4; e++) d[e] += out[e];
+}
 template <typename T> T __shfl_up_sync(unsigned, T v, int d) {
     int t = threadIdx.x;
     return shfl_from(v, (t & 31) >= d ? t - d : t);
