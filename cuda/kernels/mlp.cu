@@ -13,10 +13,11 @@
 #define MLP_BM 64        // tokens per block
 #define MLP_BN 128       // interleaved gate/up columns per block (64 outputs)
 #define MLP_BK 32        // K per stage
+#define MLP_STAGES 3     // stages in flight (cp.async)
 #define MLP_THREADS 256  // 8 warps: 2 (tokens) × 4 (columns), 32 × 32 each
 #define MLP_LD (MLP_BK + 8) // shared row pitch in bf16: the fragment loads hit 32 banks
 
-#ifndef MMA_EMULATED
+#ifndef KERNEL_EMULATOR
 // mma_bf16: d += a · b for one m16n8k16 tile, bf16 inputs and float32
 // accumulators in the PTX fragment layouts (g = lane / 4, t = lane % 4):
 // a[0] row g cols 2t..2t+1, a[1] row g+8, a[2] row g cols 2t+8.., a[3]
@@ -28,6 +29,17 @@ __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, const unsi
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// cp_async16 copies 16 bytes from global to shared memory without
+// passing through registers (zeros instead when !ok); cp_async_commit
+// closes this thread's group of copies, cp_async_wait<N> waits until at
+// most N of its groups are in flight.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 #endif
 
 __device__ __forceinline__ unsigned lds32(const unsigned short* p) { return *reinterpret_cast<const unsigned*>(p); }
@@ -37,28 +49,34 @@ __device__ __forceinline__ unsigned lds32(const unsigned short* p) { return *rei
 // bf16, the gate and up rows interleaved; act [M, ffn] bf16.
 // K % MLP_BK == 0. grid = (ceil(M / MLP_BM), ceil(2·ffn / MLP_BN)),
 // block = MLP_THREADS; tiles past M or 2·ffn read zeros there and write
-// nothing.
-// Each stage's tiles go global → registers → shared memory (two buffers,
-// one barrier a stage); the next stage's global loads are issued before
-// this stage's MMAs.
+// nothing. MLP_STAGES stages of the x and W tiles are in flight (cp.async
+// into a ring of shared buffers, one barrier a stage).
 extern "C" __global__ void __launch_bounds__(MLP_THREADS)
     gemm_gu_silu(unsigned short* __restrict__ act, const unsigned short* __restrict__ x,
                  const unsigned short* __restrict__ W, int M, int K, int ffn) {
-    __shared__ __align__(16) unsigned short As[2][MLP_BM * MLP_LD];
-    __shared__ __align__(16) unsigned short Bs[2][MLP_BN * MLP_LD];
+    __shared__ __align__(16) unsigned short As[MLP_STAGES][MLP_BM * MLP_LD];
+    __shared__ __align__(16) unsigned short Bs[MLP_STAGES][MLP_BN * MLP_LD];
     int tid = threadIdx.x, lane = tid & (WARP - 1), warp = tid / WARP;
     int wm = warp / 4, wn = warp % 4;
     int g = lane >> 2, t = lane & 3;
     int m0 = blockIdx.x * MLP_BM, n0 = blockIdx.y * MLP_BN;
-    // This thread's 16-byte pieces of a stage: row tid/4 of the A tile and
-    // rows tid/4 and 64 + tid/4 of the B tile, 8 bf16 from (tid % 4) · 8.
+    // This thread's 16-byte pieces of a stage: row tid/4 of the x tile and
+    // rows tid/4 and 64 + tid/4 of the W tile, 8 bf16 from (tid % 4) · 8.
     int r = tid >> 2, k8 = (tid & 3) * 8, N = 2 * ffn;
     bool aok = m0 + r < M, b0ok = n0 + r < N, b1ok = n0 + 64 + r < N;
-    const uint4* ag = reinterpret_cast<const uint4*>(x + (i64)min(m0 + r, M - 1) * K + k8);
-    const uint4* bg0 = reinterpret_cast<const uint4*>(W + (i64)min(n0 + r, N - 1) * K + k8);
-    const uint4* bg1 = reinterpret_cast<const uint4*>(W + (i64)min(n0 + 64 + r, N - 1) * K + k8);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    uint4 ra = aok ? ag[0] : zero, rb0 = b0ok ? bg0[0] : zero, rb1 = b1ok ? bg1[0] : zero;
+    const unsigned short* ag = x + (i64)min(m0 + r, M - 1) * K + k8;
+    const unsigned short* bg0 = W + (i64)min(n0 + r, N - 1) * K + k8;
+    const unsigned short* bg1 = W + (i64)min(n0 + 64 + r, N - 1) * K + k8;
+    int nk = K / MLP_BK;
+    auto load = [&](int kt) { // stage kt into buffer kt % MLP_STAGES
+        if (kt < nk) {
+            int s = kt % MLP_STAGES, o = kt * MLP_BK;
+            cp_async16(&As[s][r * MLP_LD + k8], ag + o, aok);
+            cp_async16(&Bs[s][r * MLP_LD + k8], bg0 + o, b0ok);
+            cp_async16(&Bs[s][(64 + r) * MLP_LD + k8], bg1 + o, b1ok);
+        }
+        cp_async_commit(); // an empty group past the end keeps the count
+    };
     float acc[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -66,20 +84,14 @@ extern "C" __global__ void __launch_bounds__(MLP_THREADS)
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-    int nk = K / MLP_BK;
+#pragma unroll
+    for (int kt = 0; kt < MLP_STAGES - 1; kt++) load(kt);
     for (int kt = 0; kt < nk; kt++) {
-        unsigned short* A = As[kt & 1];
-        unsigned short* B = Bs[kt & 1];
-        *reinterpret_cast<uint4*>(A + r * MLP_LD + k8) = ra;
-        *reinterpret_cast<uint4*>(B + r * MLP_LD + k8) = rb0;
-        *reinterpret_cast<uint4*>(B + (64 + r) * MLP_LD + k8) = rb1;
-        __syncthreads();
-        if (kt + 1 < nk) {
-            int o = (kt + 1) * (MLP_BK / 8);
-            ra = aok ? ag[o] : zero;
-            rb0 = b0ok ? bg0[o] : zero;
-            rb1 = b1ok ? bg1[o] : zero;
-        }
+        cp_async_wait<MLP_STAGES - 2>(); // stage kt has landed (this thread's part)
+        __syncthreads();                 // everyone's part; stage kt-1's buffer is free
+        load(kt + MLP_STAGES - 1);
+        const unsigned short* A = As[kt % MLP_STAGES];
+        const unsigned short* B = Bs[kt % MLP_STAGES];
 #pragma unroll
         for (int kk = 0; kk < MLP_BK; kk += 16) {
             unsigned a[2][4], b[4][2];

@@ -75,10 +75,18 @@ struct alignas(16) uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 template <typename T> T __ldg(const T* p) { return *p; }
 #define __align__(n) __attribute__((aligned(n)))
-// mma.sync m16n8k16 (bf16 in, float32 accumulate), mlp.cu's mma_bf16:
-// the warp's fragments through the exchange, each thread then computes
-// its own four accumulators from the whole tile.
-#define MMA_EMULATED
+// mlp.cu's tensor-core and cp.async helpers (it defines them itself
+// unless KERNEL_EMULATOR). cp.async copies at once; mma.sync m16n8k16
+// (bf16 in, float32 accumulate) passes the warp's fragments through the
+// exchange, and each thread computes its own four accumulators from the
+// whole tile.
+#define KERNEL_EMULATOR
+static inline void cp_async16(void* smem, const void* gmem, bool ok) {
+    if (ok) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+}
+static inline void cp_async_commit() {}
+template <int N> static inline void cp_async_wait() {}
 static unsigned g_frag[1024][6];
 static inline float emu_bf(unsigned w, int hi) {
     unsigned u = hi ? (w & 0xffff0000u) : (w << 16);
