@@ -539,6 +539,8 @@ func BenchmarkHostLoop(b *testing.B) {
 			b.ReportMetric(1e3*host/steps, "host-ms/step")
 			b.ReportMetric(1e9*host/float64(st.LogitRows-st0.LogitRows), "host-ns/row")
 			b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/float64(users*perUser*(r-1)), "rows/couplet")
+			b.ReportMetric(float64(st.LogitRows-st0.LogitRows)/float64(users*perUser*(r-1)), "logit-rows/couplet")
+			b.ReportMetric(float64(st.ComputedTokens-st0.ComputedTokens)/steps, "rows/step")
 			// Every goroutine's allocations (requests, rules, engine loops):
 			// with the GC off on CUDA they set how often the memory limit
 			// starts a collection.

@@ -59,6 +59,9 @@ type Options struct {
 	GateUpBF16 bool
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool
+	// FineGraphBuckets pads a step run as a CUDA graph to finer token
+	// buckets (graphBucket): less padding computed, more graphs captured.
+	FineGraphBuckets bool
 	// GEMVWeights is the weight format of the GEMV path: "auto" (default:
 	// bf16 when every weight matrix is exactly representable in bf16, as
 	// for a model stored in bf16 like weights/chunlian-base, which makes
@@ -588,7 +591,7 @@ func (b *Backend) stepMeta(bt *forward.Batch, off [6]int, stride int) ([]int32, 
 	meta := b.hostMeta[:off[5]+S*stride]
 	tp := 0
 	if b.graphsOn {
-		tp = graphBucket(T)
+		tp = graphBucket(T, b.opt.FineGraphBuckets)
 	}
 	if tp > 0 {
 		meta, off = b.padMeta(off, T, R, S, stride, tp)

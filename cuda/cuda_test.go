@@ -657,12 +657,24 @@ func TestNVML(t *testing.T) {
 }
 
 func TestGraphBucket(t *testing.T) {
-	for _, tc := range []struct{ T, want int }{
-		{0, 0}, {1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {16, 16}, {17, 32},
-		{256, 256}, {257, 384}, {2048, 2048}, {2049, 2560}, {8192, 8192}, {8193, 0},
+	for _, tc := range []struct {
+		T, want int
+		fine    bool
+	}{
+		{0, 0, false}, {1, 1, false}, {2, 2, false}, {3, 4, false}, {5, 8, false}, {8, 8, false}, {9, 16, false}, {16, 16, false}, {17, 32, false},
+		{256, 256, false}, {257, 384, false}, {2048, 2048, false}, {2049, 2560, false}, {8192, 8192, false}, {8193, 0, false},
+		{0, 0, true}, {3, 4, true}, {9, 16, true}, {257, 272, true}, {1024, 1024, true}, {1025, 1088, true},
+		{4096, 4096, true}, {4097, 4352, true}, {8192, 8192, true}, {8193, 0, true},
 	} {
-		if got := graphBucket(tc.T); got != tc.want {
-			t.Errorf("graphBucket(%d) = %d, want %d", tc.T, got, tc.want)
+		if got := graphBucket(tc.T, tc.fine); got != tc.want {
+			t.Errorf("graphBucket(%d, fine %v) = %d, want %d", tc.T, tc.fine, got, tc.want)
+		}
+	}
+	// Every bucket holds its batch, and finer buckets never pad more.
+	for T := 1; T <= maxGraphTokens; T++ {
+		c, f := graphBucket(T, false), graphBucket(T, true)
+		if c < T || f < T || f > c {
+			t.Fatalf("T %d: buckets %d (coarse), %d (fine)", T, c, f)
 		}
 	}
 }

@@ -28,8 +28,12 @@ const maxGraphTokens = 8192
 
 // graphBucket returns the padded size for a batch of T tokens, or 0 when T
 // is too large for graphs. Buckets: 1, 2, 4, 8, then multiples of 16 up to
-// 256, of 128 up to 2048, then of 512.
-func graphBucket(T int) int {
+// 256, of 128 up to 2048, then of 512; with fine (Options.FineGraphBuckets)
+// multiples of 16 up to 1024, of 64 up to 4096, then of 256: at most
+// ~1.5 % padding past 1024 tokens instead of up to a fifth, for three
+// times as many graphs.
+func graphBucket(T int, fine bool) int {
+	round := func(n int) int { return (T + n - 1) / n * n }
 	switch {
 	case T < 1 || T > maxGraphTokens:
 		return 0
@@ -39,12 +43,16 @@ func graphBucket(T int) int {
 			p *= 2
 		}
 		return p
-	case T <= 256:
-		return (T + 15) / 16 * 16
+	case fine && T <= 1024, T <= 256:
+		return round(16)
+	case fine && T <= 4096:
+		return round(64)
+	case fine:
+		return round(256)
 	case T <= 2048:
-		return (T + 127) / 128 * 128
+		return round(128)
 	default:
-		return (T + 511) / 512 * 512
+		return round(512)
 	}
 }
 

@@ -620,15 +620,19 @@ const (
 	// featCUDAFusedMLP runs the CUDA backend's gate/up GEMM and SiLU·up as
 	// one tensor-core kernel (cuda.Options.FusedMLP).
 	featCUDAFusedMLP = "cuda-fused-mlp"
+	// featCUDAFineGraphs pads CUDA graph steps to finer token buckets
+	// (cuda.Options.FineGraphBuckets).
+	featCUDAFineGraphs = "cuda-fine-graphs"
 )
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:      "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCUDAEager:    "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featCUDAFusedMLP: "CUDA backend: the MLP's gate/up GEMM and SiLU·up in one tensor-core kernel (no float32 gate/up activations in memory, no silu_mul launch)",
-	featCUDAGateUp16: "CUDA backend: the MLP's gate/up GEMM writes bf16 (half the bytes of its output; values rounded before SiLU·up)",
-	featCUDAKeep:     "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
+	featCPUInt8:        "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager:      "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
+	featCUDAFineGraphs: "CUDA backend: CUDA-graph steps padded to finer token buckets (less padding computed, more graphs captured)",
+	featCUDAFusedMLP:   "CUDA backend: the MLP's gate/up GEMM and SiLU·up in one tensor-core kernel (no float32 gate/up activations in memory, no silu_mul launch)",
+	featCUDAGateUp16:   "CUDA backend: the MLP's gate/up GEMM writes bf16 (half the bytes of its output; values rounded before SiLU·up)",
+	featCUDAKeep:       "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
 }
 
 // knownFeatures lists the feature names for help and errors.
