@@ -52,6 +52,10 @@ type Options struct {
 	// the hidden size to be a multiple of 32 (ignored otherwise). Takes
 	// precedence over GateUpBF16.
 	FusedMLP bool
+	// FusedMLPNorm is FusedMLP with the MLP's RMSNorm folded into the
+	// kernel as well (gemm_gu_silu_norm reads the float32 residual: one
+	// rmsnorm launch a layer less). Implies FusedMLP.
+	FusedMLPNorm bool
 	// GateUpBF16: with Precision "bf16", the MLP's gate/up GEMM writes
 	// bf16 instead of float32 and silu_mul16 reads it (half the bytes of
 	// the step's widest activation; the gate and up values are rounded to
@@ -197,14 +201,15 @@ type Backend struct {
 	lseBuf                uintptr // [T] row log-sum-exp
 	// in16 is the bf16 GEMM input [T, max(d, nH*hd, ffn)] when bf16GEMM:
 	// the normed, attention or SiLU activations the next GEMM reads.
-	in16     uintptr
-	bf16GEMM bool      // Options.Precision "bf16": GEMMs on bf16 copies (gemm16)
-	gu16     bool      // Options.GateUpBF16 in use (bf16GEMM and ffn % 8 == 0)
-	fusedMLP bool      // Options.FusedMLP in use (bf16GEMM and d % 32 == 0)
-	lseHost  []float32 // [R] of the last Forward
-	meta     uintptr   // int32 step metadata, capMeta entries
-	capMeta  int
-	hostMeta []int32 // host copy, reused
+	in16      uintptr
+	bf16GEMM  bool      // Options.Precision "bf16": GEMMs on bf16 copies (gemm16)
+	gu16      bool      // Options.GateUpBF16 in use (bf16GEMM and ffn % 8 == 0)
+	fusedMLP  bool      // Options.FusedMLP in use (bf16GEMM and d % 32 == 0)
+	fusedNorm bool      // Options.FusedMLPNorm in use (fusedMLP as well)
+	lseHost   []float32 // [R] of the last Forward
+	meta      uintptr   // int32 step metadata, capMeta entries
+	capMeta   int
+	hostMeta  []int32 // host copy, reused
 
 	// Device draws (draw.go): the registered allowed-token masks
 	// [maxMasks, maskWords] uint64 (allocated by the first RegisterMask),
@@ -408,16 +413,27 @@ func (b *Backend) gemm16to16(y16, x16, w16 uintptr, M, N, K int) error {
 	return bl.err(fmt.Sprintf("gemmEx bf16→bf16(M=%d,N=%d,K=%d)", M, N, K), r)
 }
 
-// mlpUp enqueues the MLP's first half for T tokens: the gate/up GEMM of
-// the normalised rows (in h, or in16 with bf16GEMM) and SiLU·up. It
-// returns where it left the activation the down GEMM reads: act, or with
-// bf16GEMM in16 (gu with fusedMLP: gemm_gu_silu reads in16 while it
-// writes). With gu16 the GEMM writes bf16 into gu and silu_mul16 reads it.
+// mlpUp enqueues the MLP's first half for T tokens: RMSNorm of the
+// residual rows, the gate/up GEMM and SiLU·up. It returns where it left
+// the activation the down GEMM reads: act, or with bf16GEMM in16 (gu with
+// fusedMLP: gemm_gu_silu reads in16 while it writes; gemm_gu_silu_norm
+// reads the residual itself). With gu16 the GEMM writes bf16 into gu and
+// silu_mul16 reads it.
 func (b *Backend) mlpUp(T int, L *devLayer, in16 uint64) (uintptr, error) {
 	dm, ffn := b.cfg.HiddenSize, b.cfg.IntermediateSize
+	grid := func() (int, int) { return (T + mlpBM - 1) / mlpBM, (2*ffn + mlpBN - 1) / mlpBN }
+	if b.fusedNorm {
+		gx, gy := grid()
+		return b.gu, b.launch("gemm_gu_silu_norm", gx, gy, mlpThreads,
+			dptr(b.gu), dptr(b.x), dptr(L.mlpNorm), f32(float32(b.cfg.RMSNormEps)), dptr(L.wguIL), i32(T), i32(dm), i32(ffn))
+	}
+	if err := b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16); err != nil {
+		return 0, err
+	}
 	switch {
 	case b.fusedMLP:
-		return b.gu, b.launch("gemm_gu_silu", (T+mlpBM-1)/mlpBM, (2*ffn+mlpBN-1)/mlpBN, mlpThreads,
+		gx, gy := grid()
+		return b.gu, b.launch("gemm_gu_silu", gx, gy, mlpThreads,
 			dptr(b.gu), in16, dptr(L.wguIL), i32(T), i32(dm), i32(ffn))
 	case b.gu16:
 		n8 := T * ffn / 8
@@ -694,7 +710,6 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			mm(b.qkv, a(b.h), wqkv, T, b.qkvDim, dm, false),
 			b.attention(T, stride, kc, vc, positions, slots, tokSeq, tables, in16),
 			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
-			b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16),
 		)
 		if errs == nil {
 			act, err := b.mlpUp(T, &L, in16)

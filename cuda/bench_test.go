@@ -89,13 +89,14 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
 // even where bf16 copies are exact), graph-lane / graph-grouped (one key
 // per lane / grouped attention scoring at every size, to place
-// DefaultGroupedAttentionFrom), graph-gu16 / graph-fmlp (Options.GateUpBF16
-// / Options.FusedMLP). They run in the same process;
+// DefaultGroupedAttentionFrom), graph-gu16 / graph-fmlp / graph-fnorm
+// (Options.GateUpBF16 / FusedMLP / FusedMLPNorm). They run in the same
+// process;
 // -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "graph-lane", "graph-grouped", "graph-gu16", "graph-fmlp", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "graph-lane", "graph-grouped", "graph-gu16", "graph-fmlp", "graph-fnorm", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-bs1": // one-token KV blocks (every slot live) against the default
@@ -112,6 +113,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 			o.GateUpBF16 = true
 		case "graph-fmlp":
 			o.FusedMLP = true
+		case "graph-fnorm":
+			o.FusedMLPNorm = true
 		}
 		g, err := New(m, o)
 		if err != nil {
@@ -127,7 +130,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 			sizes = []int{1, 16, 256, 1024, 4096}
 		case "graph-lane", "graph-grouped": // where grouped scoring starts to pay
 			sizes = []int{2, 4, 8, 16, 32, 64, 128, 256, 1024}
-		case "graph-gu16", "graph-fmlp": // against "graph" at the same sizes
+		case "graph-gu16", "graph-fmlp", "graph-fnorm": // against "graph" at the same sizes
 			sizes = []int{8, 64, 256, 1024, 2048}
 		case "graph":
 		default:

@@ -11,12 +11,14 @@ import (
 	"testing"
 )
 
-// TestFusedMLPKernelEmulated runs kernels/mlp.cu's gemm_gu_silu on the CPU
-// through testdata/emu (one block at a time, mma.sync emulated from its
-// fragment layouts) and compares every output with SiLU(x·gate)·(x·up)
-// computed here in float64 from the same bf16 inputs, within the one bf16
-// rounding of the output: the tiling, the stage buffers, the fragment
-// loads and the epilogue's column pairing are checked without a GPU.
+// TestFusedMLPKernelEmulated runs kernels/mlp.cu's gemm_gu_silu and
+// gemm_gu_silu_norm on the CPU through testdata/emu (one block at a time,
+// mma.sync emulated from its fragment layouts) and compares every output
+// with SiLU(a·gate)·(a·up) computed here in float64 from the kernel's bf16
+// inputs (for the norm form: a = bf16(x ⊙ norm weight), the dot products
+// scaled by 1/sqrt(mean(x²) + eps)), within the one bf16 rounding of the
+// output: the tiling, the stage buffers, the fragment loads, the row
+// scales and the epilogue's column pairing are checked without a GPU.
 // Token counts below, at and past a 64-row tile, K of one to four stages,
 // one and two column tiles, and MLP sizes that end inside a tile (what
 // lies past M or the MLP size is neither read nor written).
@@ -25,52 +27,94 @@ func TestFusedMLPKernelEmulated(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "gemm")
 	buildEmulator(t, cxx, bin, "gemm.cpp", emulatedLlama(t)+"\n"+strings.ReplaceAll(mlpSource, `extern "C" __global__`, `extern "C"`), "-DHEAD_DIM=64")
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, tc := range []struct{ M, K, ffn int }{{1, 64, 64}, {5, 96, 64}, {64, 32, 128}, {70, 128, 64}, {130, 64, 64}, {9, 64, 88}, {3, 32, 30}} {
-		bf := func(n int, sd float64) []uint16 {
-			s := make([]float32, n)
-			for i := range s {
-				s[i] = float32(r.NormFloat64() * sd)
+	const eps = 1e-5
+	bf := func(v float32) float64 { return float64(math.Float32frombits(uint32(toBF16([]float32{v})[0]) << 16)) }
+	for _, norm := range []bool{false, true} {
+		for _, tc := range []struct{ M, K, ffn int }{{1, 64, 64}, {5, 96, 64}, {64, 32, 128}, {70, 128, 64}, {130, 64, 64}, {9, 64, 88}, {3, 32, 30}} {
+			x, nw := make([]float32, tc.M*tc.K), make([]float32, tc.K)
+			for i := range x {
+				x[i] = float32(r.NormFloat64() * 3)
 			}
-			return toBF16(s)
-		}
-		x, w := bf(tc.M*tc.K, 1), bf(2*tc.ffn*tc.K, 0.2)
-		got := runMLPEmu(t, bin, tc.M, tc.K, tc.ffn, x, w)
-		f := func(h uint16) float64 { return float64(math.Float32frombits(uint32(h) << 16)) }
-		worst := 0.0
-		for m := range tc.M {
-			for j := range tc.ffn {
-				var gate, up float64
+			for i := range nw {
+				nw[i] = float32(0.5 + r.Float64())
+			}
+			w := make([]float32, 2*tc.ffn*tc.K)
+			for i := range w {
+				w[i] = float32(r.NormFloat64() * 0.2)
+			}
+			w16 := toBF16(w)
+			// a: the GEMM's bf16 input rows as the kernel forms them; scale:
+			// each row's factor on the dot products.
+			a, scale := make([]float64, len(x)), make([]float64, tc.M)
+			for m := range tc.M {
+				scale[m] = 1
+				var ss float64
 				for k := range tc.K {
-					xv := f(x[m*tc.K+k])
-					gate += xv * f(w[(2*j)*tc.K+k])
-					up += xv * f(w[(2*j+1)*tc.K+k])
+					v := x[m*tc.K+k]
+					if norm {
+						ss += float64(v) * float64(v)
+						a[m*tc.K+k] = bf(v * nw[k])
+					} else {
+						a[m*tc.K+k] = bf(v)
+					}
 				}
-				want := gate / (1 + math.Exp(-gate)) * up
-				g := f(got[m*tc.ffn+j])
-				// One bf16 rounding (2⁻⁹ relative) and float32 sums.
-				if d := math.Abs(g - want); !(d <= math.Abs(want)/256+1e-5) {
-					t.Fatalf("M %d K %d ffn %d: act[%d, %d] = %v, want %v", tc.M, tc.K, tc.ffn, m, j, g, want)
-				} else if want != 0 {
-					worst = max(worst, d/math.Abs(want))
+				if norm {
+					scale[m] = 1 / math.Sqrt(ss/float64(tc.K)+eps)
 				}
 			}
+			got := runMLPEmu(t, bin, tc.M, tc.K, tc.ffn, norm, eps, x, nw, w16)
+			f := func(h uint16) float64 { return float64(math.Float32frombits(uint32(h) << 16)) }
+			worst := 0.0
+			for m := range tc.M {
+				for j := range tc.ffn {
+					var gate, up float64
+					for k := range tc.K {
+						gate += a[m*tc.K+k] * f(w16[(2*j)*tc.K+k])
+						up += a[m*tc.K+k] * f(w16[(2*j+1)*tc.K+k])
+					}
+					gate, up = gate*scale[m], up*scale[m]
+					want := gate / (1 + math.Exp(-gate)) * up
+					g := f(got[m*tc.ffn+j])
+					// One bf16 rounding (at most 2⁻⁸ relative) and float32 sums.
+					if d := math.Abs(g - want); !(d <= math.Abs(want)/256+1e-4) {
+						t.Fatalf("norm %v, M %d K %d ffn %d: act[%d, %d] = %v, want %v", norm, tc.M, tc.K, tc.ffn, m, j, g, want)
+					} else if math.Abs(want) > 1e-2 {
+						worst = max(worst, d/math.Abs(want))
+					}
+				}
+			}
+			t.Logf("norm %v, M %d K %d ffn %d: worst relative |Δ| %.2e (outputs over 0.01)", norm, tc.M, tc.K, tc.ffn, worst)
 		}
-		t.Logf("M %d K %d ffn %d: worst relative |Δ| %.2e", tc.M, tc.K, tc.ffn, worst)
 	}
 }
 
-// runMLPEmu writes the emulator's input, runs bin and returns act [M, ffn]
-// as bf16 bits.
-func runMLPEmu(t *testing.T, bin string, M, K, ffn int, x, w []uint16) []uint16 {
+// runMLPEmu writes the emulator's input (x as bf16 without norm, float32
+// with nw after it with norm), runs bin and returns act [M, ffn] as bf16
+// bits.
+func runMLPEmu(t *testing.T, bin string, M, K, ffn int, norm bool, eps float32, x, nw []float32, w []uint16) []uint16 {
 	t.Helper()
 	var buf []byte
-	for _, v := range []int{M, K, ffn} {
+	n := 0
+	if norm {
+		n = 1
+	}
+	for _, v := range []int{M, K, ffn, n} {
 		buf = binary.LittleEndian.AppendUint32(buf, uint32(v))
 	}
-	for _, a := range [][]uint16{x, w} {
-		for _, v := range a {
+	buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(eps))
+	if norm {
+		for _, a := range [][]float32{x, nw} {
+			for _, v := range a {
+				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+			}
+		}
+	} else {
+		for _, v := range toBF16(x) {
 			buf = binary.LittleEndian.AppendUint16(buf, v)
 		}
+	}
+	for _, v := range w {
+		buf = binary.LittleEndian.AppendUint16(buf, v)
 	}
 	in, out := bin+".in", bin+".out"
 	if err := os.WriteFile(in, buf, 0o644); err != nil {

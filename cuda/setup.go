@@ -280,8 +280,9 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 	}
 	b.gemvBF = b.gemvOK && b.gemvBFWanted(m)
 	b.bf16GEMM = b.opt.Precision == "bf16"
-	b.gu16 = b.bf16GEMM && b.opt.GateUpBF16 && ffn%8 == 0      // silu_mul16's 16-byte loads
-	b.fusedMLP = b.bf16GEMM && b.opt.FusedMLP && dm%mlpBK == 0 // gemm_gu_silu's whole stages
+	b.gu16 = b.bf16GEMM && b.opt.GateUpBF16 && ffn%8 == 0                              // silu_mul16's 16-byte loads
+	b.fusedMLP = b.bf16GEMM && (b.opt.FusedMLP || b.opt.FusedMLPNorm) && dm%mlpBK == 0 // gemm_gu_silu's whole stages
+	b.fusedNorm = b.fusedMLP && b.opt.FusedMLPNorm
 	if b.gemvBF || b.bf16GEMM {
 		if b.lmHeadBF, err = b.uploadBF16(w.LMHead); err != nil {
 			return err

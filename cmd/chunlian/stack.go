@@ -620,6 +620,9 @@ const (
 	// featCUDAFusedMLP runs the CUDA backend's gate/up GEMM and SiLU·up as
 	// one tensor-core kernel (cuda.Options.FusedMLP).
 	featCUDAFusedMLP = "cuda-fused-mlp"
+	// featCUDAFusedMLPNorm is featCUDAFusedMLP with the MLP's RMSNorm in
+	// the same kernel (cuda.Options.FusedMLPNorm).
+	featCUDAFusedMLPNorm = "cuda-fused-mlp-norm"
 	// featCUDAFineGraphs pads CUDA graph steps to finer token buckets
 	// (cuda.Options.FineGraphBuckets).
 	featCUDAFineGraphs = "cuda-fine-graphs"

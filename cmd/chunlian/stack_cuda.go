@@ -76,6 +76,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		EagerOnly:            cfg.Experimental.Has(featCUDAEager),
 		GateUpBF16:           cfg.Experimental.Has(featCUDAGateUp16),
 		FusedMLP:             cfg.Experimental.Has(featCUDAFusedMLP),
+		FusedMLPNorm:         cfg.Experimental.Has(featCUDAFusedMLPNorm),
 		FineGraphBuckets:     cfg.Experimental.Has(featCUDAFineGraphs),
 		HandoffSpin:          cfg.CUDA.HandoffSpin,
 		GroupedAttentionFrom: cfg.CUDA.GroupedFrom,

@@ -72,6 +72,7 @@ static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); re
 static inline unsigned __float_as_uint(float f) { unsigned x; memcpy(&x, &f, 4); return x; }
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 template <typename T> T __ldg(const T* p) { return *p; }
 #define __align__(n) __attribute__((aligned(n)))
