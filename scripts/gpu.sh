@@ -28,7 +28,8 @@
 # entry with those extra flags (an empty flags part: as shipped): BLEU and
 # perplexity on the whole test set, which build carries when
 # ../shared/data/couplets/test.tsv exists ($OUT/eval-NAME.txt).
-# CUDATEST=0 skips the CUDA tests, REPLICAS=0 the replica scaling; LEVELS
+# CUDATEST=0 skips the CUDA tests, BENCH=0 the benches, REPLICAS=0 the
+# replica scaling; LEVELS
 # (default 1,1000) sets the bench's user
 # counts, SAMPLES (default "0 1") the sample counts, SERVER_FLAGS adds
 # serve flags to the shipped defaults.
@@ -38,7 +39,8 @@
 # already travel, so the binaries load them with --model weights/chunlian-base
 # (CHUNLIAN_MODEL) and --spring-model /tmp/spring-model (CHUNLIAN_SPRING_MODEL),
 # which check decodes from weights/chunlian-spring first (numpy, as
-# weights.DecodeSpring). check writes summary.txt and the raw reports to $OUT.
+# weights.DecodeSpring). check writes summary.txt to $OUT, the raw bench
+# reports as reports.tar.gz, and the logs and outputs named above.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -150,7 +152,9 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 	# The service as shipped: CUDA's step limits are the defaults (DECISIONS.md,
 	# "Step limits on the GPU"); extra flags through SERVER_FLAGS.
 	SF="--backend cuda --log-level warn ${SERVER_FLAGS:-}"
+	[ "${BENCH:-1}" = 1 ] || SAMPLES=none
 	for k in ${SAMPLES:-0 1}; do
+		[ "$k" != none ] || continue
 		for bin in $BINS; do
 			SMF=${VFLAGS[$bin]:-}
 			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF $SMF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
@@ -204,6 +208,14 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 		echo "profile at $PROFILE users ($(($(date +%s) - T0)) s): $OUT/server.prof" >> $S
 		grep -E "^\| target \|" $OUT/profile-bench.md | tail -1 >> $S
 	fi
+	# The device tool brings back 8 files: the bench reports travel as one
+	# archive (the summary above holds their engine lines).
+	(cd $OUT && python3 -c 'import glob, sys, tarfile
+fs = sorted(glob.glob("gpu-*.json") + glob.glob("gpu-*.md"))
+if fs:
+    with tarfile.open("reports.tar.gz", "w:gz") as t:
+        for f in fs: t.add(f)
+    for f in fs: __import__("os").remove(f)')
 	cat $S
 	;;
 *)
