@@ -52,6 +52,12 @@ type Options struct {
 	// the hidden size to be a multiple of 32 (ignored otherwise). Takes
 	// precedence over GateUpBF16.
 	FusedMLP bool
+	// FusedQKVNorm: with Precision "bf16", the attention's RMSNorm and
+	// [q|k|v] projection run as one tensor-core kernel (gemm_norm, which
+	// reads the float32 residual): one rmsnorm launch a layer fewer, and
+	// the QKV GEMM is ours instead of cuBLAS's. Needs the hidden size to
+	// be a multiple of 32 (ignored otherwise).
+	FusedQKVNorm bool
 	// FusedMLPNorm is FusedMLP with the MLP's RMSNorm folded into the
 	// kernel as well (gemm_gu_silu_norm reads the float32 residual: one
 	// rmsnorm launch a layer less). Implies FusedMLP.
@@ -206,6 +212,7 @@ type Backend struct {
 	gu16      bool      // Options.GateUpBF16 in use (bf16GEMM and ffn % 8 == 0)
 	fusedMLP  bool      // Options.FusedMLP in use (bf16GEMM and d % 32 == 0)
 	fusedNorm bool      // Options.FusedMLPNorm in use (fusedMLP as well)
+	fusedQKV  bool      // Options.FusedQKVNorm in use (bf16GEMM, d % 32 == 0, even qkvDim)
 	lseHost   []float32 // [R] of the last Forward
 	meta      uintptr   // int32 step metadata, capMeta entries
 	capMeta   int
@@ -413,6 +420,23 @@ func (b *Backend) gemm16to16(y16, x16, w16 uintptr, M, N, K int) error {
 	return bl.err(fmt.Sprintf("gemmEx bf16→bf16(M=%d,N=%d,K=%d)", M, N, K), r)
 }
 
+// qkvProj enqueues the attention's input for T tokens: RMSNorm of the
+// residual rows, then the fused [q|k|v] projection into qkv with mm on
+// in (h, or in16 with bf16GEMM); with fusedQKV one gemm_norm launch
+// that normalises the residual rows itself.
+func (b *Backend) qkvProj(T int, L *devLayer, wqkv uintptr, mm func(y, x, w uintptr, M, N, K int, acc bool) error, in uintptr, in16 uint64) error {
+	dm := b.cfg.HiddenSize
+	if b.fusedQKV {
+		gx, gy := tcGrid(T, b.qkvDim)
+		return b.launch("gemm_norm", gx, gy, tcThreads, dptr(b.qkv), dptr(b.x), dptr(L.attnNorm),
+			f32(float32(b.cfg.RMSNormEps)), dptr(L.wqkvBF), i32(T), i32(dm), i32(b.qkvDim))
+	}
+	return errors.Join(
+		b.rmsnorm(b.h, b.x, L.attnNorm, 0, T, in16),
+		mm(b.qkv, in, wqkv, T, b.qkvDim, dm, false),
+	)
+}
+
 // mlpUp enqueues the MLP's first half for T tokens: RMSNorm of the
 // residual rows, the gate/up GEMM and SiLU·up. It returns where it left
 // the activation the down GEMM reads: act, or with bf16GEMM in16 (gu with
@@ -421,20 +445,18 @@ func (b *Backend) gemm16to16(y16, x16, w16 uintptr, M, N, K int) error {
 // silu_mul16 reads it.
 func (b *Backend) mlpUp(T int, L *devLayer, in16 uint64) (uintptr, error) {
 	dm, ffn := b.cfg.HiddenSize, b.cfg.IntermediateSize
-	grid := func() (int, int) { return (T + mlpBM - 1) / mlpBM, (2*ffn + mlpBN - 1) / mlpBN }
+	gx, gy := tcGrid(T, 2*ffn)
 	if b.fusedNorm {
-		gx, gy := grid()
-		return b.gu, b.launch("gemm_gu_silu_norm", gx, gy, mlpThreads,
-			dptr(b.gu), dptr(b.x), dptr(L.mlpNorm), f32(float32(b.cfg.RMSNormEps)), dptr(L.wguIL), i32(T), i32(dm), i32(ffn))
+		return b.gu, b.launch("gemm_gu_silu_norm", gx, gy, tcThreads,
+			dptr(b.gu), dptr(b.x), dptr(L.mlpNorm), f32(float32(b.cfg.RMSNormEps)), dptr(L.wguIL), i32(T), i32(dm), i32(2*ffn))
 	}
 	if err := b.rmsnorm(b.h, b.x, L.mlpNorm, 0, T, in16); err != nil {
 		return 0, err
 	}
 	switch {
 	case b.fusedMLP:
-		gx, gy := grid()
-		return b.gu, b.launch("gemm_gu_silu", gx, gy, mlpThreads,
-			dptr(b.gu), in16, dptr(L.wguIL), i32(T), i32(dm), i32(ffn))
+		return b.gu, b.launch("gemm_gu_silu", gx, gy, tcThreads,
+			dptr(b.gu), in16, dptr(L.wguIL), i32(T), i32(dm), i32(2*ffn))
 	case b.gu16:
 		n8 := T * ffn / 8
 		return b.in16, errors.Join(
@@ -453,12 +475,15 @@ func (b *Backend) mlpUp(T int, L *devLayer, in16 uint64) (uintptr, error) {
 	)
 }
 
-// gemm_gu_silu's tile (MLP_BM, MLP_BN, MLP_BK and MLP_THREADS in
-// kernels/mlp.cu).
+// The tensor-core GEMMs' tile (TC_BM, TC_BN, TC_BK and TC_THREADS in
+// kernels/gemm.cu).
 const (
-	mlpBM, mlpBN, mlpBK = 64, 128, 32
-	mlpThreads          = 256
+	tcBM, tcBN, tcBK = 64, 128, 32
+	tcThreads        = 256
 )
+
+// tcGrid is the tensor-core GEMMs' grid for M rows and N columns.
+func tcGrid(M, N int) (int, int) { return (M + tcBM - 1) / tcBM, (N + tcBN - 1) / tcBN }
 
 // LogSumExp returns, for each logits row of the last Forward, log Σ exp of
 // the row, computed on the GPU. A
@@ -706,8 +731,7 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 			wqkv, wo, down = L.wqkvBF, L.woBF, L.downBF
 		}
 		errs = errors.Join(
-			b.rmsnorm(b.h, b.x, L.attnNorm, 0, T, in16),
-			mm(b.qkv, a(b.h), wqkv, T, b.qkvDim, dm, false),
+			b.qkvProj(T, &L, wqkv, mm, a(b.h), in16),
 			b.attention(T, stride, kc, vc, positions, slots, tokSeq, tables, in16),
 			mm(b.x, a(b.attn), wo, T, dm, nH*b.hd, true),
 		)

@@ -89,14 +89,14 @@ func fillContext(tb testing.TB, be forward.Backend, bt *forward.Batch) {
 // Options.HandoffSpin < 0), graph-fp32w (the GEMV path on float32 weights
 // even where bf16 copies are exact), graph-lane / graph-grouped (one key
 // per lane / grouped attention scoring at every size, to place
-// DefaultGroupedAttentionFrom), graph-gu16 / graph-fmlp / graph-fnorm
-// (Options.GateUpBF16 / FusedMLP / FusedMLPNorm). They run in the same
-// process;
+// DefaultGroupedAttentionFrom), graph-gu16 / graph-fmlp / graph-fnorm /
+// graph-fall (Options.GateUpBF16 / FusedMLP / FusedMLPNorm / that and
+// FusedQKVNorm). They run in the same process;
 // -test.count N alternates them N times.
 func BenchmarkDecodeStep(b *testing.B) {
 	gpuOrSkip(b)
 	m := benchModel(b)
-	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "graph-lane", "graph-grouped", "graph-gu16", "graph-fmlp", "graph-fnorm", "eager"} {
+	for _, mode := range []string{"graph", "graph-gemm", "graph-bs1", "graph-nospin", "graph-fp32w", "graph-lane", "graph-grouped", "graph-gu16", "graph-fmlp", "graph-fnorm", "graph-fall", "eager"} {
 		o := Options{KVCacheBytes: 4 << 30, EagerOnly: strings.HasPrefix(mode, "eager")}
 		switch mode {
 		case "graph-bs1": // one-token KV blocks (every slot live) against the default
@@ -115,6 +115,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 			o.FusedMLP = true
 		case "graph-fnorm":
 			o.FusedMLPNorm = true
+		case "graph-fall":
+			o.FusedMLPNorm, o.FusedQKVNorm = true, true
 		}
 		g, err := New(m, o)
 		if err != nil {
@@ -130,7 +132,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 			sizes = []int{1, 16, 256, 1024, 4096}
 		case "graph-lane", "graph-grouped": // where grouped scoring starts to pay
 			sizes = []int{2, 4, 8, 16, 32, 64, 128, 256, 1024}
-		case "graph-gu16", "graph-fmlp", "graph-fnorm": // against "graph" at the same sizes
+		case "graph-gu16", "graph-fmlp", "graph-fnorm", "graph-fall": // against "graph" at the same sizes
 			sizes = []int{8, 64, 256, 1024, 2048}
 		case "graph":
 		default:

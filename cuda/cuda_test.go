@@ -308,10 +308,11 @@ func TestForwardMatchesCPU(t *testing.T) {
 		// default takes them from 64 tokens, more than any step here).
 		// -gu16: the gate/up GEMM writes bf16 (Options.GateUpBF16);
 		// -fmlp: gate/up and SiLU·up in one kernel (Options.FusedMLP);
-		// -fnorm: RMSNorm as well (Options.FusedMLPNorm).
+		// -fnorm: RMSNorm as well (Options.FusedMLPNorm); -fqkv: RMSNorm
+		// and the QKV projection in one kernel (Options.FusedQKVNorm).
 		// -bsN (last): N-token KV blocks instead of 16 (the CUDA default is 2).
 		for _, variant := range []string{"fp32", "tf32", "fp32-eager", "fp32-bf16w", "tf32-eager-bf16w", "bf16", "bf16-eager-bf16w", "bf16-bf16w-bs4", "fp32-bs1", "fp32-eager-bs1",
-			"fp32-attg", "fp32-eager-attg-bs1", "bf16-bf16w-attg-bs2", "bf16-gu16", "bf16-eager-bf16w-gu16-bs2", "bf16-fmlp", "bf16-eager-bf16w-fmlp-bs2", "bf16-fnorm", "bf16-bf16w-fnorm-bs2"} {
+			"fp32-attg", "fp32-eager-attg-bs1", "bf16-bf16w-attg-bs2", "bf16-gu16", "bf16-eager-bf16w-gu16-bs2", "bf16-fmlp", "bf16-eager-bf16w-fmlp-bs2", "bf16-fnorm", "bf16-fqkv", "bf16-bf16w-fqkv-fnorm-bs2", "bf16-eager-fqkv-fnorm"} {
 			prec, _, _ := strings.Cut(variant, "-")
 			eager, bf16w := strings.Contains(variant, "-eager"), strings.Contains(variant, "-bf16w")
 			grouped := 0
@@ -333,7 +334,7 @@ func TestForwardMatchesCPU(t *testing.T) {
 				}
 				g, c := newPairOpt(t, m, Options{Precision: prec, BlockSize: bs, EagerOnly: eager, GroupedAttentionFrom: grouped,
 					GateUpBF16: strings.Contains(variant, "-gu16"), FusedMLP: strings.Contains(variant, "-fmlp"),
-					FusedMLPNorm: strings.Contains(variant, "-fnorm")})
+					FusedMLPNorm: strings.Contains(variant, "-fnorm"), FusedQKVNorm: strings.Contains(variant, "-fqkv")})
 				t.Logf("device %+v", g.Info())
 				wantPath := "gemv-fp32"
 				switch {

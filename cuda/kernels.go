@@ -18,20 +18,20 @@ var llamaSource string
 //go:embed kernels/draw.cu
 var drawSource string
 
-// mlpSource holds the tensor-core MLP kernels (gemm_gu_silu,
-// gemm_gu_silu_norm); it uses
+// gemmSource holds the tensor-core GEMMs with fused prologues and
+// epilogues (gemm_gu_silu, gemm_gu_silu_norm, gemm_norm); it uses
 // llama.cu's helpers and is compiled appended to it.
 //
-//go:embed kernels/mlp.cu
-var mlpSource string
+//go:embed kernels/gemm.cu
+var gemmSource string
 
-// kernelSource is the one NVRTC program: llama.cu, draw.cu, then mlp.cu.
-var kernelSource = llamaSource + "\n" + drawSource + "\n" + mlpSource
+// kernelSource is the one NVRTC program: llama.cu, draw.cu, then gemm.cu.
+var kernelSource = llamaSource + "\n" + drawSource + "\n" + gemmSource
 
 // kernelNames are the entry points resolved after loading the module.
 var kernelNames = []string{"embed_gather", "rmsnorm", "silu_mul", "silu_mul16", "copy_blocks", "row_lse",
 	"gemv", "gemv_qkv_rope", "gemv_gu_silu", "gemv_bf16", "gemv_qkv_rope_bf16", "gemv_gu_silu_bf16",
-	"paged_attention_chunked", "paged_attention_rope", "paged_attention_chunked_g", "paged_attention_rope_g", "draw_rows", "gather_rows", "mark_done", "gemm_gu_silu", "gemm_gu_silu_norm"}
+	"paged_attention_chunked", "paged_attention_rope", "paged_attention_chunked_g", "paged_attention_rope_g", "draw_rows", "gather_rows", "mark_done", "gemm_gu_silu", "gemm_gu_silu_norm", "gemm_norm"}
 
 // kernelOptions are the NVRTC options for a model with this head dimension.
 func kernelOptions(headDim int) []string {

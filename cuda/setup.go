@@ -280,9 +280,11 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 	}
 	b.gemvBF = b.gemvOK && b.gemvBFWanted(m)
 	b.bf16GEMM = b.opt.Precision == "bf16"
-	b.gu16 = b.bf16GEMM && b.opt.GateUpBF16 && ffn%8 == 0                              // silu_mul16's 16-byte loads
-	b.fusedMLP = b.bf16GEMM && (b.opt.FusedMLP || b.opt.FusedMLPNorm) && dm%mlpBK == 0 // gemm_gu_silu's whole stages
+	b.gu16 = b.bf16GEMM && b.opt.GateUpBF16 && ffn%8 == 0 // silu_mul16's 16-byte loads
+	// The tensor-core GEMMs take whole stages of K and column pairs.
+	b.fusedMLP = b.bf16GEMM && (b.opt.FusedMLP || b.opt.FusedMLPNorm) && dm%tcBK == 0
 	b.fusedNorm = b.fusedMLP && b.opt.FusedMLPNorm
+	b.fusedQKV = b.bf16GEMM && b.opt.FusedQKVNorm && dm%tcBK == 0 && b.qkvDim%2 == 0
 	if b.gemvBF || b.bf16GEMM {
 		if b.lmHeadBF, err = b.uploadBF16(w.LMHead); err != nil {
 			return err

@@ -623,6 +623,9 @@ const (
 	// featCUDAFusedMLPNorm is featCUDAFusedMLP with the MLP's RMSNorm in
 	// the same kernel (cuda.Options.FusedMLPNorm).
 	featCUDAFusedMLPNorm = "cuda-fused-mlp-norm"
+	// featCUDAFusedQKVNorm runs the CUDA backend's attention RMSNorm and
+	// QKV projection as one tensor-core kernel (cuda.Options.FusedQKVNorm).
+	featCUDAFusedQKVNorm = "cuda-fused-qkv-norm"
 	// featCUDAFineGraphs pads CUDA graph steps to finer token buckets
 	// (cuda.Options.FineGraphBuckets).
 	featCUDAFineGraphs = "cuda-fine-graphs"

@@ -77,6 +77,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		GateUpBF16:           cfg.Experimental.Has(featCUDAGateUp16),
 		FusedMLP:             cfg.Experimental.Has(featCUDAFusedMLP),
 		FusedMLPNorm:         cfg.Experimental.Has(featCUDAFusedMLPNorm),
+		FusedQKVNorm:         cfg.Experimental.Has(featCUDAFusedQKVNorm),
 		FineGraphBuckets:     cfg.Experimental.Has(featCUDAFineGraphs),
 		HandoffSpin:          cfg.CUDA.HandoffSpin,
 		GroupedAttentionFrom: cfg.CUDA.GroupedFrom,

@@ -2,7 +2,7 @@
 // TestDrawKernelEmulated (draw.cpp: draw.cu's draw_rows, one block at a
 // time on DRAW_THREADS std::threads) and TestAttentionKernelsEmulated
 // (attn.cpp: llama.cu's attention kernels, one warp at a time on 32) and
-// TestFusedMLPKernelEmulated (gemm.cpp: mlp.cu, one block at a time).
+// TestTensorCoreGEMMsEmulated (gemm.cpp: gemm.cu, one block at a time).
 // __syncthreads (and __syncwarp) = the barrier g_bar of the threads that
 // run together; warp shuffles and ballots go through an exchange among
 // them, so every thread of those must make the same calls (draw.cu
@@ -72,11 +72,13 @@ static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); re
 static inline unsigned __float_as_uint(float f) { unsigned x; memcpy(&x, &f, 4); return x; }
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 template <typename T> T __ldg(const T* p) { return *p; }
 #define __align__(n) __attribute__((aligned(n)))
-// mlp.cu's tensor-core and cp.async helpers (it defines them itself
+// gemm.cu's tensor-core and cp.async helpers (it defines them itself
 // unless KERNEL_EMULATOR). cp.async copies at once; mma.sync m16n8k16
 // (bf16 in, float32 accumulate) passes the warp's fragments through the
 // exchange, and each thread computes its own four accumulators from the
