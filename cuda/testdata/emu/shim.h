@@ -1,8 +1,8 @@
 // CPU emulation of the CUDA subset the emulated kernels use, for
-// TestDrawKernelEmulated (draw.cpp: draw.cu's draw_rows, one block at a
-// time on DRAW_THREADS std::threads) and TestAttentionKernelsEmulated
-// (attn.cpp: llama.cu's attention kernels, one warp at a time on 32) and
-// TestTensorCoreGEMMsEmulated (gemm.cpp: gemm.cu, one block at a time).
+// cuda/emu_test.go: draw.cpp runs draw.cu's draw_rows (one block at a time
+// on DRAW_THREADS std::threads), llama.cpp llama.cu's attention kernels
+// (one warp at a time on 32) and gemm.cu's tensor-core GEMMs (one block
+// at a time).
 // __syncthreads (and __syncwarp) = the barrier g_bar of the threads that
 // run together; warp shuffles and ballots go through an exchange among
 // them, so every thread of those must make the same calls (draw.cu
