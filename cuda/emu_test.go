@@ -64,7 +64,7 @@ func TestDrawKernelEmulated(t *testing.T) {
 				d.U = 0
 			}
 		}
-		got := runEmu(t, bin, dir, rows, masks, draws, tc.V)
+		got := runEmu(t, bin, rows, masks, draws, tc.V)
 		var sampled, differ int
 		for i, d := range draws {
 			row := rows[int(d.Row)*tc.V : (int(d.Row)+1)*tc.V]
@@ -142,7 +142,7 @@ func emuRows(r *rand.Rand, R, V int) []float32 {
 // runEmu writes the emulator's input (the masks padded or cut to the
 // vocabulary's words as RegisterMask does, the specs as packDraws packs
 // them), runs bin and returns its results.
-func runEmu(t *testing.T, bin, dir string, rows []float32, masks [][]uint64, draws []forward.Draw, V int) []forward.Drawn {
+func runEmu(t *testing.T, bin string, rows []float32, masks [][]uint64, draws []forward.Draw, V int) []forward.Drawn {
 	t.Helper()
 	R, W := len(rows)/V, (V+63)/64
 	packed, err := packDraws(nil, draws, nil, R, V, len(masks))
@@ -168,17 +168,7 @@ func runEmu(t *testing.T, bin, dir string, rows []float32, masks [][]uint64, dra
 	for _, x := range packed {
 		put(uint32(x))
 	}
-	in, out := filepath.Join(dir, "in.bin"), filepath.Join(dir, "out.bin")
-	if err := os.WriteFile(in, buf, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if msg, err := exec.Command(bin, in, out).CombinedOutput(); err != nil {
-		t.Fatalf("emulator: %v\n%s", err, msg)
-	}
-	ob, err := os.ReadFile(out)
-	if err != nil || len(ob) != 8*len(draws) {
-		t.Fatalf("emulator output: %d bytes, %v", len(ob), err)
-	}
+	ob := runEmulator(t, bin, buf, 8*len(draws))
 	res := make([]forward.Drawn, len(draws))
 	for i := range res {
 		res[i] = forward.Drawn{Tok: int32(binary.LittleEndian.Uint32(ob[8*i:])), Logit: math.Float32frombits(binary.LittleEndian.Uint32(ob[8*i+4:]))}
@@ -202,6 +192,24 @@ func emulatorOrSkip(t *testing.T, gpuTest string) string {
 		t.Skip("no g++")
 	}
 	return cxx
+}
+
+// runEmulator runs the emulator bin on the input in (written next to it)
+// and returns its output, which must be want bytes.
+func runEmulator(t *testing.T, bin string, in []byte, want int) []byte {
+	t.Helper()
+	inPath, outPath := bin+".in", bin+".out"
+	if err := os.WriteFile(inPath, in, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := exec.Command(bin, inPath, outPath).CombinedOutput(); err != nil {
+		t.Fatalf("emulator: %v\n%s", err, msg)
+	}
+	out, err := os.ReadFile(outPath)
+	if err != nil || len(out) != want {
+		t.Fatalf("emulator output: %d bytes (want %d), %v", len(out), want, err)
+	}
+	return out
 }
 
 // buildEmulator compiles testdata/emu/main (with shim.h) into bin, with
@@ -487,18 +495,8 @@ func (sc *attnScene) run(t *testing.T, bin string, which int) (out, kc, vc []flo
 			put(uint32(x))
 		}
 	}
-	in, outPath := bin+".in", bin+".out"
-	if err := os.WriteFile(in, buf, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if msg, err := exec.Command(bin, in, outPath).CombinedOutput(); err != nil {
-		t.Fatalf("emulator: %v\n%s", err, msg)
-	}
-	ob, err := os.ReadFile(outPath)
 	nOut := sc.T * nH * hd
-	if err != nil || len(ob) != 4*(nOut+2*kvN) {
-		t.Fatalf("emulator output: %d bytes, %v", len(ob), err)
-	}
+	ob := runEmulator(t, bin, buf, 4*(nOut+2*kvN))
 	f := func(i int) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(ob[4*i:])) }
 	out = make([]float32, nOut)
 	for i := range out {
@@ -650,21 +648,11 @@ func runGEMMEmu(t *testing.T, bin string, M, K, N, which int, eps float32, x, nw
 	for _, v := range w {
 		buf = binary.LittleEndian.AppendUint16(buf, v)
 	}
-	in, out := bin+".in", bin+".out"
-	if err := os.WriteFile(in, buf, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if msg, err := exec.Command(bin, in, out).CombinedOutput(); err != nil {
-		t.Fatalf("emulator: %v\n%s", err, msg)
-	}
-	ob, err := os.ReadFile(out)
 	n, size := M*N/2, 2
 	if which == 2 {
 		n, size = M*N, 4
 	}
-	if err != nil || len(ob) != size*n {
-		t.Fatalf("emulator output: %d bytes, %v", len(ob), err)
-	}
+	ob := runEmulator(t, bin, buf, size*n)
 	res := make([]float64, n)
 	for i := range res {
 		if size == 2 {
