@@ -49,14 +49,14 @@ type Options struct {
 	// run as one tensor-core kernel (gemm_gu_silu, kernels/mlp.cu) on an
 	// interleaved copy of the gate/up weights: the float32 gate/up
 	// activations never reach memory and silu_mul is not launched. Needs
-	// the hidden size to be a multiple of 32 (ignored otherwise). Takes
+	// the hidden size to be a multiple of 32 (New fails otherwise). Takes
 	// precedence over GateUpBF16.
 	FusedMLP bool
 	// FusedQKVNorm: with Precision "bf16", the attention's RMSNorm and
 	// [q|k|v] projection run as one tensor-core kernel (gemm_norm, which
 	// reads the float32 residual): one rmsnorm launch a layer fewer, and
 	// the QKV GEMM is ours instead of cuBLAS's. Needs the hidden size to
-	// be a multiple of 32 (ignored otherwise).
+	// be a multiple of 32 (New fails otherwise).
 	FusedQKVNorm bool
 	// FusedMLPNorm is FusedMLP with the MLP's RMSNorm folded into the
 	// kernel as well (gemm_gu_silu_norm reads the float32 residual: one
@@ -66,6 +66,7 @@ type Options struct {
 	// bf16 instead of float32 and silu_mul16 reads it (half the bytes of
 	// the step's widest activation; the gate and up values are rounded to
 	// bf16 before SiLU·up, whose product was already rounded to bf16).
+	// Needs an MLP size that is a multiple of 8 (New fails otherwise).
 	GateUpBF16 bool
 	// EagerOnly disables CUDA graphs (see graph.go).
 	EagerOnly bool

@@ -280,11 +280,11 @@ func (b *Backend) uploadWeights(m *model.Model) error {
 	}
 	b.gemvBF = b.gemvOK && b.gemvBFWanted(m)
 	b.bf16GEMM = b.opt.Precision == "bf16"
-	b.gu16 = b.bf16GEMM && b.opt.GateUpBF16 && ffn%8 == 0 // silu_mul16's 16-byte loads
-	// The tensor-core GEMMs take whole stages of K and column pairs.
-	b.fusedMLP = b.bf16GEMM && (b.opt.FusedMLP || b.opt.FusedMLPNorm) && dm%tcBK == 0
-	b.fusedNorm = b.fusedMLP && b.opt.FusedMLPNorm
-	b.fusedQKV = b.bf16GEMM && b.opt.FusedQKVNorm && dm%tcBK == 0 && b.qkvDim%2 == 0
+	f, err := fusedPaths(b.opt, c, b.qkvDim)
+	if err != nil {
+		return err
+	}
+	b.gu16, b.fusedMLP, b.fusedNorm, b.fusedQKV = f.gu16, f.mlp, f.mlpNorm, f.qkv
 	if b.gemvBF || b.bf16GEMM {
 		if b.lmHeadBF, err = b.uploadBF16(w.LMHead); err != nil {
 			return err
@@ -490,4 +490,35 @@ func (b *Backend) release() {
 		_ = d.call("cuDevicePrimaryCtxRelease", d.cuDevicePrimaryCtxRelease, uintptr(b.dev))
 		b.ctx = 0
 	}
+}
+
+// fused says which of the cuBLAS path's optional kernels a backend runs.
+type fused struct{ gu16, mlp, mlpNorm, qkv bool }
+
+// fusedPaths checks the fused-kernel options against the precision and the
+// model's shapes: a requested path that cannot run is an error, not a
+// silent fallback. silu_mul16 loads 16 bytes (ffn % 8 == 0); the
+// tensor-core GEMMs take whole 32-wide stages of the hidden size and
+// column pairs. FusedMLPNorm implies FusedMLP and takes precedence over
+// GateUpBF16, as FusedMLP does.
+func fusedPaths(o Options, c model.Config, qkvDim int) (fused, error) {
+	want := o.GateUpBF16 || o.FusedMLP || o.FusedMLPNorm || o.FusedQKVNorm
+	if want && o.Precision != "bf16" {
+		return fused{}, fmt.Errorf("cuda: the fused kernels (GateUpBF16, FusedMLP, FusedMLPNorm, FusedQKVNorm) need Precision bf16, not %q", o.Precision)
+	}
+	d, ffn := c.HiddenSize, c.IntermediateSize
+	var f fused
+	f.mlp = o.FusedMLP || o.FusedMLPNorm
+	f.mlpNorm = o.FusedMLPNorm
+	f.qkv = o.FusedQKVNorm
+	f.gu16 = o.GateUpBF16 && !f.mlp
+	switch {
+	case f.gu16 && ffn%8 != 0:
+		return fused{}, fmt.Errorf("cuda: GateUpBF16 needs an MLP size that is a multiple of 8, not %d", ffn)
+	case (f.mlp || f.qkv) && d%tcBK != 0:
+		return fused{}, fmt.Errorf("cuda: the tensor-core GEMMs (FusedMLP, FusedMLPNorm, FusedQKVNorm) need a hidden size that is a multiple of %d, not %d", tcBK, d)
+	case f.qkv && qkvDim%2 != 0:
+		return fused{}, fmt.Errorf("cuda: FusedQKVNorm needs an even QKV width, not %d", qkvDim)
+	}
+	return f, nil
 }
