@@ -46,7 +46,7 @@ type Options struct {
 	// DefaultGroupedAttentionFrom, negative never.
 	GroupedAttentionFrom int
 	// FusedMLP: with Precision "bf16", the MLP's gate/up GEMM and SiLU·up
-	// run as one tensor-core kernel (gemm_gu_silu, kernels/mlp.cu) on an
+	// run as one tensor-core kernel (gemm_gu_silu, kernels/gemm.cu) on an
 	// interleaved copy of the gate/up weights: the float32 gate/up
 	// activations never reach memory and silu_mul is not launched. Needs
 	// the hidden size to be a multiple of 32 (New fails otherwise). Takes
@@ -208,12 +208,13 @@ type Backend struct {
 	lseBuf                uintptr // [T] row log-sum-exp
 	// in16 is the bf16 GEMM input [T, max(d, nH*hd, ffn)] when bf16GEMM:
 	// the normed, attention or SiLU activations the next GEMM reads.
-	in16      uintptr
-	bf16GEMM  bool      // Options.Precision "bf16": GEMMs on bf16 copies (gemm16)
-	gu16      bool      // Options.GateUpBF16 in use (bf16GEMM and ffn % 8 == 0)
-	fusedMLP  bool      // Options.FusedMLP in use (bf16GEMM and d % 32 == 0)
-	fusedNorm bool      // Options.FusedMLPNorm in use (fusedMLP as well)
-	fusedQKV  bool      // Options.FusedQKVNorm in use (bf16GEMM, d % 32 == 0, even qkvDim)
+	in16     uintptr
+	bf16GEMM bool // Options.Precision "bf16": GEMMs on bf16 copies (gemm16)
+	// The optional kernels of the cuBLAS path in use (fusedPaths).
+	gu16      bool      // Options.GateUpBF16 (not with fusedMLP)
+	fusedMLP  bool      // Options.FusedMLP or FusedMLPNorm
+	fusedNorm bool      // Options.FusedMLPNorm
+	fusedQKV  bool      // Options.FusedQKVNorm
 	lseHost   []float32 // [R] of the last Forward
 	meta      uintptr   // int32 step metadata, capMeta entries
 	capMeta   int

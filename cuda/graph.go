@@ -29,9 +29,9 @@ const maxGraphTokens = 8192
 // graphBucket returns the padded size for a batch of T tokens, or 0 when T
 // is too large for graphs. Buckets: 1, 2, 4, 8, then multiples of 16 up to
 // 256, of 128 up to 2048, then of 512; with fine (Options.FineGraphBuckets)
-// multiples of 16 up to 1024, of 64 up to 4096, then of 256: at most
-// ~1.5 % padding past 1024 tokens instead of up to a fifth, for three
-// times as many graphs.
+// multiples of 16 up to 1024, of 64 up to 4096, then of 256: at most 15,
+// 63 or 255 padding tokens instead of 127 or 511, for three times as many
+// graphs.
 func graphBucket(T int, fine bool) int {
 	round := func(n int) int { return (T + n - 1) / n * n }
 	switch {
