@@ -761,7 +761,13 @@ func (b *Backend) enqueue(T, R, stride int, off [6]int) error {
 func (b *Backend) attention(T, stride int, kc, vc uintptr, positions, slots, tokSeq, tables, in16 uint64) error {
 	nH, nKV := b.cfg.NumHeads, b.cfg.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(b.hd)))
-	return b.launch(b.attnKernel("paged_attention_rope", T), (T*nH+3)/4, 1, 128, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
+	// After gemm_norm, a kernel of ours, attention may launch early
+	// (programmatic dependent launch); after cuBLAS it may not.
+	launch := b.launchShm
+	if b.fusedQKV {
+		launch = b.launchPDL
+	}
+	return launch(b.attnKernel("paged_attention_rope", T), (T*nH+3)/4, 1, 128, 0, dptr(b.attn), dptr(b.qkv), dptr(b.cosSin), slots,
 		dptr(kc), dptr(vc), tokSeq, positions, tables, i32(stride), i32(T), i32(nH), i32(nKV),
 		i32(b.opt.BlockSize), f32(scale), in16)
 }

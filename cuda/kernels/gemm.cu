@@ -69,6 +69,9 @@ __device__ __forceinline__ void gemm_tc_t(void* __restrict__ out, const unsigned
     __shared__ __align__(16) unsigned short As[TC_STAGES][TC_BM * TC_LD];
     __shared__ __align__(16) unsigned short Bs[TC_STAGES][TC_BN * TC_LD];
     __shared__ float invs[TC_BM];
+    // Launched after cuBLAS, so never early itself; this lets the kernel
+    // after it (attention after gemm_norm) launch while it runs.
+    pdl_wait();
     int tid = threadIdx.x, lane = tid & (WARP - 1), warp = tid / WARP;
     int wm = warp / 4, wn = warp % 4;
     int g = lane >> 2, t = lane & 3;
