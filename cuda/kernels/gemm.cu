@@ -61,11 +61,12 @@ __device__ __forceinline__ unsigned lds32(const unsigned short* p) { return *rei
 // W [N, K] bf16; out as the entry points say. TC_STAGES stages of the x
 // and W tiles are in flight in a ring of shared buffers, one barrier a
 // stage.
-
+static_assert(TC_BM == TC_THREADS / 4 && TC_BN == 2 * TC_BM && TC_BK == 32,
+              "gemm_tc_t's loads: a thread moves 8 bf16 of one x row and of two W rows a stage");
 template <bool NORM, bool SILU>
 __device__ __forceinline__ void gemm_tc_t(void* __restrict__ out, const unsigned short* __restrict__ x16,
-                                               const float* __restrict__ x32, const float* __restrict__ nw, float eps,
-                                               const unsigned short* __restrict__ W, int M, int K, int N) {
+                                          const float* __restrict__ x32, const float* __restrict__ nw, float eps,
+                                          const unsigned short* __restrict__ W, int M, int K, int N) {
     __shared__ __align__(16) unsigned short As[TC_STAGES][TC_BM * TC_LD];
     __shared__ __align__(16) unsigned short Bs[TC_STAGES][TC_BN * TC_LD];
     __shared__ float invs[TC_BM];
@@ -77,19 +78,19 @@ __device__ __forceinline__ void gemm_tc_t(void* __restrict__ out, const unsigned
     int g = lane >> 2, t = lane & 3;
     int m0 = blockIdx.x * TC_BM, n0 = blockIdx.y * TC_BN;
     // This thread's 16-byte pieces of a stage: row tid/4 of the x tile and
-    // rows tid/4 and 64 + tid/4 of the W tile, 8 bf16 from (tid % 4) · 8.
+    // rows tid/4 and TC_BM + tid/4 of the W tile, 8 bf16 from (tid % 4) · 8.
     int r = tid >> 2, k8 = (tid & 3) * 8;
-    bool aok = m0 + r < M, b0ok = n0 + r < N, b1ok = n0 + 64 + r < N;
+    bool aok = m0 + r < M, b0ok = n0 + r < N, b1ok = n0 + TC_BM + r < N;
     i64 arow = (i64)min(m0 + r, M - 1) * K + k8;
     const unsigned short* bg0 = W + (i64)min(n0 + r, N - 1) * K + k8;
-    const unsigned short* bg1 = W + (i64)min(n0 + 64 + r, N - 1) * K + k8;
+    const unsigned short* bg1 = W + (i64)min(n0 + TC_BM + r, N - 1) * K + k8;
     int nk = K / TC_BK;
     auto load = [&](int kt) { // stage kt into buffer kt % TC_STAGES
         if (kt < nk) {
             int s = kt % TC_STAGES, o = kt * TC_BK;
             if (!NORM) cp_async16(&As[s][r * TC_LD + k8], x16 + arow + o, aok);
             cp_async16(&Bs[s][r * TC_LD + k8], bg0 + o, b0ok);
-            cp_async16(&Bs[s][(64 + r) * TC_LD + k8], bg1 + o, b1ok);
+            cp_async16(&Bs[s][(TC_BM + r) * TC_LD + k8], bg1 + o, b1ok);
         }
         cp_async_commit(); // an empty group past the end keeps the count
     };
