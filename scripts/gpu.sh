@@ -145,7 +145,7 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 	{ cat .carry/gpu/BUILD.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > $S
 	T0=$(date +%s)
 	if [ "${CUDATEST:-1}" = 1 ]; then
-		timeout 170 $B/cuda.test -test.count 1 -test.v ${TESTS:+-test.run "$TESTS"} > $OUT/cuda_test.log 2>&1
+		timeout 240 $B/cuda.test -test.count 1 -test.v ${TESTS:+-test.run "$TESTS"} > $OUT/cuda_test.log 2>&1
 		echo "cuda.test rc=$? ($(($(date +%s) - T0)) s)" >> $S
 		grep -E "^(--- FAIL|FAIL|ok|PASS)|panic" $OUT/cuda_test.log | head -20 >> $S
 	fi
