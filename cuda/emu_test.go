@@ -277,21 +277,20 @@ func TestAttentionKernelsEmulated(t *testing.T) {
 	}
 }
 
-// emulatedKernels is what testdata/emu/llama.cpp compiles: llama.cu's
-// helpers and kernels through the attention kernels (the GEMV kernels
-// after them need dynamic shared memory), without the L2 prefetch
-// instruction, then gemm.cu.
+// emulatedKernels is what testdata/emu/llama.cpp compiles: llama.cu and
+// gemm.cu without the L2 prefetch instruction, the dynamic shared array a
+// static one.
 func emulatedKernels(t *testing.T) string {
 	t.Helper()
-	const marker = "// silu_mul: act[t, i]"
-	cut := strings.Index(llamaSource, marker)
-	if cut < 0 {
-		t.Fatalf("llama.cu has no %q: the emulated part (through the attention kernels) ends there", marker)
+	const smem = "extern __shared__ float4 smem4[];"
+	if !strings.Contains(llamaSource, smem) {
+		t.Fatalf("llama.cu declares no %q for the emulator to replace", smem)
 	}
 	return strings.NewReplacer(
 		`extern "C" __global__`, `extern "C"`,
 		`asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));`, `(void)(c + off);`,
-	).Replace(llamaSource[:cut] + "\n" + gemmSource)
+		smem, fmt.Sprintf("static float4 smem4[%d];", gemvMaxShm/16),
+	).Replace(llamaSource + "\n" + gemmSource)
 }
 
 // attnScene is one step of the attention kernels' input: sequences of
@@ -662,4 +661,43 @@ func runGEMMEmu(t *testing.T, bin string, M, K, N, which int, eps float32, x, nw
 		}
 	}
 	return res
+}
+
+// TestSiLUMul16Emulated runs llama.cu's silu_mul16 (Options.GateUpBF16) on
+// the CPU through testdata/emu and compares each output with
+// bf16(SiLU(gate)·up) of the bf16 inputs computed here: the 16-byte
+// pieces, the gate/up halves of each row and the grid-stride loop (grids
+// smaller and larger than the work) are checked without a GPU.
+func TestSiLUMul16Emulated(t *testing.T) {
+	cxx := emulatorOrSkip(t, "TestForwardMatchesCPU")
+	bin := filepath.Join(t.TempDir(), "silu")
+	buildEmulator(t, cxx, bin, "llama.cpp", emulatedKernels(t), "-DHEAD_DIM=64")
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, tc := range []struct{ T, ffn, grid int }{{1, 64, 1}, {3, 1024, 1}, {70, 88, 2}, {5, 16, 9}} {
+		gu := make([]float32, tc.T*2*tc.ffn)
+		for i := range gu {
+			gu[i] = float32(r.NormFloat64() * 4)
+		}
+		gu16 := toBF16(gu)
+		var buf []byte
+		for _, v := range []int{2, tc.T, tc.ffn, tc.grid} { // op 2: silu_mul16
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(v))
+		}
+		for _, v := range gu16 {
+			buf = binary.LittleEndian.AppendUint16(buf, v)
+		}
+		ob := runEmulator(t, bin, buf, 2*tc.T*tc.ffn)
+		f := func(h uint16) float64 { return float64(math.Float32frombits(uint32(h) << 16)) }
+		for m := range tc.T {
+			for i := range tc.ffn {
+				g, u := f(gu16[m*2*tc.ffn+i]), f(gu16[m*2*tc.ffn+tc.ffn+i])
+				want := g / (1 + math.Exp(-g)) * u
+				got := f(binary.LittleEndian.Uint16(ob[2*(m*tc.ffn+i):]))
+				// One bf16 rounding of the float32 product.
+				if d := math.Abs(got - want); !(d <= math.Abs(want)/256+1e-30) {
+					t.Fatalf("T %d ffn %d grid %d: act[%d, %d] = %v, want %v", tc.T, tc.ffn, tc.grid, m, i, got, want)
+				}
+			}
+		}
+	}
 }

@@ -1,6 +1,7 @@
 // Runs one of kernels/llama.cu's attention kernels or one of
 // kernels/gemm.cu's tensor-core GEMMs on the CPU (shim.h).
-// Usage: emu IN OUT; IN starts with an int32 op: 0 attention, 1 GEMM.
+// Usage: emu IN OUT; IN starts with an int32 op: 0 attention, 1 GEMM, 2
+// silu_mul16.
 //
 // Attention, one warp at a time on 32 threads. IN (little-endian): int32
 // which (0 paged_attention_chunked, 1 its _g, 2 paged_attention_rope, 3 its
@@ -14,6 +15,9 @@
 // which (0 gemm_gu_silu, 1 gemm_gu_silu_norm, 2 gemm_norm); float32 eps;
 // x [M, K] bf16 (which 0) or float32 and the norm weight [K] float32 (1,
 // 2); W [N, K] bf16. OUT: act [M, N/2] bf16 (0, 1) or y [M, N] float32 (2).
+//
+// silu_mul16, thread by thread (it neither shuffles nor synchronises). IN:
+// int32 T, ffn, grid; gu [T, 2·ffn] bf16. OUT: act [T, ffn] bf16.
 #include "shim.h"
 #include "kernel.inc"
 template <typename T> static bool get(FILE* f, std::vector<T>& v, size_t n) {
@@ -115,10 +119,34 @@ static int gemm(FILE* f, const char* outPath) {
     return fclose(o) == 0 ? 0 : 8;
 }
 
+static int siluMul16(FILE* f, const char* outPath) {
+    int h[3];
+    if (fread(h, 4, 3, f) != 3) return 4;
+    int T = h[0], ffn = h[1], grid = h[2];
+    std::vector<unsigned short> gu((size_t)T * 2 * ffn), act((size_t)T * ffn, 0x7fc0);
+    if (fread(gu.data(), 2, gu.size(), f) != gu.size()) return 5;
+    fclose(f);
+    blockDim.x = 256;
+    gridDim.x = grid;
+    for (int b = 0; b < grid; b++)
+        for (int t = 0; t < 256; t++) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            silu_mul16(act.data(), gu.data(), T, ffn);
+        }
+    FILE* o = fopen(outPath, "wb");
+    if (!o || fwrite(act.data(), 2, act.size(), o) != act.size()) return 7;
+    return fclose(o) == 0 ? 0 : 8;
+}
+
 int main(int argc, char** argv) {
     if (argc != 3) return 2;
     FILE* f = fopen(argv[1], "rb");
     int op;
     if (!f || fread(&op, 4, 1, f) != 1) return 3;
-    return op == 0 ? attention(f, argv[2]) : gemm(f, argv[2]);
+    switch (op) {
+    case 0: return attention(f, argv[2]);
+    case 1: return gemm(f, argv[2]);
+    default: return siluMul16(f, argv[2]);
+    }
 }

@@ -34,7 +34,7 @@ static inline float __fmul_rn(float a, float b) { volatile float r = a * b; retu
 #define NEG_INF __int_as_float(0xff800000)
 struct dim3_ { unsigned x, y; };
 thread_local dim3_ threadIdx;
-dim3_ blockIdx, blockDim;
+dim3_ blockIdx, blockDim, gridDim;
 static std::barrier<>* g_bar;
 static inline void __syncthreads() { g_bar->arrive_and_wait(); }
 static unsigned long long g_x[1024];
@@ -67,6 +67,7 @@ static inline unsigned __ballot_sync(unsigned, int p) {
     return r;
 }
 static inline void __syncwarp() { __syncthreads(); }
+static inline void __threadfence_system() {}
 static inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
 static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned x; memcpy(&x, &f, 4); return x; }
