@@ -236,8 +236,9 @@ func buildEmulator(t *testing.T, cxx, bin, main, src string, flags ...string) {
 // kernels (paged_attention_chunked, paged_attention_rope and their grouped
 // _g forms) on the CPU through testdata/emu (one warp at a time on 32 OS
 // threads, shuffles and ballots emulated) and compares each output with
-// attention computed here in float64, and the rope kernels' cache stores
-// with the rotated keys and the values: the kernels' indexing (block
+// attention computed here in float64, their bf16 output (out16, what the
+// bf16 GEMM path reads) with the float32 one rounded, and the rope
+// kernels' cache stores with the rotated keys and the values: the kernels' indexing (block
 // tables, slots, the chunk search, keys read from qkv rows), RoPE and
 // online softmax are checked on machines without a GPU. Head dims 64 and
 // 16 (16-byte loads, 8 lanes a key in the grouped form), 48 (8 lanes,
@@ -272,6 +273,14 @@ func TestAttentionKernelsEmulated(t *testing.T) {
 			}
 			if which >= 2 {
 				sc.checkStores(t, name, kc, vc)
+			}
+			// The bf16 output (out16, the served path): the same values
+			// rounded once.
+			out16, _, _ := sc.run(t, bin, which+4)
+			for i, v := range toBF16(out) {
+				if got := math.Float32bits(out16[i]); got != uint32(v)<<16 {
+					t.Fatalf("head dim %d, %s: out16[%d] = %v, want bf16(%v)", tc.hd, name, i, out16[i], out[i])
+				}
 			}
 		}
 	}
@@ -434,12 +443,13 @@ func (sc *attnScene) reference() []float64 {
 // run writes the emulator's input for kernel which (0, 1: the chunked
 // kernels, whose queries are rotated and whose chunk keys are cached
 // already; 2, 3: the rope kernels, which find q, k, v unrotated in qkv
-// and only the earlier keys in the cache), runs bin and returns the
-// output and the caches after the run. Slots nobody writes hold NaN.
+// and only the earlier keys in the cache; + 4: bf16 output), runs bin and
+// returns the output (as float32) and the caches after the run. Slots
+// nobody writes hold NaN.
 func (sc *attnScene) run(t *testing.T, bin string, which int) (out, kc, vc []float32) {
 	t.Helper()
 	hd, nH, nKV := sc.hd, sc.nH, sc.nKV
-	rot := which < 2
+	rot := which%4 < 2
 	stride := (nH + 2*nKV) * hd
 	qkv := make([]float32, 0, sc.T*stride)
 	kvN := sc.nSlots * nKV * hd

@@ -5,11 +5,12 @@
 //
 // Attention, one warp at a time on 32 threads. IN (little-endian): int32
 // which (0 paged_attention_chunked, 1 its _g, 2 paged_attention_rope, 3 its
-// _g), nH, nKV, blockSize, T, S, btStride, nSlots, maxPos, float32 scale;
+// _g; + 4: the bf16 output out16 instead of out), nH, nKV, blockSize, T, S, btStride, nSlots, maxPos, float32 scale;
 // then qkv [T, (nH+2nKV)·HEAD_DIM], kcache and vcache [nSlots, nKV,
 // HEAD_DIM], cosSin [maxPos, HEAD_DIM/2, 2] float32; positions, slots,
-// tokSeq [T], blockTables [S, btStride] int32. OUT: out [T, nH·HEAD_DIM],
-// then kcache and vcache as the kernel left them.
+// tokSeq [T], blockTables [S, btStride] int32. OUT: out [T, nH·HEAD_DIM]
+// (float32; out16's values with + 4), then kcache and vcache as the kernel
+// left them.
 //
 // GEMM, one block at a time on TC_THREADS threads. IN: int32 M, K, N,
 // which (0 gemm_gu_silu, 1 gemm_gu_silu_norm, 2 gemm_norm); float32 eps;
@@ -39,6 +40,9 @@ static int attention(FILE* f, const char* outPath) {
         return 5;
     fclose(f);
     std::vector<float> out((size_t)T * nH * HEAD_DIM, NAN);
+    std::vector<unsigned short> out16(out.size(), 0x7fc0);
+    unsigned short* o16 = which >= 4 ? out16.data() : nullptr;
+    which &= 3;
     std::barrier<> bar(WARP);
     g_bar = &bar;
     blockDim.x = 128;
@@ -54,25 +58,27 @@ static int attention(FILE* f, const char* outPath) {
                     switch (which) {
                     case 0:
                         paged_attention_chunked(out.data(), qkv.data(), kc.data(), vc.data(), tokSeq.data(), pos.data(),
-                                                bt.data(), btStride, T, nH, nKV, bs, scale, nullptr);
+                                                bt.data(), btStride, T, nH, nKV, bs, scale, o16);
                         break;
                     case 1:
                         paged_attention_chunked_g(out.data(), qkv.data(), kc.data(), vc.data(), tokSeq.data(), pos.data(),
-                                                  bt.data(), btStride, T, nH, nKV, bs, scale, nullptr);
+                                                  bt.data(), btStride, T, nH, nKV, bs, scale, o16);
                         break;
                     case 2:
                         paged_attention_rope(out.data(), qkv.data(), cs.data(), slots.data(), kc.data(), vc.data(),
-                                             tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, nullptr);
+                                             tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, o16);
                         break;
                     default:
                         paged_attention_rope_g(out.data(), qkv.data(), cs.data(), slots.data(), kc.data(), vc.data(),
-                                               tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, nullptr);
+                                               tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, o16);
                     }
                     __syncthreads();
                 }
         });
     for (auto& x : th) x.join();
     FILE* o = fopen(outPath, "wb");
+    if (o16)
+        for (size_t i = 0; i < out.size(); i++) out[i] = emu_bf(out16[i], 0);
     if (!o || fwrite(out.data(), 4, out.size(), o) != out.size() || fwrite(kc.data(), 4, kvN, o) != kvN ||
         fwrite(vc.data(), 4, kvN, o) != kvN)
         return 7;
