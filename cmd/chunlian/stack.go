@@ -633,12 +633,14 @@ const (
 
 // featureDocs describes every known feature (help text and validation).
 var featureDocs = map[string]string{
-	featCPUInt8:        "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
-	featCUDAEager:      "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
-	featCUDAFineGraphs: "CUDA backend: CUDA-graph steps padded to finer token buckets (less padding computed, more graphs captured)",
-	featCUDAFusedMLP:   "CUDA backend: the MLP's gate/up GEMM and SiLU·up in one tensor-core kernel (no float32 gate/up activations in memory, no silu_mul launch)",
-	featCUDAGateUp16:   "CUDA backend: the MLP's gate/up GEMM writes bf16 (half the bytes of its output; values rounded before SiLU·up)",
-	featCUDAKeep:       "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
+	featCPUInt8:          "CPU backend: small-batch GEMMs on int8 weight copies (faster decode, logits differ from bf16)",
+	featCUDAEager:        "CUDA backend: no CUDA graphs, every step launched eagerly (slower; for kernel profilers such as ncu)",
+	featCUDAFineGraphs:   "CUDA backend: CUDA-graph steps padded to finer token buckets (less padding computed, more graphs captured)",
+	featCUDAFusedMLP:     "CUDA backend: the MLP's gate/up GEMM and SiLU·up in one tensor-core kernel (no float32 gate/up activations in memory, no silu_mul launch)",
+	featCUDAFusedMLPNorm: "CUDA backend: cuda-fused-mlp with the MLP's RMSNorm folded into the same kernel (one launch a layer fewer)",
+	featCUDAFusedQKVNorm: "CUDA backend: the attention's RMSNorm and QKV projection in one tensor-core kernel (one launch a layer fewer)",
+	featCUDAGateUp16:     "CUDA backend: the MLP's gate/up GEMM writes bf16 (half the bytes of its output; values rounded before SiLU·up)",
+	featCUDAKeep:         "CUDA backend: continue a couplet's requests from kept samples instead of the prefix cache (serves less with several engine loops)",
 }
 
 // knownFeatures lists the feature names for help and errors.

@@ -65,7 +65,12 @@ func (c *cudaConfig) register(fs *pflag.FlagSet) {
 // --gpu-memory-utilization, which the n backends share: backend i fills
 // the device up to (i+1)/n of it).
 func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forward.Backend, error) {
-	return cuda.New(m, cuda.Options{
+	return cuda.New(m, cudaOptions(cfg, kv, i, n))
+}
+
+// cudaOptions is engine loop i's cuda.Options (see newCUDABackend).
+func cudaOptions(cfg stackConfig, kv int64, i, n int) cuda.Options {
+	return cuda.Options{
 		Device:               cfg.CUDA.Device,
 		LibDir:               cfg.CUDA.LibDir,
 		BlockSize:            cfg.BlockSize,
@@ -83,7 +88,7 @@ func newCUDABackend(cfg stackConfig, m *model.Model, kv int64, i, n int) (forwar
 		GroupedAttentionFrom: cfg.CUDA.GroupedFrom,
 		NVRTCTarget:          cfg.CUDA.NVRTCTarget,
 		MaxBatchTokens:       max(cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs),
-	})
+	}
 }
 
 // autoBackendIsCUDA reports whether --backend auto should pick CUDA, and

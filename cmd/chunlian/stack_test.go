@@ -533,6 +533,34 @@ func TestBuildStackSpring(t *testing.T) {
 	}
 }
 
+// Each experimental CUDA feature is known to --experimental and sets its
+// cuda.Options field, and only that one (no GPU needed).
+func TestCUDAFeatureOptions(t *testing.T) {
+	base := cudaOptions(parseStack(t), 0, 0, 1)
+	for _, tc := range []struct {
+		feature string
+		set     func(*cuda.Options)
+	}{
+		{featCUDAEager, func(o *cuda.Options) { o.EagerOnly = true }},
+		{featCUDAGateUp16, func(o *cuda.Options) { o.GateUpBF16 = true }},
+		{featCUDAFusedMLP, func(o *cuda.Options) { o.FusedMLP = true }},
+		{featCUDAFusedMLPNorm, func(o *cuda.Options) { o.FusedMLPNorm = true }},
+		{featCUDAFusedQKVNorm, func(o *cuda.Options) { o.FusedQKVNorm = true }},
+		{featCUDAFineGraphs, func(o *cuda.Options) { o.FineGraphBuckets = true }},
+	} {
+		c, err := parseStackEnv("--experimental", tc.feature)
+		if err != nil {
+			t.Errorf("--experimental %s: %v", tc.feature, err)
+			continue
+		}
+		want := base
+		tc.set(&want)
+		if got := cudaOptions(c, 0, 0, 1); got != want {
+			t.Errorf("--experimental %s: options %+v, want %+v", tc.feature, got, want)
+		}
+	}
+}
+
 // --experimental cuda-eager reaches the CUDA backend: its steps run
 // without graphs, and without the feature they replay graphs.
 func TestCUDAEagerFeature(t *testing.T) {
