@@ -465,15 +465,14 @@ func (b *Backend) mlpUp(T int, L *devLayer, in16 uint64) (uintptr, error) {
 			b.gemm16to16(b.gu, b.in16, L.wguBF, T, 2*ffn, dm),
 			b.launch("silu_mul16", max(1, min((n8+255)/256, 4096)), 1, 256, in16, dptr(b.gu), i32(T), i32(ffn)),
 		)
-	case b.bf16GEMM:
-		return b.in16, errors.Join(
-			b.gemm16(b.gu, b.in16, L.wguBF, T, 2*ffn, dm, false),
-			b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, 0, dptr(b.gu), i32(T), i32(ffn), in16),
-		)
 	}
-	return b.act, errors.Join(
-		b.gemm(b.gu, b.h, L.wgu, T, 2*ffn, dm, false),
-		b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), 0),
+	mm, x, wgu, act := b.gemm, b.h, L.wgu, b.act
+	if b.bf16GEMM { // silu_mul writes in16 (its out16) instead of act
+		mm, x, wgu, act = b.gemm16, b.in16, L.wguBF, b.in16
+	}
+	return act, errors.Join(
+		mm(b.gu, x, wgu, T, 2*ffn, dm, false),
+		b.launch("silu_mul", min((T*ffn+255)/256, 4096), 1, 256, dptr(b.act), dptr(b.gu), i32(T), i32(ffn), in16),
 	)
 }
 
