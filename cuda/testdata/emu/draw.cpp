@@ -20,21 +20,16 @@ int main(int argc, char** argv) {
         return 6;
     fclose(f);
     std::vector<int> out(2 * (size_t)nD + 1);
-    std::barrier<> bar(DRAW_THREADS), blocks(DRAW_THREADS);
-    g_bar = &bar;
     blockDim.x = DRAW_THREADS;
-    std::vector<std::thread> th;
-    for (int t = 0; t < DRAW_THREADS; t++)
-        th.emplace_back([&, t] {
-            threadIdx.x = t;
-            for (int b = 0; b < nD; b++) {
-                if (t == 0) blockIdx.x = b;
-                blocks.arrive_and_wait();
-                draw_rows(out.data(), rows.data(), V, spec.data(), excl.data(), masks.data(), W);
-                blocks.arrive_and_wait();
-            }
-        });
-    for (auto& x : th) x.join();
+    run_threads(DRAW_THREADS, [&](int t) {
+        threadIdx.x = t;
+        for (int b = 0; b < nD; b++) {
+            if (t == 0) blockIdx.x = b;
+            __syncthreads();
+            draw_rows(out.data(), rows.data(), V, spec.data(), excl.data(), masks.data(), W);
+            __syncthreads();
+        }
+    });
     FILE* o = fopen(argv[2], "wb");
     if (!o || fwrite(out.data(), 4, 2 * (size_t)nD, o) != 2 * (size_t)nD) return 7;
     return fclose(o) == 0 ? 0 : 8;

@@ -43,39 +43,34 @@ static int attention(FILE* f, const char* outPath) {
     std::vector<unsigned short> out16(out.size(), 0x7fc0);
     unsigned short* o16 = which >= 4 ? out16.data() : nullptr;
     which &= 3;
-    std::barrier<> bar(WARP);
-    g_bar = &bar;
     blockDim.x = 128;
     int grid = (T * nH + 3) / 4;
-    std::vector<std::thread> th;
-    for (int lane = 0; lane < WARP; lane++)
-        th.emplace_back([&, lane] {
-            for (int b = 0; b < grid; b++)
-                for (int w = 0; w < 4; w++) {
-                    threadIdx.x = w * WARP + lane;
-                    if (lane == 0) blockIdx.x = b;
-                    __syncthreads();
-                    switch (which) {
-                    case 0:
-                        paged_attention_chunked(out.data(), qkv.data(), kc.data(), vc.data(), tokSeq.data(), pos.data(),
-                                                bt.data(), btStride, T, nH, nKV, bs, scale, o16);
-                        break;
-                    case 1:
-                        paged_attention_chunked_g(out.data(), qkv.data(), kc.data(), vc.data(), tokSeq.data(), pos.data(),
-                                                  bt.data(), btStride, T, nH, nKV, bs, scale, o16);
-                        break;
-                    case 2:
-                        paged_attention_rope(out.data(), qkv.data(), cs.data(), slots.data(), kc.data(), vc.data(),
-                                             tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, o16);
-                        break;
-                    default:
-                        paged_attention_rope_g(out.data(), qkv.data(), cs.data(), slots.data(), kc.data(), vc.data(),
-                                               tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, o16);
-                    }
-                    __syncthreads();
+    run_threads(WARP, [&](int lane) {
+        for (int b = 0; b < grid; b++)
+            for (int w = 0; w < 4; w++) {
+                threadIdx.x = w * WARP + lane;
+                if (lane == 0) blockIdx.x = b;
+                __syncthreads();
+                switch (which) {
+                case 0:
+                    paged_attention_chunked(out.data(), qkv.data(), kc.data(), vc.data(), tokSeq.data(), pos.data(),
+                                            bt.data(), btStride, T, nH, nKV, bs, scale, o16);
+                    break;
+                case 1:
+                    paged_attention_chunked_g(out.data(), qkv.data(), kc.data(), vc.data(), tokSeq.data(), pos.data(),
+                                              bt.data(), btStride, T, nH, nKV, bs, scale, o16);
+                    break;
+                case 2:
+                    paged_attention_rope(out.data(), qkv.data(), cs.data(), slots.data(), kc.data(), vc.data(),
+                                         tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, o16);
+                    break;
+                default:
+                    paged_attention_rope_g(out.data(), qkv.data(), cs.data(), slots.data(), kc.data(), vc.data(),
+                                           tokSeq.data(), pos.data(), bt.data(), btStride, T, nH, nKV, bs, scale, o16);
                 }
-        });
-    for (auto& x : th) x.join();
+                __syncthreads();
+            }
+    });
     FILE* o = fopen(outPath, "wb");
     if (o16)
         for (size_t i = 0; i < out.size(); i++) out[i] = emu_bf(out16[i], 0);
@@ -97,27 +92,22 @@ static int gemm(FILE* f, const char* outPath) {
                     : fread(x16.data(), 2, x16.size(), f) == x16.size();
     if (!ok || fread(w.data(), 2, w.size(), f) != w.size()) return 5;
     fclose(f);
-    std::barrier<> bar(TC_THREADS);
-    g_bar = &bar;
     blockDim.x = TC_THREADS;
     int gx = (M + TC_BM - 1) / TC_BM, gy = (N + TC_BN - 1) / TC_BN;
-    std::vector<std::thread> th;
-    for (int t = 0; t < TC_THREADS; t++)
-        th.emplace_back([&, t] {
-            threadIdx.x = t;
-            for (int by = 0; by < gy; by++)
-                for (int bx = 0; bx < gx; bx++) {
-                    if (t == 0) blockIdx.x = bx, blockIdx.y = by;
-                    __syncthreads();
-                    switch (which) {
-                    case 0: gemm_gu_silu(act.data(), x16.data(), w.data(), M, K, N); break;
-                    case 1: gemm_gu_silu_norm(act.data(), x32.data(), nw.data(), eps, w.data(), M, K, N); break;
-                    default: gemm_norm(y.data(), x32.data(), nw.data(), eps, w.data(), M, K, N);
-                    }
-                    __syncthreads();
+    run_threads(TC_THREADS, [&](int t) {
+        threadIdx.x = t;
+        for (int by = 0; by < gy; by++)
+            for (int bx = 0; bx < gx; bx++) {
+                if (t == 0) blockIdx.x = bx, blockIdx.y = by;
+                __syncthreads();
+                switch (which) {
+                case 0: gemm_gu_silu(act.data(), x16.data(), w.data(), M, K, N); break;
+                case 1: gemm_gu_silu_norm(act.data(), x32.data(), nw.data(), eps, w.data(), M, K, N); break;
+                default: gemm_norm(y.data(), x32.data(), nw.data(), eps, w.data(), M, K, N);
                 }
-        });
-    for (auto& x : th) x.join();
+                __syncthreads();
+            }
+    });
     FILE* o = fopen(outPath, "wb");
     if (!o) return 7;
     if (which == 2 ? fwrite(y.data(), 4, y.size(), o) != y.size() : fwrite(act.data(), 2, act.size(), o) != act.size())

@@ -49,6 +49,17 @@ template <typename T> T shfl_from(T v, int src) {
     memcpy(&out, &r, sizeof(T));
     return out;
 }
+// run_threads runs body(t) for t in [0, n) on n threads that share the
+// barrier g_bar (__syncthreads) and returns when all have finished: one
+// block (or one warp) of an emulated launch at a time, the body looping
+// over the grid.
+template <typename F> static void run_threads(int n, F body) {
+    std::barrier<> bar(n);
+    g_bar = &bar;
+    std::vector<std::thread> th;
+    for (int t = 0; t < n; t++) th.emplace_back([&, t] { body(t); });
+    for (auto& x : th) x.join();
+}
 template <typename T> T __shfl_xor_sync(unsigned, T v, int o) {
     int t = threadIdx.x;
     return shfl_from(v, (t & ~31) | ((t & 31) ^ o));
