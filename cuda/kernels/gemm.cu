@@ -2,7 +2,7 @@
 // Tensor-core GEMMs with fused prologues and epilogues for the cuBLAS path
 // (Options.FusedMLP, FusedMLPNorm, FusedQKVNorm). This file is appended to
 // llama.cu (after draw.cu) into one NVRTC program, so it uses llama.cu's
-// f2bf, WARP and i64.
+// f2bf, silu_up, WARP and i64.
 //
 // One kernel body, y = x · Wᵀ for x [M, K] and W [N, K] in bf16 with
 // float32 products and sums (mma.sync m16n8k16), and two switches:
@@ -181,8 +181,8 @@ __device__ __forceinline__ void gemm_tc_t(void* __restrict__ out, const unsigned
             if (SILU) {
                 unsigned short* act = reinterpret_cast<unsigned short*>(out);
                 int h = N / 2;
-                if (row < M) act[(i64)row * h + col / 2] = f2bf(c0 / (1.0f + expf(-c0)) * c1);
-                if (row + 8 < M) act[(i64)(row + 8) * h + col / 2] = f2bf(c2 / (1.0f + expf(-c2)) * c3);
+                if (row < M) act[(i64)row * h + col / 2] = f2bf(silu_up(c0, c1));
+                if (row + 8 < M) act[(i64)(row + 8) * h + col / 2] = f2bf(silu_up(c2, c3));
             } else {
                 float2* y = reinterpret_cast<float2*>(out);
                 if (row < M) y[((i64)row * N + col) / 2] = make_float2(c0, c1);

@@ -27,6 +27,10 @@ __device__ __forceinline__ unsigned short f2bf(float f) {
 __device__ __forceinline__ float bf_lo(unsigned int u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
 
+// silu_up: SiLU(g)·u, the one definition of the MLP's gating (every
+// path, fused or not, computes it term for term alike).
+__device__ __forceinline__ float silu_up(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // store_act writes an activation: as bfloat16 into out16 when it is
 // non-null (the bf16 GEMM path), else as float32 into out.
 __device__ __forceinline__ void store_act(float* out, unsigned short* out16, i64 i, float v) {
@@ -502,7 +506,7 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
             unsigned t = e / uf, i = e - t * uf;
             const float* row = gu + (i64)t * 2 * ffn;
             float g = row[i], u = row[uf + i];
-            store_act(act, act16, e, g / (1.0f + expf(-g)) * u);
+            store_act(act, act16, e, silu_up(g, u));
         }
         return;
     }
@@ -511,7 +515,7 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
         int i = (int)(e - t * ffn);
         float g = gu[t * 2 * ffn + i];
         float u = gu[t * 2 * ffn + ffn + i];
-        store_act(act, act16, e, g / (1.0f + expf(-g)) * u);
+        store_act(act, act16, e, silu_up(g, u));
     }
 }
 
@@ -521,7 +525,7 @@ extern "C" __global__ void silu_mul(float* __restrict__ act, const float* __rest
 // (ffn % 8 == 0); T * ffn / 8 < 2^31. Grid-stride.
 __device__ __forceinline__ unsigned silu_mul2(unsigned g, unsigned u) {
     float g0 = bf_lo(g), g1 = bf_hi(g);
-    float a0 = g0 / (1.0f + expf(-g0)) * bf_lo(u), a1 = g1 / (1.0f + expf(-g1)) * bf_hi(u);
+    float a0 = silu_up(g0, bf_lo(u)), a1 = silu_up(g1, bf_hi(u));
     return (unsigned)f2bf(a0) | ((unsigned)f2bf(a1) << 16);
 }
 
@@ -842,7 +846,7 @@ __device__ void gemv_gu_silu_t(float* __restrict__ act, const float* __restrict_
     for (int m = 0; m < GEMV_MAX_M; m++) {
         if (m < M && lane == m) {
             float gt = ag[m];
-            act[(i64)m * ffn + i] = gt / (1.0f + expf(-gt)) * au[m];
+            act[(i64)m * ffn + i] = silu_up(gt, au[m]);
         }
     }
 }
