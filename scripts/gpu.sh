@@ -152,17 +152,17 @@ out.tofile(sys.argv[3])' weights/chunlian-base/model.safetensors weights/chunlia
 	# The service as shipped: CUDA's step limits are the defaults (DECISIONS.md,
 	# "Step limits on the GPU"); extra flags through SERVER_FLAGS.
 	SF="--backend cuda --log-level warn ${SERVER_FLAGS:-}"
-	[ "${BENCH:-1}" = 1 ] || SAMPLES=none
-	for k in ${SAMPLES:-0 1}; do
-		[ "$k" != none ] || continue
-		for bin in $BINS; do
-			SMF=${VFLAGS[$bin]:-}
-			timeout 100 $B/$bin bench --spawn engine --server-flags "$SF $SMF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
-				--duration 6s --warmup 2s --quiet --json $OUT/gpu-$bin-k$k.json --out $OUT/gpu-$bin-k$k.md > /dev/null 2>&1
-			echo "$bin bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
-			grep -E "^\| engine \||^- engine " $OUT/gpu-$bin-k$k.md >> $S
+	if [ "${BENCH:-1}" = 1 ]; then
+		for k in ${SAMPLES:-0 1}; do
+			for bin in $BINS; do
+				SMF=${VFLAGS[$bin]:-}
+				timeout 100 $B/$bin bench --spawn engine --server-flags "$SF $SMF --samples-per-couplet $k" --concurrency ${LEVELS:-1,1000} \
+					--duration 6s --warmup 2s --quiet --json $OUT/gpu-$bin-k$k.json --out $OUT/gpu-$bin-k$k.md > /dev/null 2>&1
+				echo "$bin bench --samples-per-couplet $k (0 = the backend's default) rc=$? ($(($(date +%s) - T0)) s)" >> $S
+				grep -E "^\| engine \||^- engine " $OUT/gpu-$bin-k$k.md >> $S
+			done
 		done
-	done
+	fi
 	if [ -n "${EVAL:-}" ]; then
 		unxz .carry/gpu/test.tsv.xz /tmp/test.tsv
 		IFS=';' read -ra ES <<< "$EVAL"
