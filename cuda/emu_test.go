@@ -194,6 +194,9 @@ func emulatorOrSkip(t *testing.T, gpuTest string) string {
 	return cxx
 }
 
+// bf16Value is the value of bfloat16 bits h (exact in float64).
+func bf16Value(h uint16) float64 { return float64(math.Float32frombits(uint32(h) << 16)) }
+
 // runEmulator runs the emulator bin on the input in (written next to it)
 // and returns its output, which must be want bytes.
 func runEmulator(t *testing.T, bin string, in []byte, want int) []byte {
@@ -561,7 +564,7 @@ func TestTensorCoreGEMMsEmulated(t *testing.T) {
 	buildEmulator(t, cxx, bin, "llama.cpp", emulatedKernels(t), "-DHEAD_DIM=64")
 	r := rand.New(rand.NewPCG(3, 4))
 	const eps = 1e-5
-	bf := func(v float32) float64 { return float64(math.Float32frombits(uint32(toBF16([]float32{v})[0]) << 16)) }
+	bf := func(v float32) float64 { return bf16Value(toBF16([]float32{v})[0]) }
 	for which, name := range []string{"gemm_gu_silu", "gemm_gu_silu_norm", "gemm_norm"} {
 		norm := which > 0
 		for _, tc := range []struct{ M, K, N int }{{1, 64, 128}, {5, 96, 128}, {64, 32, 256}, {70, 128, 128}, {130, 64, 128}, {9, 64, 176}, {3, 32, 60}} {
@@ -599,7 +602,7 @@ func TestTensorCoreGEMMsEmulated(t *testing.T) {
 			dot := func(m, n int) float64 {
 				var s float64
 				for k := range tc.K {
-					s += a[m*tc.K+k] * float64(math.Float32frombits(uint32(w16[n*tc.K+k])<<16))
+					s += a[m*tc.K+k] * bf16Value(w16[n*tc.K+k])
 				}
 				return s * scale[m]
 			}
@@ -665,7 +668,7 @@ func runGEMMEmu(t *testing.T, bin string, M, K, N, which int, eps float32, x, nw
 	res := make([]float64, n)
 	for i := range res {
 		if size == 2 {
-			res[i] = float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(ob[2*i:])) << 16))
+			res[i] = bf16Value(binary.LittleEndian.Uint16(ob[2*i:]))
 		} else {
 			res[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(ob[4*i:])))
 		}
@@ -697,12 +700,11 @@ func TestSiLUMul16Emulated(t *testing.T) {
 			buf = binary.LittleEndian.AppendUint16(buf, v)
 		}
 		ob := runEmulator(t, bin, buf, 2*tc.T*tc.ffn)
-		f := func(h uint16) float64 { return float64(math.Float32frombits(uint32(h) << 16)) }
 		for m := range tc.T {
 			for i := range tc.ffn {
-				g, u := f(gu16[m*2*tc.ffn+i]), f(gu16[m*2*tc.ffn+tc.ffn+i])
+				g, u := bf16Value(gu16[m*2*tc.ffn+i]), bf16Value(gu16[m*2*tc.ffn+tc.ffn+i])
 				want := g / (1 + math.Exp(-g)) * u
-				got := f(binary.LittleEndian.Uint16(ob[2*(m*tc.ffn+i):]))
+				got := bf16Value(binary.LittleEndian.Uint16(ob[2*(m*tc.ffn+i):]))
 				// One bf16 rounding of the float32 product.
 				if d := math.Abs(got - want); !(d <= math.Abs(want)/256+1e-30) {
 					t.Fatalf("T %d ffn %d grid %d: act[%d, %d] = %v, want %v", tc.T, tc.ffn, tc.grid, m, i, got, want)
