@@ -483,7 +483,11 @@ func BenchmarkHostLoop(b *testing.B) {
 		b.Run(fmt.Sprintf("users=%d/samples=%d/finish=%d/block=%d/keep=%v", users, c.samples, c.finish, c.bs, c.keep), func(b *testing.B) {
 			var es []engine.Engine
 			for range 2 {
-				dev := newNullDevice(m.Config.VocabSize, 1<<16, c.bs)
+				// The CUDA service's cache: 262,144 tokens' worth per
+				// engine at any block size (cmd/chunlian's cudaCacheTokens),
+				// so that the block metadata and the hash index are as
+				// large as there and miss the CPU's caches as often.
+				dev := newNullDevice(m.Config.VocabSize, (1<<18)/c.bs, c.bs)
 				dev.latency = 250 * time.Microsecond
 				e, err := engine.New(dev, engine.Config{
 					MaxNumSeqs: 4096, MaxNumBatchedTokens: 16384, EnablePrefixCaching: true,
