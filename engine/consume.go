@@ -53,12 +53,32 @@ func (e *Paged) finish(s *sequence, reason FinishReason) {
 	if s.state == stDone {
 		return
 	}
+	r := s.r
+	keep := r.req.Keep && (reason == FinishStop || reason == FinishLength) && r.err == nil
+	// The riders go on (or finish by their own tasks) with caches of
+	// their own, taken before s's goes. When the request fails they are
+	// finished next by fail, and need none.
+	for _, c := range s.riders {
+		if c.rides(s) {
+			if r.err == nil && e.mgr.Has(s.id) {
+				e.split(c)
+			} else {
+				c.host = nil
+			}
+		}
+	}
+	s.riders = s.riders[:0]
+	if h := s.host; h != nil && keep && e.mgr.Has(h.id) {
+		e.split(s) // a kept sample needs a cache of its own
+	}
 	s.state = stDone
 	s.finish = reason
-	r := s.r
-	if r.req.Keep && (reason == FinishStop || reason == FinishLength) && r.err == nil && e.mgr.Has(s.id) {
+	switch {
+	case s.id == noSeq: // a rider holds no cache
+		s.host = nil
+	case keep && e.mgr.Has(s.id):
 		s.handle = e.keep(s)
-	} else {
+	default:
 		e.mgr.Free(s.id)
 		e.freeIDs = append(e.freeIDs, s.id)
 	}
@@ -160,14 +180,68 @@ func (e *Paged) consume(logits []float32, rows int, lse []float64) {
 			e.finish(s, FinishLength)
 			continue
 		}
-		e.confirm(en, logits, lse, now)
+		// The riders' jump-forward tokens are s's: confirm them first,
+		// while they ride (s's confirm may finish s and split them).
+		for _, c := range s.riders {
+			if c.rides(s) {
+				e.confirm(en, c, logits, lse, now)
+			}
+		}
+		e.confirm(en, s, logits, lse, now)
 		for i := en.taskLo; i < en.taskHi; i++ {
 			if r.complete {
 				break
 			}
 			e.applySample(&e.rs.tasks[i], now)
 		}
+		if s.state != stDone && len(s.riders) > 0 {
+			e.regroup(s)
+		}
 	}
+}
+
+// regroup splits off the riders of s whose tokens are no longer s's; of
+// those that drew the same tokens, the first gets a cache (a fork of
+// s's) and the others ride it.
+func (e *Paged) regroup(s *sequence) {
+	kept := s.riders[:0]
+	var split []*sequence
+	for _, c := range s.riders {
+		switch {
+		case !c.rides(s):
+		case slices.Equal(c.tokens, s.tokens):
+			kept = append(kept, c)
+		default:
+			split = append(split, c)
+		}
+	}
+	clear(s.riders[len(kept):])
+	s.riders = kept
+	for i, c := range split {
+		if c.host != s {
+			continue // riding an earlier one of split
+		}
+		e.split(c)
+		for _, d := range split[i+1:] {
+			if d.host != nil && slices.Equal(d.tokens, c.tokens) {
+				d.host = c
+				c.riders = append(c.riders, d)
+			}
+		}
+	}
+}
+
+// split gives rider c a cache of its own, a fork of its host's (which
+// holds the computed tokens they share), and makes it a running sequence
+// from the end of the step.
+func (e *Paged) split(c *sequence) {
+	h := c.host
+	c.host = nil
+	c.id = e.takeID()
+	e.mgr.Fork(h.id, c.id)
+	c.numComputed = h.numComputed
+	c.state = stRunning
+	e.children = append(e.children, c)
 }
 
 // listTasks is consume's phase 1.
@@ -209,6 +283,14 @@ func (e *Paged) listTasks(now time.Time) {
 			}
 		} else {
 			rs.tasks = append(rs.tasks, sampleTask{s: s, row: row, plan: int32(en.planLo)})
+			// The riders as planDraws listed them: none has finished or
+			// split since, as only s's own entry (below) or the failing of
+			// its request (which ends s too) changes them.
+			for _, c := range s.riders {
+				if c.rides(s) {
+					rs.tasks = append(rs.tasks, sampleTask{s: c, row: row, plan: int32(en.planLo + len(rs.tasks) - en.taskLo)})
+				}
+			}
 		}
 		en.taskHi = len(rs.tasks)
 		e.sampledTokens += int64(en.taskHi - en.taskLo)
@@ -220,8 +302,7 @@ func (e *Paged) listTasks(now time.Time) {
 // rules, as the step that would have sampled each would have. A token
 // whose logit is -Inf or NaN is the dead end that step would have hit
 // (sampler.Forcer's "force tok"): the sequence ends before it.
-func (e *Paged) confirm(en *entry, logits []float32, lse []float64, now time.Time) {
-	s := en.s
+func (e *Paged) confirm(en *entry, s *sequence, logits []float32, lse []float64, now time.Time) {
 	row0 := en.rowStart + en.plpTo - en.plpFrom
 	for p := en.cfFrom; p < en.cfTo && s.state != stDone; p++ {
 		row, tok := row0+p-en.cfFrom, s.tokens[p+1]
@@ -244,8 +325,8 @@ func (e *Paged) confirm(en *entry, logits []float32, lse []float64, now time.Tim
 // fork handles the request of prompt sequence s (seqs[0]) whose prompt is
 // now fully computed: score-only requests (MaxTokens == 0) report true and
 // are finished by the caller after their prompt log-probs are written;
-// otherwise the other N-1 samples fork off s, sharing its blocks, and
-// join running at the end of the step.
+// otherwise the other N-1 samples ride s (sequence.host) until their
+// tokens part from its, which for most is at their first draw.
 func (e *Paged) fork(s *sequence, now time.Time) (scoreOnly bool) {
 	r := s.r
 	r.forked = true
@@ -264,13 +345,9 @@ func (e *Paged) fork(s *sequence, now time.Time) (scoreOnly bool) {
 	s.logprobs = append(lps[0:0:lpRoom], s.logprobs...)
 	for i := 1; i < r.n; i++ {
 		w := toks[(i-1)*room : i*room : i*room]
-		c := e.newSeq(r, i, append(w[:0], s.tokens...))
+		c := e.newRider(r, i, append(w[:0], s.tokens...), s)
 		c.logprobs = lps[i*lpRoom : i*lpRoom : (i+1)*lpRoom]
-		e.mgr.Fork(s.id, c.id)
-		c.numComputed = s.numComputed
-		c.state = stRunning
 		r.seqs = append(r.seqs, c)
-		e.children = append(e.children, c)
 	}
 	r.live = r.n
 	return false

@@ -113,6 +113,11 @@ func (e *Paged) planDraws() {
 		switch {
 		case r.forked:
 			e.planTask(row, s.samp, s.proc, s.generated(), s)
+			for _, c := range s.riders { // consume lists their tasks in this order
+				if c.rides(s) {
+					e.planTask(row, c.samp, c.proc, c.generated(), c)
+				}
+			}
 		case r.req.Params.MaxTokens == 0: // score-only: fork draws nothing
 		default: // the step the request forks: all N samples draw from row
 			for i := range r.n {

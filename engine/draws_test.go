@@ -224,7 +224,9 @@ func checkDeviceDraws(t *testing.T, blocks, bs, vocab int, cfg Config, reqs []*R
 	if dead == 0 {
 		t.Error("no dead end: the forced-outside-vocabulary case went untested")
 	}
-	if overlap && cd.overlapped.Load() == 0 {
+	// One sequence a step leaves no second group when a request's greedy
+	// samples all ride one sequence (sequence.host).
+	if overlap && cd.overlapped.Load() == 0 && cfg.MaxNumSeqs != 1 {
 		t.Error("never two steps in flight")
 	}
 	if !overlap && cd.overlapped.Load() != 0 {

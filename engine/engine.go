@@ -203,7 +203,21 @@ type sequence struct {
 	// ownSamp is samp's storage unless a device-draw plan made the
 	// sampler before the sequence (one allocation fewer per sequence).
 	ownSamp sampler.Sampler
+	// host, when not nil, is the sequence whose rows this sample rides:
+	// their tokens so far are the same, so the host's rows serve both and
+	// the rider has no cache of its own (id noSeq) and is never
+	// scheduled. riders are the samples riding this sequence. A rider
+	// whose tokens part from its host's gets its own cache, a fork of the
+	// host's (split), as does every rider of a host that finishes.
+	host   *sequence
+	riders []*sequence
 }
+
+// rides reports whether c is a live rider of s.
+func (c *sequence) rides(s *sequence) bool { return c.host == s && c.state != stDone }
+
+// noSeq is a rider's id: it holds no cache.
+const noSeq kvcache.SeqID = -1
 
 func (s *sequence) generated() []int32 { return s.tokens[len(s.r.req.Prompt):] }
 
@@ -472,7 +486,22 @@ func (e *Paged) loop() {
 }
 
 func (e *Paged) newSeq(r *request, index int, tokens []int32) *sequence {
-	s := &sequence{id: e.takeID(), r: r, index: index, tokens: tokens}
+	s := e.sampleSeq(r, index, tokens)
+	s.id = e.takeID()
+	return s
+}
+
+// newRider makes sample index of r riding host (see sequence.host).
+func (e *Paged) newRider(r *request, index int, tokens []int32, host *sequence) *sequence {
+	c := e.sampleSeq(r, index, tokens)
+	c.id, c.host, c.numComputed = noSeq, host, host.numComputed
+	host.riders = append(host.riders, c)
+	return c
+}
+
+// sampleSeq is sample index of r with its Sampler and processor.
+func (e *Paged) sampleSeq(r *request, index int, tokens []int32) *sequence {
+	s := &sequence{r: r, index: index, tokens: tokens}
 	s.mask.Exclude = s.maskExcl[:0]
 	if index < len(r.pre) && r.pre[index].samp != nil { // made by a device-draw plan
 		s.samp, s.proc = r.pre[index].samp, r.pre[index].proc
