@@ -66,3 +66,42 @@ func TestRidersShareRows(t *testing.T) {
 		checkDrained(t, e)
 	}
 }
+
+// TestRidersMatchNaive: requests of up to six samples whose processors
+// force runs that the samples share for a while (runProc with lead 3)
+// and whose draws often agree (top-k 2),
+// in every engine configuration (chunked prefill, prefix caching, one
+// sequence a step, tiny caches that preempt), give the naive engine's
+// results: riders survive preemption of their host, chunking and
+// prefix hits, and part from it at the right token.
+func TestRidersMatchNaive(t *testing.T) {
+	const vocab = 24
+	set := sampler.NewIDSet(vocab, func(id int32) bool { return id%3 != 1 })
+	for _, tc := range engineCases {
+		t.Run(tc.name, func(t *testing.T) {
+			reqs := genRequests(tc.seed+100, tc.k, vocab, 30, 40)
+			for i, r := range reqs {
+				stop := int32(-1)
+				if len(r.Params.StopTokens) > 0 {
+					stop = r.Params.StopTokens[0]
+				}
+				// Two candidates a draw: samples often draw alike, and
+				// riders that part from their host together ride on.
+				r.Params.N, r.Params.Temperature, r.Params.TopK = 1+i%6, 1, 2
+				r.NewProcessor = func(int) sampler.LogitsProcessor { return runProc{set, vocab, stop, 22, 3} }
+			}
+			want := runConcurrent(t, NewNaive(newFake(tc.blocks, tc.bs, vocab)), reqs)
+			e, err := New(newFake(tc.blocks, tc.bs, vocab), tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runConcurrent(t, e, reqs)
+			for i := range reqs {
+				if err := sameResult(got[i], want[i]); err != nil {
+					t.Errorf("request %d (N %d): %v", i, reqs[i].Params.N, err)
+				}
+			}
+			checkDrained(t, e)
+		})
+	}
+}
