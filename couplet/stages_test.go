@@ -371,3 +371,26 @@ func TestFollowUpsMarked(t *testing.T) {
 		}
 	}
 }
+
+// TestStageRowsExact: a traced couplet's stages count the token rows the
+// engine ran for it, no more and no fewer (run alone, the engine's
+// counter moves by their sum), also when samples ride one sequence and
+// 下联s continue the best 上联s.
+func TestStageRowsExact(t *testing.T) {
+	e := realStack(t, testModel)
+	g := newFakeGen(t, e, WithOversample(5), WithFinishers(3))
+	for i, w := range []string{"吉祥", "平安", "春风"} {
+		var tr Trace
+		st0 := e.Stats()
+		if _, err := g.Generate(context.Background(), Request{Text: w, Length: 7, Seed: uint64(i + 1), Trace: &tr}); err != nil {
+			t.Fatal(err)
+		}
+		rows := 0
+		for _, s := range tr.Stages {
+			rows += s.ComputedTokens
+		}
+		if d := e.Stats().ComputedTokens - st0.ComputedTokens; int64(rows) != d || rows == 0 {
+			t.Errorf("%s: the stages count %d rows, the engine ran %d", w, rows, d)
+		}
+	}
+}

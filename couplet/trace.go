@@ -39,16 +39,9 @@ func (s *stageTimer) addResult(res *engine.Result) {
 	s.st.EngineRequests++
 	s.st.PromptTokens += res.PromptTokens
 	s.st.CachedTokens += res.CachedTokens
-	s.st.ComputedTokens += res.PromptTokens - res.CachedTokens
+	s.st.ComputedTokens += res.ComputedTokens
 	for _, c := range res.Completions {
 		s.st.GenTokens += len(c.Tokens)
-		fed := len(c.Tokens)
-		// A sample that stopped or hit its length never feeds its last
-		// token back; a dead-ended one fed every token it has.
-		if fed > 0 && (c.Finish == engine.FinishStop || c.Finish == engine.FinishLength) {
-			fed--
-		}
-		s.st.ComputedTokens += fed
 	}
 }
 

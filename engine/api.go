@@ -114,6 +114,11 @@ type Result struct {
 	PromptLogProbs []float32    // len(Prompt)-1 entries when asked for
 	PromptTokens   int
 	CachedTokens   int // prompt tokens served from the prefix cache
+	// ComputedTokens counts the token rows the forward pass ran for this
+	// request: its prompt tokens not served from the cache, its fed-back
+	// tokens (once for samples riding one sequence) and any recomputed
+	// after a preemption.
+	ComputedTokens int
 	Timings        Timings
 }
 

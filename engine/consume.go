@@ -97,7 +97,7 @@ func (e *Paged) completeRequest(r *request) {
 	now := time.Now()
 	if r.err == nil {
 		res := &Result{PromptLogProbs: r.plp, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached,
-			Completions: make([]Completion, 0, r.n)}
+			ComputedTokens: r.computed, Completions: make([]Completion, 0, r.n)}
 		for i := 0; i < r.n; i++ {
 			if i < len(r.seqs) {
 				s := r.seqs[i]
@@ -256,6 +256,7 @@ func (e *Paged) listTasks(now time.Time) {
 			continue
 		}
 		s.numComputed += en.n
+		s.r.computed += en.n
 		e.mgr.CacheBlocks(s.id, s.tokens, s.numComputed)
 		if !en.sample {
 			if r := s.r; !r.forked && s.terminal() && s.numComputed == s.want() {

@@ -266,6 +266,7 @@ type request struct {
 	plpDone  int         // plp[:plpDone] are filled
 	pre      []preSample // samples ≥ 1 made before the fork by a device-draw plan (draws.go)
 	cached   int
+	computed int // token rows run for it (Result.ComputedTokens)
 
 	arrival, scheduled, prefilled, firstTok, lastTok time.Time
 }

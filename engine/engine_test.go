@@ -730,8 +730,8 @@ func TestTimingsAndStats(t *testing.T) {
 		// naive one reruns each sample's whole sequence: Σ_{L=7..12} L
 		// per sample.
 		wantRows := map[bool]int64{true: 7 + 5, false: 2 * (7 + 8 + 9 + 10 + 11 + 12)}[e == Engine(p)]
-		if st.ComputedTokens != wantRows {
-			t.Errorf("%T: computed tokens %d, want %d", e, st.ComputedTokens, wantRows)
+		if st.ComputedTokens != wantRows || int64(res.ComputedTokens) != wantRows {
+			t.Errorf("%T: computed tokens %d (the request's %d), want %d", e, st.ComputedTokens, res.ComputedTokens, wantRows)
 		}
 		if ph := st.StepSeconds; e == Engine(p) && (ph.Schedule <= 0 || ph.Forward <= 0 || ph.Consume <= 0) {
 			t.Errorf("step phase times %+v", ph)

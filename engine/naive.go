@@ -161,6 +161,7 @@ func (e *Naive) run(ctx context.Context, req *Request, n int, arrival time.Time)
 			if err != nil {
 				return nil, fmt.Errorf("engine: naive forward: %w", err)
 			}
+			res.ComputedTokens += len(tokens) // the whole sequence, every step
 			if scorePrompt {
 				res.PromptLogProbs = make([]float32, len(req.Prompt)-1)
 				for p := range res.PromptLogProbs {

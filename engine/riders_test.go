@@ -60,8 +60,8 @@ func TestRidersShareRows(t *testing.T) {
 			}
 			rows += int64(len(c.Tokens) - 1)
 		}
-		if st := e.Stats(); st.ComputedTokens != rows {
-			t.Errorf("device %v: computed %d rows, want %d", device, st.ComputedTokens, rows)
+		if st := e.Stats(); st.ComputedTokens != rows || int64(got.ComputedTokens) != rows {
+			t.Errorf("device %v: computed %d rows (the request's %d), want %d", device, st.ComputedTokens, got.ComputedTokens, rows)
 		}
 		checkDrained(t, e)
 	}
