@@ -57,7 +57,8 @@ func (e *Paged) finish(s *sequence, reason FinishReason) {
 	keep := r.req.Keep && (reason == FinishStop || reason == FinishLength) && r.err == nil
 	// The riders go on (or finish by their own tasks) with caches of
 	// their own, taken before s's goes. When the request fails they are
-	// finished next by fail, and need none.
+	// finished next by fail, and need none; otherwise s has its cache (it
+	// finishes only in the step that computed it, or by fail).
 	for _, c := range s.riders {
 		if c.rides(s) {
 			if r.err == nil && e.mgr.Has(s.id) {
