@@ -205,8 +205,7 @@ func (e *Paged) consume(logits []float32, rows int, lse []float64) {
 // those that drew the same tokens, the first gets a cache (a fork of
 // s's) and the others ride it.
 func (e *Paged) regroup(s *sequence) {
-	kept := s.riders[:0]
-	var split []*sequence
+	kept, split := s.riders[:0], e.splitBuf[:0]
 	for _, c := range s.riders {
 		switch {
 		case !c.rides(s):
@@ -230,6 +229,8 @@ func (e *Paged) regroup(s *sequence) {
 			}
 		}
 	}
+	clear(split)
+	e.splitBuf = split[:0]
 }
 
 // split gives rider c a cache of its own, a fork of its host's (which
@@ -345,6 +346,7 @@ func (e *Paged) fork(s *sequence, now time.Time) (scoreOnly bool) {
 	lpRoom := min(r.req.Params.MaxTokens, 64)
 	lps := make([]float32, r.n*lpRoom)
 	s.logprobs = append(lps[0:0:lpRoom], s.logprobs...)
+	s.riders = slices.Grow(s.riders[:0], r.n-1)
 	for i := 1; i < r.n; i++ {
 		w := toks[(i-1)*room : i*room : i*room]
 		c := e.newRider(r, i, append(w[:0], s.tokens...), s)

@@ -87,6 +87,7 @@ type Paged struct {
 	waiting  []*sequence     // admission order; preempted sequences go to the front
 	running  []*sequence     // admission order: the last is the first preemption victim
 	children []*sequence     // forked in this step, join running at its end
+	splitBuf []*sequence     // regroup's scratch
 	nextID   kvcache.SeqID   // the largest ID handed out
 	freeIDs  []kvcache.SeqID // IDs of finished sequences, reused first (the KV manager indexes a slice by ID)
 	// *stepBuf is the step being scheduled or consumed (its sched, batch,
