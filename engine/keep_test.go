@@ -253,6 +253,10 @@ func TestKeptUnderOverlap(t *testing.T) {
 		for _, rq := range reqs {
 			rq.Keep = true
 			rq.Params.Temperature = 0 // the device's draws follow another stream
+			// Greedy samples would ride one sequence all the way; a first
+			// token of their own makes each request several sequences,
+			// so that two steps can be in flight whatever the scheduling.
+			rq.NewProcessor = func(i int) sampler.LogitsProcessor { return firstToken(int32(3 + 5*i%vocab)) }
 		}
 		naive := NewNaive(newFake(64, 4, vocab))
 		cd := &countDraws{AsyncDrawBackend: forwardtest.HostDraws(newFake(28, 4, vocab))}
@@ -371,4 +375,21 @@ func TestAdoptedBlocksYield(t *testing.T) {
 		}
 	}
 	checkDrained(t, e)
+}
+
+// firstToken forces a sample's first token and leaves the others free.
+type firstToken int32
+
+func (f firstToken) Mask(gen []int32, m *sampler.Mask) bool {
+	m.Reset()
+	if len(gen) == 0 {
+		m.Forced, m.Force = true, int32(f)
+	}
+	return true
+}
+
+func (f firstToken) Process(gen []int32, row []float32) error {
+	var m sampler.Mask
+	f.Mask(gen, &m)
+	return m.Apply(row)
 }
