@@ -223,7 +223,7 @@ func (e *Paged) regroup(s *sequence) {
 		}
 		e.split(c)
 		for _, d := range split[i+1:] {
-			if d.host != nil && slices.Equal(d.tokens, c.tokens) {
+			if d.host == s && slices.Equal(d.tokens, c.tokens) { // not yet given to an earlier one
 				d.host = c
 				c.riders = append(c.riders, d)
 			}
